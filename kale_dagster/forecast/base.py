@@ -1,0 +1,78 @@
+"""The forecaster interface and the forecast it returns.
+
+A forecaster is fitted on a history of arrival rates and predicts a horizon
+as a point forecast with a lower and upper band.  Anything with ``fit`` and
+``predict`` of these shapes plugs in (see :class:`Forecaster`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Optional, Protocol, runtime_checkable
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Arrival-rate forecast (samples/s) at fixed steps from ``start`` (epoch seconds).
+
+    ``interval_width`` is the central probability covered by [lower, upper];
+    ``fallback`` says why a simpler model answered instead of the configured
+    one (empty when it did not).
+    """
+
+    start: float
+    step_s: float
+    point: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    model: str
+    interval_width: float = 0.8
+    fallback: str = ""
+    fit_seconds: float = 0.0
+    extras: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        for name in ("point", "lower", "upper"):
+            values = np.clip(np.asarray(getattr(self, name), dtype=float), 0.0, None)
+            object.__setattr__(self, name, values)
+        if not (len(self.point) == len(self.lower) == len(self.upper)):
+            raise ValueError("point, lower and upper must have the same length")
+
+    def __len__(self) -> int:
+        return len(self.point)
+
+    @property
+    def times(self) -> np.ndarray:
+        return self.start + self.step_s * np.arange(len(self.point))
+
+    def level(self, quantile: Optional[float]) -> np.ndarray:
+        """The forecast at a quantile, reading the band as a normal interval; None means the upper band."""
+        if quantile is None:
+            return self.upper
+        z_band = NormalDist().inv_cdf(0.5 + self.interval_width / 2)
+        sigma = np.maximum(self.upper - self.point, 0.0) / z_band
+        return np.clip(self.point + NormalDist().inv_cdf(quantile) * sigma, 0.0, None)
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"timestamp": pd.to_datetime(self.times, unit="s", utc=True), "point": self.point, "lower": self.lower, "upper": self.upper}
+        )
+
+
+@runtime_checkable
+class Forecaster(Protocol):
+    """Fit on a history, predict a horizon.
+
+    ``history`` has a UTC ``timestamp`` column and a ``rate`` column
+    (samples/s), validated and regular (see ``kale_dagster.forecast.history``).
+    """
+
+    name: str
+
+    def fit(self, history: pd.DataFrame) -> "Forecaster": ...
+
+    def predict(self, horizon_steps: int, step_s: float) -> Forecast: ...

@@ -1,0 +1,228 @@
+"""Port of the Kubernetes HPA control loop with scaling behaviors (horizontal.go).
+
+Stages, as upstream keeps them apart:
+
+1. replica calculation (``hpa_replicas``) from the metric;
+2. :func:`stabilize_recommendation`: up-window minimum and down-window
+   maximum of recent recommendations;
+3. :func:`rate_limit`: the scaling policies (Pods / Percent per period,
+   selectPolicy Max / Min / Disabled) applied against recent scale events,
+   then min/max replicas.
+
+:class:`HPAPolicy` drives those stages each sync period (15 s by default)
+on either GPU utilization (a Resource metric with a target utilization,
+Kubernetes' default of 80% unless set) or consumer lag (an External metric
+with an AverageValue target).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from ..errors import KaleConfigError
+from ..policy import Decision, Observation
+from .hpa_replicas import DEFAULT_TOLERANCE, Pod, external_per_pod_replicas, resource_replicas
+
+
+@dataclass(frozen=True)
+class HPAScalingPolicy:
+    type: Literal["Pods", "Percent"]
+    value: int
+    period_seconds: int
+
+
+@dataclass(frozen=True)
+class HPAScalingRules:
+    stabilization_window_seconds: int
+    policies: tuple[HPAScalingPolicy, ...]
+    select_policy: Literal["Max", "Min", "Disabled"] = "Max"
+
+
+@dataclass(frozen=True)
+class HPABehavior:
+    scale_up: HPAScalingRules
+    scale_down: HPAScalingRules
+
+    @classmethod
+    def default(cls) -> "HPABehavior":
+        """Kubernetes' defaults for autoscaling/v2 when ``behavior`` is unset."""
+        return cls(
+            scale_up=HPAScalingRules(0, (HPAScalingPolicy("Pods", 4, 15), HPAScalingPolicy("Percent", 100, 15)), "Max"),
+            scale_down=HPAScalingRules(300, (HPAScalingPolicy("Percent", 100, 15),), "Max"),
+        )
+
+
+@dataclass
+class TimestampedRecommendation:
+    recommendation: int
+    timestamp: float
+
+
+@dataclass
+class TimestampedScaleEvent:
+    replica_change: int
+    timestamp: float
+    outdated: bool = False
+
+
+def replicas_change_per_period(period_seconds: int, events: list[TimestampedScaleEvent], now: float) -> int:
+    """Sum of replica changes within the last ``period_seconds`` (getReplicasChangePerPeriod)."""
+    cutoff = now - period_seconds
+    return sum(e.replica_change for e in events if e.timestamp > cutoff)
+
+
+def stabilize_recommendation(
+    recommendations: list[TimestampedRecommendation],
+    behavior: HPABehavior,
+    current: int,
+    desired: int,
+    now: float,
+) -> int:
+    """stabilizeRecommendationWithBehaviors; records ``desired`` in ``recommendations``."""
+    up_cutoff = now - behavior.scale_up.stabilization_window_seconds
+    down_cutoff = now - behavior.scale_down.stabilization_window_seconds
+    up_rec = down_rec = desired
+    for rec in recommendations:
+        if rec.timestamp > up_cutoff:
+            up_rec = min(rec.recommendation, up_rec)
+        if rec.timestamp > down_cutoff:
+            down_rec = max(rec.recommendation, down_rec)
+    result = current
+    if result < up_rec:
+        result = up_rec
+    if result > down_rec:
+        result = down_rec
+    # Reuse the slot of a recommendation older than both windows, as upstream does.
+    max_window = max(behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds)
+    for rec in recommendations:
+        if rec.timestamp <= now - max_window:
+            rec.recommendation, rec.timestamp = desired, now
+            break
+    else:
+        recommendations.append(TimestampedRecommendation(desired, now))
+    return result
+
+
+def scale_up_limit(current: int, up_events, down_events, rules: HPAScalingRules, now: float) -> int:
+    """calculateScaleUpLimitWithScalingRules."""
+    if rules.select_policy == "Disabled":
+        return current
+    pick = min if rules.select_policy == "Min" else max
+    result: Optional[int] = None
+    for policy in rules.policies:
+        added = replicas_change_per_period(policy.period_seconds, up_events, now)
+        deleted = replicas_change_per_period(policy.period_seconds, down_events, now)
+        start = current - added + deleted
+        if policy.type == "Pods":
+            proposed = start + policy.value
+        else:
+            proposed = math.ceil(start * (1 + policy.value / 100))
+        result = proposed if result is None else pick(result, proposed)
+    return current if result is None else result
+
+
+def scale_down_limit(current: int, up_events, down_events, rules: HPAScalingRules, now: float) -> int:
+    """calculateScaleDownLimitWithBehaviors: selectPolicy Max means the largest allowed change."""
+    if rules.select_policy == "Disabled":
+        return current
+    pick = max if rules.select_policy == "Min" else min
+    result: Optional[int] = None
+    for policy in rules.policies:
+        added = replicas_change_per_period(policy.period_seconds, up_events, now)
+        deleted = replicas_change_per_period(policy.period_seconds, down_events, now)
+        start = current - added + deleted
+        if policy.type == "Pods":
+            proposed = start - policy.value
+        else:
+            proposed = int(start * (1 - policy.value / 100))
+        result = proposed if result is None else pick(result, proposed)
+    return current if result is None else result
+
+
+def rate_limit(current: int, desired: int, min_replicas: int, max_replicas: int, behavior: HPABehavior, up_events, down_events, now: float) -> int:
+    """convertDesiredReplicasWithBehaviorRate."""
+    if desired > current:
+        limit = max(scale_up_limit(current, up_events, down_events, behavior.scale_up, now), current)
+        return min(desired, max_replicas, limit)
+    if desired < current:
+        limit = min(scale_down_limit(current, up_events, down_events, behavior.scale_down, now), current)
+        return max(desired, min_replicas, limit)
+    return desired
+
+
+@dataclass
+class HPAPolicy:
+    """A HorizontalPodAutoscaler on GPU utilization (default) or on consumer lag.
+
+    ``metric="utilization"``: a Resource-style target of ``target_utilization``
+    percent of each worker's capacity (one GPU).  ``metric="lag"``: an
+    External metric, total consumer lag, with ``target_lag_per_worker`` as
+    the AverageValue target.
+    """
+
+    min_replicas: int = 1
+    max_replicas: int = 32
+    metric: Literal["utilization", "lag"] = "utilization"
+    target_utilization: int = 80
+    target_lag_per_worker: float = 100_000.0
+    behavior: HPABehavior = field(default_factory=HPABehavior.default)
+    tolerance: float = DEFAULT_TOLERANCE
+    sync_period_s: float = 15.0
+    name: str = "hpa"
+    recommendations: list = field(default_factory=list)
+    up_events: list = field(default_factory=list)
+    down_events: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise KaleConfigError("min_replicas", f"need 1 <= min_replicas <= max_replicas, got {self.min_replicas} and {self.max_replicas}")
+        if self.metric not in ("utilization", "lag"):
+            raise KaleConfigError("metric", f"must be 'utilization' or 'lag', got {self.metric!r}")
+        if not 0 < self.target_utilization:
+            raise KaleConfigError("target_utilization", f"must be a percentage > 0, got {self.target_utilization}")
+        if self.target_lag_per_worker <= 0:
+            raise KaleConfigError("target_lag_per_worker", f"must be > 0, got {self.target_lag_per_worker}")
+
+    def _metric_replicas(self, obs: Observation) -> tuple[int, str]:
+        current = obs.workers
+        if self.metric == "lag":
+            desired = external_per_pod_replicas(current, obs.backlog, self.target_lag_per_worker, self.tolerance)
+            return desired, f"lag {obs.backlog:,.0f} vs {self.target_lag_per_worker:,.0f} per worker"
+        # Every worker reports the group's utilization (data-parallel workers
+        # move in lockstep); usage in milli-GPU against a 1000m request.
+        usage = int(round(obs.utilization * 1000))
+        pods = [Pod(f"w{i}", request=1000) for i in range(current)]
+        desired, util = resource_replicas(current, self.target_utilization, pods, {p.name: usage for p in pods}, self.tolerance)
+        return desired, f"utilization {util}% vs target {self.target_utilization}%"
+
+    def decide(self, obs: Observation) -> Decision:
+        current = obs.workers
+        now = obs.time
+        if current == 0:
+            # Upstream: scaling is disabled while the target has zero replicas.
+            return Decision(current, self.name, "scaling disabled at 0 replicas")
+        if obs.restarting:
+            # Pods are not ready, so the metrics API has nothing for them and
+            # upstream skips the sync ("did not receive metrics").
+            return Decision(current, self.name, "no metrics while pods are not ready")
+        if current > self.max_replicas:
+            desired, why = self.max_replicas, "above maxReplicas"
+        elif current < self.min_replicas:
+            desired, why = self.min_replicas, "below minReplicas"
+        else:
+            metric_desired, why = self._metric_replicas(obs)
+            stabilized = stabilize_recommendation(self.recommendations, self.behavior, current, metric_desired, now)
+            desired = rate_limit(current, stabilized, self.min_replicas, self.max_replicas, self.behavior, self.up_events, self.down_events, now)
+            why += f"; recommendation {metric_desired}, stabilized {stabilized}, rate-limited {desired}"
+        if desired != current:
+            self._store_scale_event(current, desired, now)
+        return Decision(desired, self.name, why)
+
+    def _store_scale_event(self, previous: int, new: int, now: float) -> None:
+        """storeScaleEvent: remember the change, dropping events older than the longest policy period."""
+        rules, events = (self.behavior.scale_up, self.up_events) if new > previous else (self.behavior.scale_down, self.down_events)
+        longest = max((p.period_seconds for p in rules.policies), default=0)
+        events[:] = [e for e in events if e.timestamp > now - longest]
+        events.append(TimestampedScaleEvent(abs(new - previous), now))

@@ -1,0 +1,163 @@
+"""Port of KEDA's Apache Kafka scaler (pkg/scalers/kafka_scaler.go) and its scaling loop.
+
+KEDA computes a lag metric; the HPA it creates turns that metric into
+replicas with an AverageValue target of ``lagThreshold`` (so replicas =
+ceil(totalLag / lagThreshold), with HPA's tolerance, stabilization and rate
+limits).  KEDA itself only handles activation: 0 <-> 1 replicas, after
+``cooldownPeriod`` without activity.
+
+Lag semantics (used by telemetry too, see ``kale_dagster.stream``):
+
+* a partition whose group has no valid committed offset counts as lag 1
+  with ``offsetResetPolicy: latest``, as its whole end offset with
+  ``earliest``, and as 0 with ``scaleToZeroOnInvalidOffset``;
+* unless ``allowIdleConsumers``, total lag is capped at
+  partitions * lagThreshold, so replicas never exceed the partition count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal, Optional, Sequence
+
+from ..errors import KaleConfigError
+from ..policy import Decision, Observation, PartitionOffsets
+from .hpa import HPABehavior, HPAPolicy
+
+OffsetResetPolicy = Literal["latest", "earliest"]
+
+
+def partition_lag(
+    end_offset: int,
+    committed: Optional[int],
+    offset_reset_policy: OffsetResetPolicy = "latest",
+    scale_to_zero_on_invalid_offset: bool = False,
+) -> int:
+    """getLagForPartition: lag of one partition, KEDA's rules for a missing committed offset."""
+    if committed is None or committed < 0:
+        if scale_to_zero_on_invalid_offset:
+            return 0
+        return 1 if offset_reset_policy == "latest" else end_offset
+    return end_offset - committed
+
+
+def find_factors(n: int) -> list[int]:
+    """FindFactors: all divisors of n, ascending (empty for n < 1)."""
+    if n < 1:
+        return []
+    small = [i for i in range(1, math.isqrt(n) + 1) if n % i == 0]
+    return sorted(set(small + [n // i for i in small]))
+
+
+def next_factor_balancing_partitions(total_lag: int, partitions: int, lag_threshold: int) -> int:
+    """getNextFactorThatBalancesConsumersToTopicPartitions: the smallest divisor of the
+    partition count whose capacity (factor * threshold) covers the lag."""
+    for factor in find_factors(partitions):
+        if factor * lag_threshold >= total_lag:
+            return factor
+    return partitions
+
+
+@dataclass(frozen=True)
+class KafkaScalerMetadata:
+    """The scaler's trigger metadata (defaults as in KEDA)."""
+
+    lag_threshold: int = 10
+    activation_lag_threshold: int = 0
+    offset_reset_policy: OffsetResetPolicy = "latest"
+    allow_idle_consumers: bool = False
+    scale_to_zero_on_invalid_offset: bool = False
+    limit_to_partitions_with_lag: bool = False
+    ensure_even_distribution_of_partitions: bool = False
+
+    def __post_init__(self):
+        if self.lag_threshold <= 0:
+            raise KaleConfigError("lag_threshold", f"must be > 0, got {self.lag_threshold}")
+        if self.activation_lag_threshold < 0:
+            raise KaleConfigError("activation_lag_threshold", f"must be >= 0, got {self.activation_lag_threshold}")
+        if self.offset_reset_policy not in ("latest", "earliest"):
+            raise KaleConfigError("offset_reset_policy", f"must be 'latest' or 'earliest', got {self.offset_reset_policy!r}")
+        if self.allow_idle_consumers and self.limit_to_partitions_with_lag:
+            raise KaleConfigError("limit_to_partitions_with_lag", "cannot be combined with allow_idle_consumers (KEDA rejects it too)")
+
+
+def total_lag(partition_lags: Sequence[int], meta: KafkaScalerMetadata) -> tuple[int, int]:
+    """getTotalLag given per-partition lags: (lag used for scaling, lag used for activation)."""
+    lag = sum(partition_lags)
+    with_lag = sum(1 for x in partition_lags if x > 0)
+    partitions = len(partition_lags)
+    activation = lag
+    if not meta.allow_idle_consumers or meta.limit_to_partitions_with_lag or meta.ensure_even_distribution_of_partitions:
+        upper = partitions
+        if meta.ensure_even_distribution_of_partitions:
+            lag = next_factor_balancing_partitions(lag, partitions, meta.lag_threshold) * meta.lag_threshold
+        if meta.limit_to_partitions_with_lag:
+            upper = with_lag
+        if lag // meta.lag_threshold > upper:
+            lag = upper * meta.lag_threshold
+    return lag, activation
+
+
+@dataclass
+class KedaKafkaPolicy:
+    """A ScaledObject with one Kafka trigger, driving an HPA on its lag metric.
+
+    ``partition_count`` stands in for per-partition offsets when the
+    observation carries only a total backlog (the simulator spreads it
+    evenly); real observations carry ``partitions``.
+    """
+
+    metadata: KafkaScalerMetadata = field(default_factory=KafkaScalerMetadata)
+    min_replicas: int = 0
+    max_replicas: int = 100
+    partition_count: Optional[int] = None
+    polling_interval_s: float = 30.0
+    cooldown_period_s: float = 300.0
+    behavior: HPABehavior = field(default_factory=HPABehavior.default)
+    name: str = "keda"
+    sync_period_s: float = 15.0
+    _hpa: HPAPolicy = field(init=False)
+    _last_active: Optional[float] = field(init=False, default=None)
+
+    def __post_init__(self):
+        if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
+            raise KaleConfigError("min_replicas", f"need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got {self.min_replicas}, {self.max_replicas}")
+        self._hpa = HPAPolicy(
+            min_replicas=max(self.min_replicas, 1),
+            max_replicas=self.max_replicas,
+            metric="lag",
+            target_lag_per_worker=self.metadata.lag_threshold,
+            behavior=self.behavior,
+            sync_period_s=self.sync_period_s,
+            name=self.name,
+        )
+
+    def partition_lags(self, obs: Observation) -> list[int]:
+        if obs.partitions:
+            return [self._lag(p) for p in obs.partitions]
+        if not self.partition_count:
+            raise KaleConfigError("partition_count", "needed when observations carry no per-partition offsets")
+        n = self.partition_count
+        base, extra = divmod(int(round(obs.backlog)), n)
+        return [base + (1 if i < extra else 0) for i in range(n)]
+
+    def _lag(self, p: PartitionOffsets) -> int:
+        m = self.metadata
+        return partition_lag(p.end_offset, p.committed, m.offset_reset_policy, m.scale_to_zero_on_invalid_offset)
+
+    def decide(self, obs: Observation) -> Decision:
+        lag, activation_lag = total_lag(self.partition_lags(obs), self.metadata)
+        active = activation_lag > self.metadata.activation_lag_threshold
+        if active:
+            self._last_active = obs.time
+        if obs.workers == 0:
+            if active:
+                return Decision(max(self.min_replicas, 1), self.name, f"activated: lag {activation_lag} > {self.metadata.activation_lag_threshold}")
+            return Decision(0, self.name, "inactive at zero replicas")
+        if not active and self.min_replicas == 0:
+            idle_for = obs.time - (self._last_active if self._last_active is not None else obs.time)
+            if idle_for >= self.cooldown_period_s:
+                return Decision(0, self.name, f"inactive for {idle_for:.0f} s >= cooldownPeriod; scaling to zero")
+        decision = self._hpa.decide(replace(obs, backlog=float(lag)))
+        return replace(decision, reason=f"total lag {lag:,} (threshold {self.metadata.lag_threshold} per replica); {decision.reason}")
