@@ -35,9 +35,10 @@ from ..throughput import ThroughputModel
 class KaleConfig:
     """Settings of the Kale policy; validated here, once.
 
-    Times are in seconds.  ``None`` for the derived thresholds means: half
-    the SLO for the fallback trigger and the drain window, a quarter of it
-    for the scale-in guard.
+    Times are in seconds.  ``None`` for the derived thresholds means: the
+    SLO for the drain window (lag is back to zero one SLO after a restart),
+    half the SLO for the fallback trigger, a quarter of it for the scale-in
+    guard.
     """
 
     min_workers: int = 1
@@ -76,7 +77,7 @@ class KaleConfig:
 
     @property
     def drain_window(self) -> float:
-        return self.drain_window_s or self.slo_s / 2
+        return self.drain_window_s or self.slo_s
 
     @property
     def fallback_lag(self) -> float:

@@ -1,0 +1,144 @@
+"""Kale policy: estimator with backlog, lookahead, guards, fallback, and decision reasons."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kale_dagster import Forecast, KaleConfig, KaleConfigError, KalePolicy, Observation, ThroughputModel
+from kale_dagster.estimator import drain_rate, estimate_workers
+
+PER_WORKER = 1000.0
+LINEAR = ThroughputModel.linear(PER_WORKER)
+PAPER = ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786))
+
+
+def _forecast(values, start=0.0, step=60.0, band=0.0):
+    v = np.asarray(values, dtype=float)
+    return Forecast(start=start, step_s=step, point=v, lower=v * (1 - band), upper=v * (1 + band), model="test")
+
+
+def _obs(t=0.0, workers=4, rate=3500.0, backlog=0.0, lag=0.0, forecast=None, error=None):
+    return Observation(time=t, workers=workers, arrival_rate=rate, consumption_rate=rate, backlog=backlog, time_lag_s=lag, utilization=0.8, forecast=forecast, forecast_error=error)
+
+
+def test_paper_example_through_the_estimator():
+    est = estimate_workers(np.array([30_000.0]), 600, PAPER, min_workers=1, max_workers=32)
+    assert est.plan == (10,)
+
+
+def test_backlog_adds_drain_capacity():
+    # 3,500/s needs 4 workers; a backlog of 1.2M over a 600 s window adds 2,000/s -> 6.
+    est = estimate_workers(np.array([3500.0] * 3), 600, LINEAR, 1, 32, backlog=1_200_000, arrival_rate=3500, drain_window_s=600)
+    assert est.plan == (6, 4, 4)
+    assert drain_rate(1_200_000, 3500, 600, 600) == pytest.approx(2000 + 3500)
+
+
+def test_scales_up_ahead_of_a_forecast_rise():
+    cfg = KaleConfig(max_workers=32, restart_s=600, tau_s=600, plan_step_s=600)
+    policy = KalePolicy(LINEAR, cfg)
+    # Flat 3,500/s for 15 minutes, then 7,500/s: the rise is within restart + hold.
+    fc = _forecast([3500] * 15 + [7500] * 105)
+    d = policy.decide(_obs(forecast=fc))
+    assert d.workers == 8
+    assert d.policy == "kale"
+    assert "forecast peak 7,500/s" in d.reason and "needs 8 workers" in d.reason
+
+
+def test_holds_when_forecast_matches_capacity():
+    policy = KalePolicy(LINEAR)
+    d = policy.decide(_obs(forecast=_forecast([3500] * 120)))
+    assert d.workers == 4
+    assert d.reason.startswith("hold at 4")
+
+
+def test_no_scale_in_while_lag_is_high():
+    cfg = KaleConfig(slo_s=1200, fallback_lag_s=1100)
+    policy = KalePolicy(LINEAR, cfg)
+    d = policy.decide(_obs(workers=12, rate=2000, backlog=10_000, lag=400, forecast=_forecast([2000] * 120)))
+    assert d.workers == 12
+    assert "no scale-in while lag" in d.reason
+
+
+def test_scale_in_when_savings_beat_the_restart():
+    policy = KalePolicy(LINEAR, KaleConfig(restart_s=600))
+    d = policy.decide(_obs(workers=12, rate=2000, forecast=_forecast([2000] * 120)))
+    # 2,000/s plus draining the 10-minute restart backlog within the 20-minute SLO: 3,000/s.
+    assert d.workers == 3
+    assert "saves" in d.reason
+
+
+def test_scale_in_refused_when_the_horizon_is_too_short_to_pay_back():
+    # 1 worker saved for the 20-minute horizon is less than 3 workers idle for a 10-minute restart.
+    policy = KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600))
+    d = policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20)))
+    assert d.workers == 3
+    assert "less than the" in d.reason
+
+
+def test_no_second_scale_in_within_the_hold():
+    policy = KalePolicy(LINEAR, KaleConfig(tau_s=600))
+    assert policy.decide(_obs(t=0, workers=12, rate=6000, forecast=_forecast([6000] * 120))).workers == 9
+    d = policy.decide(_obs(t=120, workers=9, rate=2000, forecast=_forecast([2000] * 120, start=120)))
+    assert d.workers == 9
+    assert "under the 10 min hold" in d.reason
+
+
+@pytest.mark.parametrize(
+    "obs_kwargs, trigger",
+    [
+        (dict(forecast=None), "no forecast"),
+        (dict(lag=900, backlog=3_000_000), "above the fallback threshold"),
+        (dict(error=0.9), "forecast error"),
+    ],
+)
+def test_fallback_takes_over(obs_kwargs, trigger):
+    policy = KalePolicy(LINEAR, KaleConfig(slo_s=1200))
+    base = dict(forecast=_forecast([3500] * 120))
+    base.update(obs_kwargs)
+    d = policy.decide(_obs(**base))
+    assert d.policy == "kale/fallback"
+    assert trigger in d.reason
+
+
+def test_fallback_drains_a_large_backlog():
+    policy = KalePolicy(LINEAR, KaleConfig(slo_s=1200))
+    d = policy.decide(_obs(workers=4, rate=3500, backlog=3_000_000, lag=900, forecast=_forecast([3500] * 120)))
+    # 3,500/s + (3M + 3,500*600)/1,200 s = 7,750/s -> 8 workers.
+    assert d.workers == 8
+
+
+def test_never_above_peak_or_max():
+    policy = KalePolicy(PAPER, KaleConfig(max_workers=32))
+    d = policy.decide(_obs(workers=4, rate=20_000, forecast=_forecast([45_000] * 120)))
+    assert d.workers == 10
+
+
+def test_waits_while_restarting():
+    policy = KalePolicy(LINEAR)
+    obs = Observation(0, 4, 9000, 0, 1e6, 1000, 0, forecast=_forecast([9000] * 60), restarting=True)
+    assert policy.decide(obs).workers == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(max_workers=0), "max_workers"),
+        (dict(min_workers=5, max_workers=4), "max_workers"),
+        (dict(slo_s=0), "slo_s"),
+        (dict(forecast_quantile=1.5), "forecast_quantile"),
+        (dict(rho=0), "rho"),
+        (dict(scale_in_max_lag_fraction=2), "scale_in_max_lag_fraction"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs, field):
+    with pytest.raises(KaleConfigError) as err:
+        KaleConfig(**kwargs)
+    assert err.value.field == field
+
+
+def test_quantile_reads_the_band():
+    fc = _forecast([1000] * 10, band=0.2)
+    assert fc.level(None)[0] == pytest.approx(1200)
+    assert fc.level(0.5)[0] == pytest.approx(1000)
+    assert 1000 < fc.level(0.7)[0] < 1200
