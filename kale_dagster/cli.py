@@ -12,16 +12,14 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
-from .errors import InputDataError, KaleConfigError
+from .errors import CommandError, InputDataError, KaleConfigError
 
 # Modules providing subcommands, in the order `kale --help` lists them.
 _COMMAND_MODULES = (
     "kale_dagster.commands.broker",
+    "kale_dagster.commands.forecast",
+    "kale_dagster.commands.trace",
 )
-
-
-class CommandError(RuntimeError):
-    """A subcommand failed in a way the user can fix; printed without a traceback."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,3 +14,7 @@ class KaleConfigError(ValueError):
 
 class InputDataError(ValueError):
     """Input data (a trace, a history, measurements) cannot be used as given."""
+
+
+class CommandError(RuntimeError):
+    """A CLI subcommand failed in a way the user can fix; printed without a traceback."""

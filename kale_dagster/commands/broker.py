@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..errors import CommandError
+
 import signal
 import threading
 
@@ -20,8 +22,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..cli import CommandError
-
     try:
         broker = start_broker(port=args.port)
     except BrokerError as exc:

@@ -1,0 +1,147 @@
+"""Rolling-origin evaluation of forecasters on a recorded history.
+
+From each origin in the evaluated tail, the model (refitted every
+``refit_every_s`` on everything before the origin) forecasts the horizon;
+errors are taken at the final horizon step, the figure a planner acting that
+far ahead depends on.  Seasonal-naive baselines (a day and a week earlier)
+are scored on the same origins and the better one is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InputDataError
+from .naive import DAY_S, WEEK_S
+
+Factory = Callable[[], object]
+
+
+def smape(actual: np.ndarray, forecast: np.ndarray) -> float:
+    """Symmetric MAPE as a fraction (0..2), 0/0 counted as 0."""
+    a, f = np.asarray(actual, float), np.asarray(forecast, float)
+    denom = np.abs(a) + np.abs(f)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        terms = np.where(denom > 0, 2 * np.abs(f - a) / denom, 0.0)
+    return float(np.mean(terms))
+
+
+def mape(actual: np.ndarray, forecast: np.ndarray) -> float:
+    a, f = np.asarray(actual, float), np.asarray(forecast, float)
+    ok = a > 0
+    return float(np.mean(np.abs(f[ok] - a[ok]) / a[ok])) if ok.any() else float("nan")
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    model: str
+    horizon_minutes: float
+    smape: float
+    mape: float
+    mae: float
+    coverage: float
+    baseline: str
+    baseline_smape: float
+    folds: int
+    refits: int
+    fallbacks: int
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "horizon_minutes": self.horizon_minutes,
+            "smape": self.smape,
+            "mape": self.mape,
+            "mae": self.mae,
+            "coverage": self.coverage,
+            "baseline": self.baseline,
+            "baseline_smape": self.baseline_smape,
+            "folds": self.folds,
+        }
+
+
+def _seasonal_naive(rate: np.ndarray, target: np.ndarray, season: int) -> np.ndarray:
+    src = target - season
+    return np.where(src >= 0, rate[np.maximum(src, 0)], np.nan)
+
+
+def rolling_origin(
+    history: pd.DataFrame,
+    factory: Factory,
+    horizon_s: float,
+    eval_days: float = 28.0,
+    refit_every_s: float = DAY_S,
+    origin_every_s: Optional[float] = None,
+    min_train_s: float = 2 * DAY_S,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> EvaluationResult:
+    """Evaluate ``factory()`` models over the last ``eval_days`` of ``history`` (clean, regular)."""
+    ts = history["timestamp"]
+    rate = history["rate"].to_numpy(dtype=float)
+    step = float((ts.iloc[1] - ts.iloc[0]).total_seconds())
+    horizon = max(1, int(round(horizon_s / step)))
+    n = len(rate)
+    eval_steps = int(eval_days * DAY_S / step)
+    start = max(n - eval_steps, int(min_train_s / step))
+    if start >= n - horizon:
+        raise InputDataError(
+            f"trace too short to evaluate: {n * step / DAY_S:.1f} days of data, need more than "
+            f"{min_train_s / DAY_S:.0f} days of training plus the {horizon_s / 60:.0f}-minute horizon"
+        )
+    every = max(1, int(round((origin_every_s or step) / step)))
+    refit_steps = max(1, int(round(refit_every_s / step)))
+    origins = np.arange(start, n - horizon + 1, every)  # origin = first forecast index
+    preds, lows, highs, refits, fallbacks = [], [], [], 0, 0
+    model = None
+    next_refit = -1
+    for k, origin in enumerate(origins):
+        if origin >= next_refit:
+            model = factory().fit(history.iloc[:origin])
+            refits += 1
+            next_refit = origin + refit_steps
+        past = history.iloc[:origin]
+        fc = model.predict(horizon, history=past) if _accepts_history(model) else factory().fit(past).predict(horizon)
+        preds.append(fc.point[horizon - 1])
+        lows.append(fc.lower[horizon - 1])
+        highs.append(fc.upper[horizon - 1])
+        fallbacks += bool(fc.fallback)
+        if progress:
+            progress(k + 1, len(origins))
+    target = origins + horizon - 1
+    actual = rate[target]
+    ok = np.isfinite(actual)
+    preds, lows, highs = np.array(preds), np.array(lows), np.array(highs)
+    base = {}
+    for name, season_s in (("seasonal-naive-day", DAY_S), ("seasonal-naive-week", WEEK_S)):
+        season = int(round(season_s / step))
+        if season >= horizon:
+            guess = _seasonal_naive(rate, target, season)
+            good = ok & np.isfinite(guess)
+            if good.sum() == ok.sum():
+                base[name] = smape(actual[good], guess[good])
+    if not base:
+        raise InputDataError("not enough history before the evaluated tail for a seasonal-naive baseline")
+    best = min(base, key=base.get)
+    return EvaluationResult(
+        model=getattr(model, "name", type(model).__name__),
+        horizon_minutes=horizon_s / 60,
+        smape=smape(actual[ok], preds[ok]),
+        mape=mape(actual[ok], preds[ok]),
+        mae=float(np.mean(np.abs(preds[ok] - actual[ok]))),
+        coverage=float(np.mean((actual[ok] >= lows[ok]) & (actual[ok] <= highs[ok]))),
+        baseline=best,
+        baseline_smape=base[best],
+        folds=int(ok.sum()),
+        refits=refits,
+        fallbacks=fallbacks,
+    )
+
+
+def _accepts_history(model) -> bool:
+    import inspect
+
+    return "history" in inspect.signature(model.predict).parameters

@@ -1,0 +1,95 @@
+"""Validate and regularise an arrival-rate history before any model sees it.
+
+Input: a DataFrame with a ``timestamp`` column (anything pandas parses; naive
+times are read as UTC) and a ``rate`` column (samples/s).  Output: the same
+columns on a regular grid, sorted, UTC.
+
+What is handled and what is rejected, so models can assume clean input:
+
+* unsorted rows are sorted; duplicate timestamps are averaged;
+* NaN rates are missing data; gaps of up to ``max_fill_steps`` steps are
+  filled by linear interpolation, longer gaps stay NaN (models skip them);
+* negative or infinite rates are rejected: they mean a broken metric, and
+  silently clipping them would hide it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InputDataError
+
+
+def infer_step_s(timestamps: pd.Series) -> float:
+    """The most common spacing between consecutive timestamps, in seconds."""
+    diffs = timestamps.sort_values().diff().dropna().dt.total_seconds()
+    diffs = diffs[diffs > 0]
+    if diffs.empty:
+        raise InputDataError("cannot infer the sampling step: need at least two distinct timestamps")
+    return float(diffs.mode().iloc[0])
+
+
+def prepare_history(history: pd.DataFrame, step_s: Optional[float] = None, max_fill_steps: int = 5) -> pd.DataFrame:
+    """Return a clean, regular ``timestamp``/``rate`` frame (see module docstring)."""
+    if not isinstance(history, pd.DataFrame):
+        raise InputDataError(f"history must be a pandas DataFrame, got {type(history).__name__}")
+    missing = {"timestamp", "rate"} - set(history.columns)
+    if missing:
+        raise InputDataError(f"history needs columns 'timestamp' and 'rate'; missing {sorted(missing)} (have {list(history.columns)})")
+    if history.empty:
+        raise InputDataError("history is empty")
+    try:
+        ts = pd.to_datetime(history["timestamp"], utc=True)
+    except (ValueError, TypeError) as exc:
+        raise InputDataError(f"history.timestamp has values that are not timestamps: {exc}") from exc
+    rate = pd.to_numeric(history["rate"], errors="coerce").astype(float)
+    bad = np.isinf(rate) | (rate < 0)
+    if bad.any():
+        first = ts[bad].iloc[0]
+        raise InputDataError(f"history.rate must be finite and >= 0; {int(bad.sum())} bad values, first at {first} ({rate[bad].iloc[0]})")
+    frame = pd.DataFrame({"timestamp": ts, "rate": rate}).groupby("timestamp", as_index=True)["rate"].mean().sort_index()
+    if frame.notna().sum() == 0:
+        raise InputDataError("history has no usable (non-NaN) rate values")
+    step = step_s or infer_step_s(frame.index.to_series())
+    regular = frame.resample(pd.Timedelta(seconds=step)).mean()
+    regular = _fill_short_gaps(regular, max_fill_steps)
+    return pd.DataFrame({"timestamp": regular.index, "rate": regular.to_numpy()}).reset_index(drop=True)
+
+
+def _fill_short_gaps(series: pd.Series, max_steps: int) -> pd.Series:
+    """Interpolate runs of at most ``max_steps`` missing values; longer runs stay missing."""
+    missing = series.isna()
+    run_id = (missing != missing.shift()).cumsum()
+    run_len = missing.groupby(run_id).transform("sum")
+    filled = series.interpolate(limit_area="inside")
+    return filled.where(~missing | (run_len <= max_steps))
+
+
+def read_trace_csv(path) -> pd.DataFrame:
+    """Read a ``timestamp,value`` trace (values are arrivals per interval) as a rate history."""
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"trace file not found: {p}")
+    try:
+        raw = pd.read_csv(p)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise InputDataError(f"{p}: not a readable CSV ({exc})") from exc
+    if list(raw.columns[:2]) != ["timestamp", "value"]:
+        raise InputDataError(f"{p}: expected a header 'timestamp,value', got {','.join(map(str, raw.columns))}")
+    if raw.empty:
+        raise InputDataError(f"{p}: the trace has no rows")
+    try:
+        ts = pd.to_datetime(raw["timestamp"], utc=True)
+    except (ValueError, TypeError) as exc:
+        raise InputDataError(f"{p}: bad timestamp ({exc})") from exc
+    values = pd.to_numeric(raw["value"], errors="coerce")
+    if values.isna().any():
+        row = int(values.isna().to_numpy().nonzero()[0][0]) + 2
+        raise InputDataError(f"{p}: line {row}: value {raw['value'].iloc[row - 2]!r} is not a number")
+    step = infer_step_s(ts)
+    return prepare_history(pd.DataFrame({"timestamp": ts, "rate": values / step}), step_s=step)

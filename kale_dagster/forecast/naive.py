@@ -1,0 +1,123 @@
+"""Cheap baselines: seasonal naive (same time a day or a week earlier) and EWMA level.
+
+Both are honest yardsticks for the default forecaster and serve as its
+short-history fallback.  Bands come from the model's own past errors at
+each horizon (empirical quantiles), not from an assumed distribution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InputDataError
+from .base import Forecast
+from .history import prepare_history
+
+DAY_S = 86_400.0
+WEEK_S = 7 * DAY_S
+
+
+def empirical_band(errors: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-horizon (lower, upper) quantiles of log errors (rows: origins, columns: horizon steps)."""
+    lo_q, hi_q = (1 - width) / 2, (1 + width) / 2
+    if errors.size == 0 or np.all(np.isnan(errors)):
+        zeros = np.zeros(errors.shape[1] if errors.ndim == 2 else 0)
+        return zeros, zeros
+    lower = np.nanquantile(errors, lo_q, axis=0)
+    upper = np.nanquantile(errors, hi_q, axis=0)
+    return np.nan_to_num(lower), np.nan_to_num(upper)
+
+
+def horizon_errors(log_actual: np.ndarray, log_pred_fn, origins: np.ndarray, horizon: int) -> np.ndarray:
+    """Matrix of log errors actual - prediction for each origin (last observed index) and step 1..horizon."""
+    errs = np.full((len(origins), horizon), np.nan)
+    for k, last in enumerate(origins):
+        pred = log_pred_fn(last)
+        end = min(last + 1 + horizon, len(log_actual))
+        errs[k, : end - last - 1] = log_actual[last + 1 : end] - pred[: end - last - 1]
+    return errs
+
+
+class _FittedSeries:
+    """Shared state: the clean history as arrays on a regular grid."""
+
+    def _set_history(self, history: pd.DataFrame) -> None:
+        clean = prepare_history(history)
+        self.step_s = float((clean["timestamp"].iloc[1] - clean["timestamp"].iloc[0]).total_seconds()) if len(clean) > 1 else 60.0
+        self.end = clean["timestamp"].iloc[-1].timestamp()
+        self.log_rate = np.log1p(clean["rate"].to_numpy())
+        self.history = clean
+
+    def _forecast(self, log_point: np.ndarray, lower_err, upper_err, model: str, width: float, fallback: str = "") -> Forecast:
+        h = len(log_point)
+        point = np.expm1(log_point)
+        lower = np.expm1(log_point + lower_err[:h]) if len(lower_err) >= h else point
+        upper = np.expm1(log_point + upper_err[:h]) if len(upper_err) >= h else point
+        return Forecast(
+            start=self.end + self.step_s, step_s=self.step_s, point=point,
+            lower=np.minimum(lower, point), upper=np.maximum(upper, point),
+            model=model, interval_width=width, fallback=fallback,
+        )
+
+
+class SeasonalNaiveForecaster(_FittedSeries):
+    """Repeat the value one season earlier (a day or a week)."""
+
+    def __init__(self, season_s: float = DAY_S, interval_width: float = 0.8, band_origins: int = 200):
+        if season_s not in (DAY_S, WEEK_S):
+            raise InputDataError("season_s must be one day (86400) or one week (604800)")
+        self.season_s = season_s
+        self.interval_width = interval_width
+        self.band_origins = band_origins
+        self.name = "seasonal-naive-" + ("day" if season_s == DAY_S else "week")
+
+    def _predict_log(self, log_rate: np.ndarray, last: int, horizon: int) -> np.ndarray:
+        season = int(round(self.season_s / self.step_s))
+        out = np.empty(horizon)
+        for h in range(1, horizon + 1):
+            src = last + h - season
+            while src > last:  # beyond one season ahead: repeat the forecast
+                src -= season
+            out[h - 1] = log_rate[src] if src >= 0 else np.nan
+        return out
+
+    def fit(self, history: pd.DataFrame) -> "SeasonalNaiveForecaster":
+        self._set_history(history)
+        season = int(round(self.season_s / self.step_s))
+        if len(self.log_rate) <= season:
+            raise InputDataError(f"{self.name} needs more than one season of history ({self.season_s / 3600:.0f} h); got {len(self.log_rate) * self.step_s / 3600:.1f} h")
+        return self
+
+    def predict(self, horizon_steps: int, step_s=None) -> Forecast:
+        season = int(round(self.season_s / self.step_s))
+        last = len(self.log_rate) - 1
+        origins = np.arange(max(season, last - self.band_origins - horizon_steps), last - horizon_steps + 1)
+        errs = horizon_errors(self.log_rate, lambda l: self._predict_log(self.log_rate, l, horizon_steps), origins, horizon_steps)
+        lo, hi = empirical_band(errs, self.interval_width)
+        log_point = np.nan_to_num(self._predict_log(self.log_rate, last, horizon_steps), nan=self.log_rate[last])
+        return self._forecast(log_point, lo, hi, self.name, self.interval_width)
+
+
+class EwmaForecaster(_FittedSeries):
+    """Flat forecast at an exponentially weighted recent level (the reactive baseline)."""
+
+    name = "ewma"
+
+    def __init__(self, halflife_s: float = 1800.0, interval_width: float = 0.8, band_origins: int = 200):
+        self.halflife_s = halflife_s
+        self.interval_width = interval_width
+        self.band_origins = band_origins
+
+    def fit(self, history: pd.DataFrame) -> "EwmaForecaster":
+        self._set_history(history)
+        halflife = max(self.halflife_s / self.step_s, 1.0)
+        self._level = pd.Series(self.log_rate).ffill().ewm(halflife=halflife).mean().to_numpy()
+        return self
+
+    def predict(self, horizon_steps: int, step_s=None, fallback: str = "") -> Forecast:
+        last = len(self.log_rate) - 1
+        origins = np.arange(max(0, last - self.band_origins - horizon_steps), max(last - horizon_steps + 1, 0))
+        errs = horizon_errors(self.log_rate, lambda l: np.full(horizon_steps, self._level[l]), origins, horizon_steps)
+        lo, hi = empirical_band(errs, self.interval_width)
+        return self._forecast(np.full(horizon_steps, self._level[last]), lo, hi, self.name, self.interval_width, fallback)

@@ -1,0 +1,133 @@
+"""Forecasters: input handling, short-history fallback, non-negativity, accuracy on a diurnal trace, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kale_dagster import InputDataError
+from kale_dagster.forecast import EwmaForecaster, ProphetForecaster, SeasonalNaiveForecaster, make_forecaster
+from kale_dagster.forecast.evaluate import rolling_origin, smape
+from kale_dagster.forecast.history import prepare_history, read_trace_csv
+from kale_dagster.trace import synth_trace
+
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
+
+
+def _history(days=3.0, step_s=600.0, seed=3):
+    frame = synth_trace(days=days, seed=seed, step_s=step_s, peak_rate=5000)
+    return pd.DataFrame({"timestamp": frame.timestamp, "rate": frame.value / step_s})
+
+
+def test_prepare_sorts_averages_duplicates_and_fills_short_gaps():
+    ts = pd.to_datetime(["2026-01-01 00:02", "2026-01-01 00:00", "2026-01-01 00:01", "2026-01-01 00:01", "2026-01-01 00:04"])
+    out = prepare_history(pd.DataFrame({"timestamp": ts, "rate": [4.0, 0.0, 1.0, 3.0, 8.0]}))
+    assert list(out.rate) == [0.0, 2.0, 4.0, 6.0, 8.0]  # duplicate averaged, 00:03 interpolated
+    assert str(out.timestamp.dt.tz) == "UTC"
+
+
+def test_long_gaps_stay_missing():
+    ts = pd.date_range("2026-01-01", periods=3, freq="1min").append(pd.date_range("2026-01-01 01:00", periods=3, freq="1min"))
+    out = prepare_history(pd.DataFrame({"timestamp": ts, "rate": 1.0}), max_fill_steps=5)
+    assert out.rate.isna().sum() == 57
+
+
+@pytest.mark.parametrize(
+    "frame, message",
+    [
+        (pd.DataFrame({"timestamp": ["2026-01-01"], "value": [1]}), "missing \\['rate'\\]"),
+        (pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=3, freq="1min"), "rate": [1.0, -2.0, 3.0]}), ">= 0"),
+        (pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min"), "rate": [np.inf, 1.0]}), "finite"),
+        (pd.DataFrame({"timestamp": ["2026-01-01", "not a time"], "rate": [1, 2]}), "not timestamps"),
+        (pd.DataFrame({"timestamp": [], "rate": []}), "empty"),
+    ],
+)
+def test_bad_history_is_rejected_with_a_message(frame, message):
+    with pytest.raises(InputDataError, match=message):
+        prepare_history(frame)
+
+
+def test_short_history_falls_back_and_says_so():
+    hist = _history(days=1.0)
+    fc = ProphetForecaster(horizon_s=3600).fit(hist).predict()
+    assert "not trusted" in fc.fallback
+    assert fc.model == "prophet"
+    assert len(fc) == 6 and np.all(fc.point >= 0)
+
+
+def test_forecasts_are_never_negative():
+    ts = pd.date_range("2026-01-01", periods=3 * 144, freq="10min")
+    rate = np.clip(np.sin(np.arange(len(ts)) / 10) * 5 - 3, 0, None)  # mostly zero, with spikes
+    fc = ProphetForecaster(horizon_s=7200).fit(pd.DataFrame({"timestamp": ts, "rate": rate})).predict()
+    assert np.all(fc.point >= 0) and np.all(fc.lower >= 0) and np.all(fc.upper >= fc.point)
+
+
+def test_prophet_tracks_a_diurnal_trace_better_than_ewma():
+    hist = _history(days=3.0)
+    train, test = hist.iloc[:-12], hist.iloc[-12:]
+    prophet = ProphetForecaster(horizon_s=7200).fit(train).predict()
+    ewma = EwmaForecaster().fit(train).predict(12)
+    assert prophet.fallback == ""
+    assert smape(test.rate.to_numpy(), prophet.point) < smape(test.rate.to_numpy(), ewma.point)
+    assert smape(test.rate.to_numpy(), prophet.point) < 0.15
+
+
+def test_fitted_model_uses_newer_observations_without_refitting():
+    hist = _history(days=3.0)
+    model = ProphetForecaster(horizon_s=3600).fit(hist.iloc[:-30])
+    doubled = hist.copy()
+    doubled.loc[doubled.index[-36:], "rate"] *= 2.0  # a level shift after the fit
+    shifted = model.predict(history=doubled)
+    plain = model.predict(history=hist)
+    assert shifted.point[0] > 1.15 * plain.point[0]
+
+
+def test_seasonal_naive_repeats_yesterday():
+    hist = _history(days=2.0)
+    fc = SeasonalNaiveForecaster().fit(hist).predict(6)
+    assert np.allclose(fc.point, hist.rate.to_numpy()[144 - 0 : 150], rtol=1e-9)
+
+
+def test_rolling_origin_reports_baseline_on_the_same_folds():
+    hist = _history(days=4.0)
+    result = rolling_origin(hist, lambda: make_forecaster("seasonal-naive-day"), horizon_s=1800, eval_days=1)
+    assert result.baseline == "seasonal-naive-day"
+    assert result.smape == pytest.approx(result.baseline_smape)
+    assert result.folds == 144 - 2
+
+
+def test_read_trace_converts_counts_to_rates():
+    hist = read_trace_csv(FIXTURES / "diurnal_3d_10min.csv")
+    raw = pd.read_csv(FIXTURES / "diurnal_3d_10min.csv")
+    assert hist.rate.iloc[5] == pytest.approx(raw.value.iloc[5] / 600)
+
+
+def _kale(*args):
+    return subprocess.run([sys.executable, "-m", "kale_dagster.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--trace", "/nonexistent.csv", "--horizon", "30"], "not found"),
+        (["--trace", str(FIXTURES / "malformed.csv"), "--horizon", "30"], "line 3"),
+        (["--trace", str(FIXTURES / "diurnal_3d_10min.csv"), "--horizon", "0"], "--horizon"),
+    ],
+)
+def test_cli_errors(args, message):
+    proc = _kale("forecast", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_cli_json():
+    proc = _kale("forecast", "--trace", str(FIXTURES / "diurnal_3d_10min.csv"), "--horizon", "30", "--model", "ewma", "--eval-days", "0.5", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) >= {"model", "horizon_minutes", "smape", "mape", "mae", "coverage", "baseline_smape", "folds"}
+    assert out["model"] == "ewma" and out["folds"] > 0
