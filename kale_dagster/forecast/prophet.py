@@ -93,6 +93,7 @@ class ProphetForecaster(_FittedSeries):
         min_history_s: float = 2 * DAY_S,
         correct: bool = True,
         prophet_step_s: float = 600.0,
+        prefetch_s: float = 86_400.0,
     ):
         if horizon_s <= 0:
             raise KaleConfigError("horizon_s", f"must be > 0, got {horizon_s}")
@@ -107,6 +108,7 @@ class ProphetForecaster(_FittedSeries):
         self.min_history_s = min_history_s
         self.correct = correct
         self.prophet_step_s = prophet_step_s
+        self.prefetch_s = prefetch_s
         self.fallback = ""
         self.fit_seconds = 0.0
 
@@ -169,8 +171,10 @@ class ProphetForecaster(_FittedSeries):
         self._fit_prophet()
         self._season = int(round((WEEK_S if span >= 2 * WEEK_S else DAY_S) / self.step_s))
         n = len(self.log_rate)
-        positions = np.arange(n)
-        self._base_prophet = self._prophet_log(positions)
+        # One Prophet call covers the history and the next prefetch_s ahead,
+        # so predictions between refits are lookups.
+        ahead = self.horizon + int(self.prefetch_s // self.step_s)
+        self._base_prophet = self._prophet_log(np.arange(n + ahead))[:n]
         if self.correct:
             self._fit_blend(n)
         else:

@@ -6,12 +6,16 @@ One decision, in stages that are each small and testable:
    forecast error too large -> the reactive policy on measured rates acts;
 2. estimate: workers per plan step from the forecast (upper band or a
    quantile) plus the backlog's drain rate (``kale_dagster.estimator``);
-3. stabilize: the paper's Algorithm 1 (``kale_dagster.stabilizer``);
-4. lookahead: a rescale takes ``restart_s`` and should then hold for
-   ``tau_s``, so the target covers the plan over that window;
-5. guards: no scale-in on a forecast alone while measured lag is high (as
-   AWS predictive scaling), no scale-in within ``tau_s`` of the last
-   rescale, and the restart-cost test (``kale_dagster.projection``).
+3. stabilize: the paper's Algorithm 1 (``kale_dagster.stabilizer``); the
+   levels of the stabilized plan are the candidate targets;
+4. guards: no scale-in on a forecast alone while measured lag is high (as
+   AWS predictive scaling) and none within ``tau_s`` of the last rescale;
+5. restart-cost test: every remaining candidate, and keeping the current
+   level, is played over the horizon through the FIFO backlog model with
+   the restart's downtime (``kale_dagster.projection``); the cheapest in
+   GPU-minutes + ``lag_weight`` x lag-minutes + ``violation_weight`` x
+   minutes above the SLO wins.  A rescale is thus made only when what it
+   buys over the horizon exceeds what its downtime costs.
 """
 
 from __future__ import annotations
@@ -53,7 +57,9 @@ class KaleConfig:
     fallback_lag_s: Optional[float] = None
     max_forecast_error: float = 0.5
     scale_in_lag_guard_s: Optional[float] = None
-    scale_in_max_lag_fraction: float = 0.5
+    lag_weight: float = 8.0
+    violation_weight: float = 100.0
+    projection_tick_s: float = 300.0
     sync_period_s: float = 60.0
 
     def __post_init__(self):
@@ -73,7 +79,9 @@ class KaleConfig:
             value = getattr(self, name)
             need(value is None or value > 0, name, f"must be > 0 or None, got {value}")
         need(self.max_forecast_error > 0, "max_forecast_error", f"must be > 0, got {self.max_forecast_error}")
-        need(0 < self.scale_in_max_lag_fraction <= 1, "scale_in_max_lag_fraction", f"must be in (0, 1], got {self.scale_in_max_lag_fraction}")
+        for name in ("lag_weight", "violation_weight"):
+            need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        need(self.projection_tick_s > 0, "projection_tick_s", f"must be > 0, got {self.projection_tick_s}")
 
     @property
     def drain_window(self) -> float:
@@ -145,32 +153,29 @@ class KalePolicy:
             est = estimate_workers(**common, downtime_s=cfg.restart_s)
         return list(est.plan), est.drain_rate
 
-    def _lookahead_target(self, plan: list[int]) -> int:
-        cfg = self.config
-        steps = max(1, math.ceil((cfg.restart_s + cfg.tau_s) / cfg.plan_step_s))
-        return max(plan[:steps])
-
-    def _cost_test(self, obs: Observation, rates: np.ndarray, target: int) -> tuple[bool, str]:
-        """Is rescaling from obs.workers to target worth its downtime over the horizon?"""
+    def _project(self, obs: Observation, rates: np.ndarray, workers: int):
         cfg = self.config
         start = FifoBacklog.from_observation(obs.time, obs.backlog, obs.time_lag_s)
-        keep = project(start, rates, cfg.plan_step_s, self.model.predict(obs.workers), obs.workers, cfg.slo_s)
-        change = project(start, rates, cfg.plan_step_s, self.model.predict(target), target, cfg.slo_s, downtime_s=cfg.restart_s)
-        if target > obs.workers:
-            if change.accumulated_lag_min < keep.accumulated_lag_min:
-                return True, f"projected accumulated lag {keep.accumulated_lag_min:.0f} -> {change.accumulated_lag_min:.0f} min over the horizon"
-            return False, (
-                f"scale-up not worth its {cfg.restart_s / 60:.0f} min restart: projected accumulated lag "
-                f"{keep.accumulated_lag_min:.0f} min without it, {change.accumulated_lag_min:.0f} min with it"
-            )
-        limit = cfg.scale_in_max_lag_fraction * cfg.slo_s
-        saved = keep.gpu_minutes - change.gpu_minutes
-        restart_cost = obs.workers * cfg.restart_s / 60.0
-        if change.max_lag_s > limit:
-            return False, f"scale-in would push projected lag to {change.max_lag_s / 60:.1f} min (limit {limit / 60:.0f} min)"
-        if saved < restart_cost:
-            return False, f"scale-in saves {saved:.0f} GPU-min over the horizon, less than the {restart_cost:.0f} GPU-min its restart costs"
-        return True, f"saves {saved:.0f} GPU-min over the horizon, projected max lag {change.max_lag_s / 60:.1f} min"
+        downtime = 0.0 if workers == obs.workers else cfg.restart_s
+        return project(start, rates, cfg.plan_step_s, self.model.predict(workers), workers, cfg.slo_s, downtime_s=downtime, tick_s=cfg.projection_tick_s)
+
+    def _cost(self, p) -> float:
+        cfg = self.config
+        return p.gpu_minutes + cfg.lag_weight * p.accumulated_lag_min + cfg.violation_weight * p.violation_min
+
+    def _choose(self, obs: Observation, rates: np.ndarray, candidates: set[int]) -> tuple[int, str]:
+        """The candidate level with the lowest projected horizon cost (GPU-min + weighted lag)."""
+        current = obs.workers
+        projections = {w: self._project(obs, rates, w) for w in sorted(candidates | {current})}
+        best = min(projections, key=lambda w: (self._cost(projections[w]), w != current, w))
+        keep, chosen = projections[current], projections[best]
+        if best == current:
+            return current, f"keeping {current} costs least over the horizon (lag {keep.accumulated_lag_min:.0f} lag-min, max {keep.max_lag_s / 60:.1f} min)"
+        return best, (
+            f"{best} workers cost least over the horizon including a {self.config.restart_s / 60:.0f} min restart: "
+            f"{chosen.gpu_minutes:.0f} GPU-min and {chosen.accumulated_lag_min:.0f} lag-min (max {chosen.max_lag_s / 60:.1f} min) "
+            f"vs {keep.gpu_minutes:.0f} GPU-min and {keep.accumulated_lag_min:.0f} lag-min at {current}"
+        )
 
     # --- decision -----------------------------------------------------------
 
@@ -187,7 +192,6 @@ class KalePolicy:
         rates = self._planned_rates(obs)
         raw_plan, drain = self._estimate(obs, rates)
         plan = stabilize(raw_plan, cfg.plan_step_s / 60, rho=cfg.rho, tau_minutes=cfg.tau_s / 60)
-        target = self._lookahead_target(plan)
         peak_i = int(np.argmax(rates))
         why = (
             f"forecast peak {_fmt_rate(rates[peak_i])} in {peak_i * cfg.plan_step_s / 60:.0f} min needs "
@@ -196,7 +200,7 @@ class KalePolicy:
         if drain > 0:
             why += f"; backlog {obs.backlog:,.0f} drains at +{_fmt_rate(drain)}"
         details = {"raw_plan": raw_plan, "planned_rates": [float(r) for r in rates]}
-        return self._apply_guards(obs, target, rates, why, plan, details, policy=self.name)
+        return self._apply_guards(obs, set(plan), rates, why, plan, details, policy=self.name)
 
     def _decide_reactive(self, obs: Observation, trigger: str) -> Decision:
         cfg = self.config
@@ -215,21 +219,24 @@ class KalePolicy:
         if est.drain_rate > 0:
             why += f" + drain {_fmt_rate(est.drain_rate)} for backlog {obs.backlog:,.0f}"
         horizon = np.full(max(1, math.ceil(2 * cfg.slo_s / cfg.plan_step_s)), rate)
-        return self._apply_guards(obs, target, horizon, why, [target], {}, policy=f"{self.name}/fallback")
+        return self._apply_guards(obs, {target}, horizon, why, [target], {}, policy=f"{self.name}/fallback")
 
-    def _apply_guards(self, obs, target, rates, why, plan, details, policy) -> Decision:
+    def _apply_guards(self, obs, candidates: set[int], rates, why, plan, details, policy) -> Decision:
+        """Drop candidates the guards forbid, then pick the cheapest by projected cost."""
         cfg = self.config
         current = obs.workers
         plan_t = tuple(int(p) for p in plan)
-        if target == current:
-            return Decision(current, policy, f"hold at {current}: {why}", plan_t, cfg.plan_step_s, details)
-        if target < current:
+        held = []
+        if any(c < current for c in candidates):
             if obs.time_lag_s > cfg.scale_in_lag_guard:
-                return Decision(current, policy, f"hold at {current}: no scale-in while lag is {obs.time_lag_s / 60:.1f} min (> {cfg.scale_in_lag_guard / 60:.0f} min); {why}", plan_t, cfg.plan_step_s, details)
-            if self.last_change_time is not None and obs.time - self.last_change_time < cfg.tau_s:
-                return Decision(current, policy, f"hold at {current}: last rescale {(obs.time - self.last_change_time) / 60:.0f} min ago, under the {cfg.tau_s / 60:.0f} min hold; {why}", plan_t, cfg.plan_step_s, details)
-        worth, cost_why = self._cost_test(obs, rates, target)
-        if not worth:
-            return Decision(current, policy, f"hold at {current}: {cost_why}; {why}", plan_t, cfg.plan_step_s, details)
+                held.append(f"no scale-in while lag is {obs.time_lag_s / 60:.1f} min (> {cfg.scale_in_lag_guard / 60:.0f} min)")
+            elif self.last_change_time is not None and obs.time - self.last_change_time < cfg.tau_s:
+                held.append(f"no scale-in: last rescale {(obs.time - self.last_change_time) / 60:.0f} min ago, under the {cfg.tau_s / 60:.0f} min hold")
+            if held:
+                candidates = {c for c in candidates if c >= current}
+        target, cost_why = self._choose(obs, rates, candidates)
+        note = "; ".join(held + [cost_why, why])
+        if target == current:
+            return Decision(current, policy, f"hold at {current}: {note}", plan_t, cfg.plan_step_s, details)
         self.last_change_time = obs.time
-        return Decision(target, policy, f"{current} -> {target} workers: {why}; {cost_why}", plan_t, cfg.plan_step_s, details)
+        return Decision(target, policy, f"{current} -> {target} workers: {note}", plan_t, cfg.plan_step_s, details)

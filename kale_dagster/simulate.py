@@ -1,0 +1,217 @@
+"""Trace-driven simulator: replay arrivals through any scaling policy.
+
+The policies are the same objects the Dagster assets drive; only the world
+around them is simulated:
+
+* arrivals follow the trace (a rate per minute, spread evenly in the minute);
+* the allocated workers consume at the throughput model's F(w), FIFO, so a
+  sample's lag is its age when consumed (``kale_dagster.backlog``);
+* a rescale pauses consumption for ``restart_s`` (pause-and-restart, the
+  paper's 10 minutes for a 1B-parameter model);
+* policies are called every ``sync_period_s`` of their own (HPA 15 s, KEDA
+  15 s, Kale 60 s) with what telemetry would report;
+* Kale's forecaster is refitted every ``refit_every_s`` and re-predicted
+  from the latest observations every ``forecast_every_s`` (the paper's
+  10 minutes).
+
+Metrics follow the paper (see :class:`SimMetrics`); the lag of a minute is
+the age of the oldest unconsumed sample at its end, which is the lag the
+next consumed sample has under FIFO.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import pandas as pd
+
+from .backlog import FifoBacklog
+from .errors import KaleConfigError
+from .forecast.base import Forecast
+from .forecast.evaluate import smape
+from .policy import Observation, ScalingPolicy
+from .throughput import ThroughputModel
+
+TICK_S = 15.0
+MINUTE = 60.0
+
+
+@dataclass(frozen=True)
+class SimMetrics:
+    """The paper's metrics over the scored period."""
+
+    accumulated_lag_minutes: float  # sum over minutes of the lag, in minutes
+    slo_violation_rate: float  # share of minutes with lag above the SLO
+    downtime_minutes: float  # minutes spent restarting
+    gpu_hours: float  # allocated workers integrated over time
+    rescales: int
+    max_lag_minutes: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SimResult:
+    metrics: SimMetrics
+    timeline: pd.DataFrame  # per minute: time, arrival_rate, workers, capacity, lag_s, restarting, scored
+    decisions: list  # (time, workers, policy, reason) for every change
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    restart_s: float = 600.0
+    slo_s: float = 1200.0
+    warmup_steps: int = 0  # minutes simulated but not scored
+    initial_workers: Optional[int] = None  # default: enough for the first minute
+    max_workers: int = 32
+    refit_every_s: float = 86_400.0
+    forecast_every_s: float = 600.0
+    forecast_horizon_s: float = 7200.0
+    rate_window_s: float = 300.0  # telemetry's averaging window for rates
+    error_window_s: float = 3600.0  # window of the recent forecast error fed to Kale's fallback
+
+    def __post_init__(self):
+        for name in ("restart_s", "refit_every_s", "forecast_every_s", "forecast_horizon_s", "rate_window_s", "error_window_s"):
+            if getattr(self, name) < 0 or (name != "restart_s" and getattr(self, name) == 0):
+                raise KaleConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.slo_s <= 0:
+            raise KaleConfigError("slo_s", f"must be > 0, got {self.slo_s}")
+        if self.warmup_steps < 0:
+            raise KaleConfigError("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+
+
+class _ForecastFeed:
+    """Keeps Kale's forecast current: refit on cadence, re-predict from fresh history."""
+
+    def __init__(self, factory: Callable, times: pd.DatetimeIndex, rates: np.ndarray, cfg: SimConfig):
+        self.factory = factory
+        self.times = times
+        self.rates = rates
+        self.cfg = cfg
+        self.model = None
+        self.next_refit = 0
+        self.forecast: Optional[Forecast] = None
+        self.one_step: dict[int, float] = {}  # minute index -> forecast made before it
+
+    def update(self, minute: int) -> Optional[Forecast]:
+        """Called at minute boundaries; ``minute`` observations are known."""
+        if minute < 2 or minute % max(int(self.cfg.forecast_every_s // MINUTE), 1):
+            return self.forecast
+        history = pd.DataFrame({"timestamp": self.times[:minute], "rate": self.rates[:minute]})
+        if self.model is None or minute >= self.next_refit:
+            self.model = self.factory().fit(history)
+            self.next_refit = minute + int(self.cfg.refit_every_s // MINUTE)
+            fc = self.model.predict()
+        else:
+            fc = self.model.predict(history=history)
+        self.forecast = fc
+        for k, value in enumerate(fc.point[: int(self.cfg.forecast_every_s // MINUTE)]):
+            self.one_step[minute + k] = float(value)
+        return fc
+
+    def recent_error(self, minute: int) -> Optional[float]:
+        window = int(self.cfg.error_window_s // MINUTE)
+        idx = [m for m in range(max(minute - window, 0), minute) if m in self.one_step]
+        if len(idx) < window // 2:
+            return None
+        return smape(self.rates[idx], np.array([self.one_step[m] for m in idx]))
+
+
+def simulate(
+    rates: np.ndarray,
+    times: pd.DatetimeIndex,
+    policy: ScalingPolicy,
+    model: ThroughputModel,
+    config: SimConfig = SimConfig(),
+    forecaster_factory: Optional[Callable] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> SimResult:
+    """Run ``policy`` over per-minute arrival ``rates`` (samples/s) at ``times``."""
+    rates = np.asarray(rates, dtype=float)
+    n = len(rates)
+    if n == 0:
+        raise KaleConfigError("rates", "the trace is empty")
+    if n <= config.warmup_steps:
+        raise KaleConfigError("warmup_steps", f"warm-up ({config.warmup_steps} min) covers the whole trace ({n} min)")
+    epoch = times[0].timestamp()
+    workers = config.initial_workers if config.initial_workers is not None else model.min_workers_for(rates[0], config.max_workers)
+    queue = FifoBacklog(now=epoch)
+    restart_until = -math.inf
+    feed = _ForecastFeed(forecaster_factory, times, rates, config) if forecaster_factory else None
+    ticks_per_min = int(MINUTE // TICK_S)
+    sync_ticks = max(int(round(policy.sync_period_s / TICK_S)), 1)
+    consumed_log: list[float] = []
+    rows = np.zeros((n, 5))  # workers, capacity, lag_s, restarting, consumed
+    decisions = []
+    rescales_scored = 0
+    forecast = None
+    for minute in range(n):
+        if feed is not None:
+            forecast = feed.update(minute)
+        restarting_ticks = 0
+        consumed_minute = 0.0
+        for k in range(ticks_per_min):
+            now = epoch + minute * MINUTE + k * TICK_S
+            restarting = now < restart_until
+            if (minute * ticks_per_min + k) % sync_ticks == 0:
+                window = max(int(config.rate_window_s // MINUTE), 1)
+                lo = max(minute - window, 0)
+                measured = float(np.mean(rates[lo:minute])) if minute > 0 else rates[0]
+                consumption = float(np.mean(consumed_log[-window:])) / MINUTE if consumed_log else 0.0
+                capacity_now = 0.0 if restarting else model.predict(workers)
+                utilization = 1.0 if queue.backlog > 1 else (min(measured / capacity_now, 1.0) if capacity_now > 0 else 0.0)
+                obs = Observation(
+                    time=now, workers=workers, arrival_rate=measured, consumption_rate=consumption,
+                    backlog=queue.backlog, time_lag_s=queue.time_lag(), utilization=utilization,
+                    forecast=forecast, forecast_error=feed.recent_error(minute) if feed else None,
+                    restarting=restarting,
+                )
+                decision = policy.decide(obs)
+                target = max(min(decision.workers, config.max_workers), 0)
+                if minute == 0 and k == 0 and config.initial_workers is None:
+                    workers = target  # the job starts at the policy's first answer, no restart
+                elif target != workers:
+                    decisions.append((now, target, decision.policy, decision.reason))
+                    workers = target
+                    restart_until = now + config.restart_s
+                    restarting = config.restart_s > 0
+                    rescales_scored += minute >= config.warmup_steps
+            capacity = 0.0 if restarting else model.predict(workers)
+            consumed_minute += queue.step(TICK_S, rates[minute] * TICK_S, capacity)
+            restarting_ticks += restarting
+        consumed_log.append(consumed_minute)
+        restarting_share = restarting_ticks / ticks_per_min
+        rows[minute] = (workers, model.predict(workers) * (1 - restarting_share), queue.time_lag(), restarting_share, consumed_minute)
+        if progress:
+            progress(minute + 1, n)
+    timeline = pd.DataFrame(
+        {
+            "time": times,
+            "arrival_rate": rates,
+            "workers": rows[:, 0].astype(int),
+            "capacity": rows[:, 1],
+            "lag_s": rows[:, 2],
+            "restarting": rows[:, 3],  # share of the minute spent restarting
+            "consumed": rows[:, 4],
+            "scored": np.arange(n) >= config.warmup_steps,
+        }
+    )
+    return SimResult(score(timeline, config.slo_s, rescales_scored), timeline, decisions)
+
+
+def score(timeline: pd.DataFrame, slo_s: float, rescales: int) -> SimMetrics:
+    """The paper's metrics over the scored minutes of a timeline."""
+    t = timeline[timeline["scored"]]
+    lag_min = t["lag_s"].to_numpy() / 60.0
+    return SimMetrics(
+        accumulated_lag_minutes=float(lag_min.sum()),
+        slo_violation_rate=float(np.mean(t["lag_s"].to_numpy() > slo_s)) if len(t) else 0.0,
+        downtime_minutes=float(t["restarting"].sum()),
+        gpu_hours=float(t["workers"].sum() / 60.0),
+        rescales=int(rescales),
+        max_lag_minutes=float(lag_min.max()) if len(t) else 0.0,
+    )
