@@ -1,0 +1,200 @@
+"""Telemetry on the embedded broker: exact lag, rates, time lag, outages, and the sensor in a real instance."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from dagster import DagsterInstance, SensorResult, SkipReason, build_sensor_context, instance_for_test, job, op
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.structs import OffsetAndMetadata
+
+from kale_dagster.broker import start_broker
+from kale_dagster.history import MetricsHistory
+from kale_dagster.policy import PartitionOffsets
+from kale_dagster.resources import KafkaStreamResource
+from kale_dagster.telemetry import PreviousOffsets, RawOffsets, build_snapshot, previous_from
+from sensors import StreamMetricsCursor, build_stream_metrics_sensor
+
+pytestmark = pytest.mark.integration
+
+TOPIC, GROUP = "samples", "trainer"
+
+
+def _setup(servers, partitions=3):
+    admin = KafkaAdminClient(bootstrap_servers=servers)
+    admin.create_topics([NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)])
+    admin.close()
+
+
+def _produce(servers, per_partition: dict, rate=None):
+    # batch_size=0: one record per batch, so every offset is exact on Tansu too.
+    producer = KafkaProducer(bootstrap_servers=servers, batch_size=0, linger_ms=0)
+    total = sum(per_partition.values())
+    start = time.monotonic()
+    sent = 0
+    for partition, count in per_partition.items():
+        for _ in range(count):
+            producer.send(TOPIC, value=b"x" * 16, partition=partition)
+            sent += 1
+            if rate:
+                delay = start + sent / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+    producer.flush()
+    producer.close()
+    return total
+
+
+def _commit(servers, offsets: dict):
+    consumer = KafkaConsumer(bootstrap_servers=servers, group_id=GROUP, enable_auto_commit=False)
+    consumer.commit({TopicPartition(TOPIC, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+    consumer.close()
+
+
+def _resource(servers):
+    return KafkaStreamResource(bootstrap_servers=servers, topics=[TOPIC], group_id=GROUP, request_timeout_ms=3000)
+
+
+def test_exact_lag_per_partition(kafka_broker):
+    servers = kafka_broker.bootstrap_servers
+    _setup(servers)
+    # A batched producer: Tansu's ListOffsets would under-report these ends.
+    producer = KafkaProducer(bootstrap_servers=servers, linger_ms=50)
+    for partition, count in {0: 120, 1: 45, 2: 0}.items():
+        for _ in range(count):
+            producer.send(TOPIC, value=b"y", partition=partition)
+    producer.flush()
+    producer.close()
+    _commit(servers, {0: 100, 1: 45})
+    snap = _resource(servers).snapshot()
+    by_partition = {p.partition: p for p in snap.partitions}
+    assert {k: v.end_offset for k, v in by_partition.items()} == {0: 120, 1: 45, 2: 0}
+    assert {k: v.lag for k, v in by_partition.items()} == {0: 20, 1: 0, 2: 0}
+    assert by_partition[2].committed is None
+    assert snap.message_lag == 20
+    assert snap.arrival_rate is None  # first snapshot: no rate invented
+
+
+def test_missing_commit_counts_from_the_earliest_offset(kafka_broker):
+    servers = kafka_broker.bootstrap_servers
+    _setup(servers, partitions=1)
+    _produce(servers, {0: 30})
+    assert _resource(servers).snapshot().message_lag == 30
+
+
+def test_arrival_and_consumption_rates(kafka_broker):
+    servers = kafka_broker.bootstrap_servers
+    _setup(servers, partitions=2)
+    resource = _resource(servers)
+    first = resource.snapshot()
+    _produce(servers, {0: 300, 1: 300}, rate=200)  # 600 samples at 200/s: ~3 s
+    _commit(servers, {0: 300, 1: 150})
+    second = resource.snapshot(previous=previous_from(first))
+    assert second.arrival_rate == pytest.approx(200, rel=0.10)
+    assert second.consumption_rate == pytest.approx(450 / (second.time - first.time), rel=0.01)
+
+
+def test_time_lag_grows_unconsumed_and_drops_after_consumption(kafka_broker):
+    servers = kafka_broker.bootstrap_servers
+    _setup(servers, partitions=2)
+    _produce(servers, {0: 10, 1: 10})
+    resource = _resource(servers)
+    t1 = resource.snapshot().time_lag_s
+    time.sleep(1.5)
+    t2 = resource.snapshot().time_lag_s
+    assert t2 == pytest.approx(t1 + 1.5, abs=0.5)
+    _produce(servers, {0: 5})
+    _commit(servers, {0: 10, 1: 10})  # only the 5 new samples on partition 0 remain
+    t3 = resource.snapshot().time_lag_s
+    assert t3 < 0.5 * t2
+
+
+def test_recreated_topic_gives_no_false_rate():
+    raw = RawOffsets(100.0, (PartitionOffsets(0, 5, 5),), ("t",), (None,))
+    snap = build_snapshot(raw, PreviousOffsets(40.0, {"t": {"0": [500, 400]}}))
+    assert snap.arrival_rate is None
+
+
+def test_config_errors_name_the_field():
+    from pydantic import ValidationError
+
+    for kwargs, field in [
+        (dict(bootstrap_servers="", topics=["t"], group_id="g"), "bootstrap_servers"),
+        (dict(bootstrap_servers="localhost:99999", topics=["t"], group_id="g"), "bootstrap_servers"),
+        (dict(bootstrap_servers="localhost:9092", topics=[""], group_id="g"), "topics"),
+        (dict(bootstrap_servers="localhost:9092", topics=["t"], group_id="g", security_protocol="TLS"), "security_protocol"),
+        (dict(bootstrap_servers="localhost:9092", topics=["t"], group_id="g", security_protocol="SASL_SSL"), "sasl_mechanism"),
+    ]:
+        with pytest.raises(ValidationError, match=field):
+            KafkaStreamResource(**kwargs)
+
+
+@op
+def _drain():
+    pass
+
+
+@job
+def emergency_rescale():
+    _drain()
+
+
+def test_sensor_records_skips_on_outage_and_resumes(tmp_path):
+    broker = start_broker()
+    port = broker.port
+    history = MetricsHistory(f"sqlite:///{tmp_path / 'm.db'}")
+    try:
+        servers = broker.bootstrap_servers
+        _setup(servers, partitions=2)
+        _produce(servers, {0: 50, 1: 50})
+        sensor = build_stream_metrics_sensor(
+            name="demo_stream_metrics", pipeline="demo", history=history,
+            emergency_lag_s=1.0, emergency_job=emergency_rescale, tick_timeout_s=8,
+        )
+        resources = {"kale_stream": _resource(servers)}
+        with instance_for_test() as instance:
+            ctx = build_sensor_context(instance=instance, resources=resources)
+            first = sensor(ctx)
+            assert isinstance(first, SensorResult)
+            assert first.asset_events[0].metadata["message_lag"].value == 100
+            cursor = StreamMetricsCursor.from_json(first.cursor)
+            assert cursor.offsets == {TOPIC: {"0": [50, None], "1": [50, None]}}
+
+            time.sleep(1.2)
+            second = sensor(build_sensor_context(instance=instance, resources=resources, cursor=first.cursor))
+            assert len(second.run_requests) == 1  # time lag passed 1 s: one emergency run
+            run_key = second.run_requests[0].run_key
+            third = sensor(build_sensor_context(instance=instance, resources=resources, cursor=second.cursor))
+            assert third.run_requests == []  # same episode: deduplicated
+
+            broker.stop()
+            skipped = sensor(build_sensor_context(instance=instance, resources=resources, cursor=third.cursor))
+            assert isinstance(skipped, SkipReason)
+            assert "could not read the stream" in skipped.skip_message
+            rows_before = len(history.stream("demo"))
+
+            broker = start_broker(port=port)
+            _setup(servers, partitions=2)
+            _produce(servers, {0: 7, 1: 3})
+            resumed = sensor(build_sensor_context(instance=instance, resources=resources, cursor=third.cursor))
+            assert isinstance(resumed, SensorResult)
+            assert resumed.asset_events[0].metadata["message_lag"].value == 10
+            assert len(history.stream("demo")) == rows_before + 1
+            assert run_key.startswith("demo-emergency-")
+    finally:
+        broker.stop()
+        history.dispose()
+
+
+def test_history_is_bounded_and_read_by_time_range(tmp_path):
+    history = MetricsHistory(f"sqlite:///{tmp_path / 'm.db'}", retention_days=1)
+    base = 1_800_000_000.0
+    for i in range(5):
+        history.append_stream("p", base + i * 43_200, {"arrival_rate": float(i), "message_lag": i})
+    frame = history.stream("p")
+    assert list(frame["arrival_rate"]) == [2.0, 3.0, 4.0]  # older than one day: deleted
+    assert list(history.stream("p", start=base + 3 * 43_200)["message_lag"]) == [3, 4]
+    reopened = MetricsHistory(history.url, retention_days=1)  # survives a restart
+    assert len(reopened.arrival_history("p")) == 3
