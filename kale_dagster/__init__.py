@@ -17,6 +17,7 @@ from .policies import (
 )
 from .policies.keda import KafkaScalerMetadata
 from .policy import Decision, Observation, PartitionOffsets, ScalingPolicy
+from .pipeline import KafkaSource, OnlineTrainingPipeline, build_definitions
 from .stabilizer import stabilize
 from .throughput import ThroughputModel
 
@@ -31,6 +32,9 @@ __all__ = [
     "HPAScalingPolicy",
     "HPAScalingRules",
     "InputDataError",
+    "KafkaSource",
+    "OnlineTrainingPipeline",
+    "build_definitions",
     "KafkaScalerMetadata",
     "KaleConfig",
     "KaleConfigError",

@@ -1,0 +1,259 @@
+"""Dagster assets, checks, jobs, schedules and sensors of one pipeline.
+
+Asset graph per pipeline (keys prefixed by the pipeline name):
+
+    stream_metrics (observed by the metrics sensor)
+        -> traffic_forecast -> gpu_allocation
+    throughput_model ------------^
+
+``gpu_allocation`` is the decision: workers now, the stabilized plan, the
+policy that acted and why.  The rescale itself (launcher) consumes it.
+"""
+
+
+import base64
+import io
+import time
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    AssetSpec,
+    Definitions,
+    MetadataValue,
+    Output,
+    ScheduleDefinition,
+    asset,
+    asset_check,
+    define_asset_job,
+)
+
+from .forecast import make_forecaster
+from .forecast.base import Forecast
+from .forecast.evaluate import smape
+from .forecast.naive import DAY_S, WEEK_S
+from .pipeline import OnlineTrainingPipeline
+from .policies import HPAPolicy, KaleConfig, KalePolicy, StaticPolicy
+from .policy import Observation
+from .throughput import ThroughputModel
+
+#: Stream metrics older than this are not "current" for a decision.
+STALE_METRICS_S = 600.0
+
+
+def _png_markdown(fig_path) -> MetadataValue:
+    data = base64.b64encode(open(fig_path, "rb").read()).decode()
+    return MetadataValue.md(f"![plot](data:image/png;base64,{data})")
+
+
+def _latest_metadata(instance, key: AssetKey) -> dict:
+    """Metadata of the asset's latest materialization (its last decision, its last accuracy)."""
+    event = instance.get_latest_materialization_event(key)
+    if event is None or event.asset_materialization is None:
+        return {}
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+
+def forecast_figures(history: pd.DataFrame, fc: Forecast, step_s: float) -> dict:
+    """Held-out accuracy of the model and of the seasonal-naive baseline on the same last day."""
+    out = {}
+    model = getattr(fc, "extras", {}).get("holdout_smape")
+    if model is not None:
+        out["holdout_smape"] = model
+    rate = history["rate"].to_numpy(dtype=float)
+    season = int(round((WEEK_S if len(rate) * step_s >= 2 * WEEK_S else DAY_S) / step_s))
+    day = int(DAY_S // step_s)
+    if len(rate) > season + day:
+        tail = np.arange(len(rate) - day, len(rate))
+        ok = np.isfinite(rate[tail]) & np.isfinite(rate[tail - season])
+        out["baseline_smape"] = smape(rate[tail][ok], rate[tail - season][ok])
+    return out
+
+
+def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
+    from sensors import build_stream_metrics_sensor
+
+    stream_key = f"kale_stream_{p.name}"
+    metrics_key = AssetKey(p.key("stream_metrics"))
+    forecast_key = AssetKey(p.key("traffic_forecast"))
+    model_key = AssetKey(p.key("throughput_model"))
+    allocation_key = AssetKey(p.key("gpu_allocation"))
+    group = p.name
+
+    stream_metrics = AssetSpec(
+        metrics_key,
+        description="Kafka lag, arrival and consumption rates and time lag of the trainer's group, observed each minute by the metrics sensor.",
+        group_name=group,
+        kinds={"kafka"},
+    )
+
+    @asset(key=forecast_key, deps=[metrics_key], group_name=group, kinds={"prophet"} if p.forecaster.startswith("prophet") else None,
+           description=f"Forecast of sample arrivals over the next {p.forecast_horizon_minutes:g} min ({p.forecaster}).")
+    def traffic_forecast(context: AssetExecutionContext) -> Output:
+        from .plots import plot_forecast
+
+        history = p.history().arrival_history(p.name)
+        if len(history) < 2:
+            raise RuntimeError(f"no arrival-rate history for pipeline {p.name!r} yet: is the {p.name}_stream_metrics sensor running?")
+        started = time.perf_counter()
+        model = make_forecaster(p.forecaster, horizon_s=p.forecast_horizon_minutes * 60).fit(history)
+        step_s = getattr(model, "step_s", 60.0)
+        fc = model.predict(max(1, int(round(p.forecast_horizon_minutes * 60 / step_s))))
+        if hasattr(model, "holdout_smape") and not fc.fallback:
+            fc.extras["holdout_smape"] = model.holdout_smape
+        fit_s = time.perf_counter() - started
+        figures = forecast_figures(model.history if hasattr(model, "history") else history, fc, step_s)
+        png = plot_forecast(history, fc.to_frame(), f"{context.instance.storage_directory()}/kale/{p.name}_forecast.png", title=f"{p.name}: traffic forecast ({fc.model})")
+        metadata = {
+            "model": fc.model,
+            "fallback": fc.fallback or "none",
+            "horizon_minutes": p.forecast_horizon_minutes,
+            "fit_seconds": round(fit_s, 3),
+            "history_points": len(history),
+            "peak_forecast": float(fc.upper.max()),
+            "plot": _png_markdown(png),
+            **{k: float(v) for k, v in figures.items()},
+        }
+        return Output(fc, metadata=metadata)
+
+    @asset(key=model_key, group_name=group, description="Resource-throughput model F(w) fitted by NNLS on measured worker throughput; the configured prior until enough worker counts were measured.")
+    def throughput_model(context: AssetExecutionContext) -> Output:
+        measured = p.history().throughput(p.name, start=time.time() - 7 * DAY_S)
+        form = "sync" if p.global_batch else "async"
+        need = 4 if form == "sync" else 3
+        model, source = p.throughput_prior, "prior"
+        if measured["workers"].nunique() >= need:
+            model = ThroughputModel.fit(measured["workers"], measured["samples_per_s"], form=form, global_batch=p.global_batch)
+            source = "fitted"
+        metadata = {
+            "source": source,
+            "formula": model.describe(),
+            "measurements": len(measured),
+            "distinct_worker_counts": int(measured["workers"].nunique()),
+            "peak_workers": model.peak_workers(p.max_workers),
+            "peak_rate": float(model.predict(model.peak_workers(p.max_workers))),
+        }
+        if model.fit_mape is not None:
+            metadata["fit_mape_pct"] = model.fit_mape
+        if model.holdout_mape is not None:
+            metadata["holdout_mape_pct"] = model.holdout_mape
+        return Output(model, metadata=metadata)
+
+    @asset(key=allocation_key, group_name=group, ins={"forecast": _in(forecast_key), "model": _in(model_key)},
+           description="Workers to run now, the stabilized plan, the policy that acted and why.")
+    def gpu_allocation(context: AssetExecutionContext, forecast: Forecast, model: ThroughputModel) -> Output:
+        previous = _latest_metadata(context.instance, allocation_key)
+        obs = current_observation(p, forecast, previous)
+        policy = make_policy(p, model, previous)
+        decision = policy.decide(obs)
+        value = {
+            "workers": decision.workers,
+            "plan": list(decision.plan),
+            "plan_step_s": decision.plan_step_s,
+            "policy": decision.policy,
+            "reason": decision.reason,
+            "advisory": p.advisory,
+            "time": obs.time,
+        }
+        metadata = {
+            "workers": decision.workers,
+            "previous_workers": obs.workers,
+            "policy": decision.policy,
+            "reason": MetadataValue.text(decision.reason),
+            "plan": MetadataValue.json({"step_minutes": decision.plan_step_s / 60, "workers": list(decision.plan)}),
+            "time_lag_s": obs.time_lag_s,
+            "arrival_rate": obs.arrival_rate,
+            "advisory": p.advisory,
+            "last_change_time": float(getattr(policy, "last_change_time", None) or previous.get("last_change_time") or 0.0),
+        }
+        return Output(value, metadata=metadata)
+
+    @asset_check(asset=forecast_key, name="forecast_beats_seasonal_naive",
+                 description="Warns when the model's held-out error is worse than repeating the same time a day/week earlier.")
+    def forecast_accuracy(context) -> AssetCheckResult:
+        meta = _latest_metadata(context.instance, forecast_key)
+        model, base = meta.get("holdout_smape"), meta.get("baseline_smape")
+        if model is None or base is None:
+            return AssetCheckResult(passed=True, severity=AssetCheckSeverity.WARN, metadata={"note": "not enough history to compare yet"})
+        return AssetCheckResult(passed=bool(model <= base), severity=AssetCheckSeverity.WARN, metadata={"holdout_smape": model, "baseline_smape": base})
+
+    @asset_check(asset=allocation_key, name="lag_within_slo", description=f"Measured time lag is within the {p.slo_minutes:g}-minute SLO.")
+    def lag_slo(context) -> AssetCheckResult:
+        latest = p.history().stream(p.name, start=time.time() - STALE_METRICS_S)
+        if latest.empty:
+            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN, metadata={"note": "no recent stream metrics"})
+        lag = float(latest["time_lag_s"].iloc[-1])
+        return AssetCheckResult(passed=lag <= p.slo_minutes * 60, metadata={"time_lag_s": lag, "slo_s": p.slo_minutes * 60})
+
+    plan_job = define_asset_job(f"{p.name}_plan", selection=[forecast_key, model_key, allocation_key], description="Refit the forecast and decide the allocation.")
+    allocate_job = define_asset_job(f"{p.name}_allocate", selection=[allocation_key], tags={"kale/pipeline": p.name},
+                                    description="Re-decide the allocation now (emergency lag).")
+    throughput_job = define_asset_job(f"{p.name}_throughput", selection=[model_key], description="Refit the throughput model.")
+    schedules = [
+        ScheduleDefinition(name=f"{p.name}_forecast_schedule", cron_schedule=p.forecast_cron, job=plan_job, default_status=_running()),
+        ScheduleDefinition(name=f"{p.name}_throughput_schedule", cron_schedule=p.throughput_cron, job=throughput_job, default_status=_running()),
+    ]
+    metrics_sensor = build_stream_metrics_sensor(
+        name=f"{p.name}_stream_metrics",
+        pipeline=p.name,
+        history=p.history,
+        stream_resource_key=stream_key,
+        asset_key=metrics_key,
+        minimum_interval_seconds=p.metrics_interval_seconds,
+        emergency_lag_s=p.emergency_lag_s,
+        emergency_job=allocate_job,
+    )
+    return Definitions(
+        assets=[stream_metrics, traffic_forecast, throughput_model, gpu_allocation],
+        asset_checks=[forecast_accuracy, lag_slo],
+        jobs=[plan_job, allocate_job, throughput_job],
+        schedules=schedules,
+        sensors=[metrics_sensor],
+        resources={stream_key: p.source.resource()},
+    )
+
+
+def _in(key: AssetKey):
+    from dagster import AssetIn
+
+    return AssetIn(key=key)
+
+
+def _running():
+    from dagster import DefaultScheduleStatus
+
+    return DefaultScheduleStatus.RUNNING
+
+
+def current_observation(p: OnlineTrainingPipeline, forecast: Optional[Forecast], previous: dict) -> Observation:
+    """The policy's view now: latest stream metrics, current workers, the forecast."""
+    now = time.time()
+    latest = p.history().stream(p.name, start=now - STALE_METRICS_S)
+    workers = int(previous.get("workers") or p.min_workers)
+    if latest.empty:
+        raise RuntimeError(f"no stream metrics for {p.name!r} in the last {STALE_METRICS_S / 60:.0f} min; is the {p.name}_stream_metrics sensor running?")
+    row = latest.iloc[-1]
+    rate = float(latest["arrival_rate"].dropna().iloc[-5:].mean()) if latest["arrival_rate"].notna().any() else 0.0
+    consumption = float(latest["consumption_rate"].dropna().iloc[-5:].mean()) if latest["consumption_rate"].notna().any() else 0.0
+    capacity = float(p.throughput_prior.predict(workers))
+    backlog = float(row["message_lag"] or 0)
+    utilization = 1.0 if backlog > 0 and consumption >= 0.95 * capacity else min(consumption / capacity, 1.0) if capacity else 0.0
+    return Observation(
+        time=now, workers=workers, arrival_rate=rate, consumption_rate=consumption, backlog=backlog,
+        time_lag_s=float(row["time_lag_s"] or 0.0), utilization=utilization, forecast=forecast,
+    )
+
+
+def make_policy(p: OnlineTrainingPipeline, model: ThroughputModel, previous: dict):
+    if p.policy == "hpa":
+        return HPAPolicy(min_replicas=p.min_workers, max_replicas=p.max_workers)
+    if p.policy == "static":
+        return StaticPolicy(p.max_workers)
+    cfg = KaleConfig(min_workers=p.min_workers, max_workers=p.max_workers, slo_s=p.slo_minutes * 60, restart_s=p.restart_minutes * 60)
+    last = previous.get("last_change_time") or None
+    return KalePolicy(model, cfg, last_change_time=last)

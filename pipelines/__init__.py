@@ -1,0 +1,1 @@
+"""Example pipelines; ``workspace.yaml`` loads ``pipelines.definitions``."""

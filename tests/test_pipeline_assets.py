@@ -1,0 +1,79 @@
+"""Declarative pipelines: definitions, and the forecast/allocation assets and checks in a real Dagster instance."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from dagster import instance_for_test
+
+from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline, ThroughputModel, build_definitions
+from kale_dagster.trace import synth_trace
+
+pytestmark = pytest.mark.integration
+
+
+def _pipeline(name, servers="127.0.0.1:9092", history_url=None, **kw):
+    return OnlineTrainingPipeline(
+        name=name,
+        source=KafkaSource(bootstrap_servers=servers, topics=("samples",), group_id=f"{name}-trainer", request_timeout_ms=2000),
+        history_url=history_url,
+        max_workers=8,
+        throughput_prior=ThroughputModel.linear(100.0),
+        **kw,
+    )
+
+
+def test_several_pipelines_without_clashes():
+    defs = build_definitions(_pipeline("a"), _pipeline("b"))
+    repo = defs.get_repository_def()
+    assert {"a_plan", "b_plan", "a_allocate", "b_allocate"} <= {j.name for j in repo.get_all_jobs()}
+    assert {s.name for s in repo.sensor_defs} == {"a_stream_metrics", "b_stream_metrics"}
+    keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
+    assert {"a/gpu_allocation", "b/traffic_forecast", "b/stream_metrics"} <= keys
+    with pytest.raises(KaleConfigError, match="unique"):
+        build_definitions(_pipeline("a"), _pipeline("a"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [(dict(name="Bad-Name"), "name"), (dict(name="x", min_workers=5, max_workers=2), "min_workers"), (dict(name="x", forecaster="oracle"), "forecaster")],
+)
+def test_pipeline_config_errors(kwargs, field):
+    name = kwargs.pop("name")
+    with pytest.raises(KaleConfigError) as err:
+        OnlineTrainingPipeline(name=name, source=KafkaSource("127.0.0.1:9092", ("t",), "g"), **kwargs)
+    assert err.value.field == field
+
+
+def test_plan_job_materializes_forecast_and_allocation(kafka_broker, tmp_path):
+    p = _pipeline("demo", servers=kafka_broker.bootstrap_servers, history_url=f"sqlite:///{tmp_path / 'm.db'}")
+    history = p.history()
+    # Three days of recorded arrivals (what the metrics sensor writes each minute), ending now.
+    trace = synth_trace(days=3, seed=5, step_s=300, peak_rate=600)
+    now = time.time()
+    stamps = now - (len(trace) - 1 - np.arange(len(trace))) * 300
+    for ts, value in zip(stamps, trace.value):
+        history.append_stream("demo", float(ts), {"arrival_rate": value / 300, "message_lag": 0, "time_lag_s": 0.0})
+    history.append_stream("demo", now + 1, {"arrival_rate": float(trace.value.iloc[-1] / 300), "consumption_rate": 150.0, "message_lag": 9000, "time_lag_s": 60.0})
+
+    defs = build_definitions(p)
+    with instance_for_test() as instance:
+        result = defs.resolve_job_def("demo_plan").execute_in_process(instance=instance)
+        assert result.success
+        fc_meta = result.asset_materializations_for_node("demo__traffic_forecast")[0].metadata
+        assert fc_meta["model"].value == "prophet"
+        assert fc_meta["fallback"].value == "none"
+        assert "data:image/png;base64" in fc_meta["plot"].value
+        assert fc_meta["holdout_smape"].value < 0.5
+        alloc = result.asset_materializations_for_node("demo__gpu_allocation")[0].metadata
+        assert 1 <= alloc["workers"].value <= 8
+        assert alloc["reason"].value
+        assert alloc["policy"].value.startswith("kale")
+        decision = result.output_for_node("demo__gpu_allocation")
+        assert decision["workers"] == alloc["workers"].value and len(decision["plan"]) == 12
+        checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+        assert checks["lag_within_slo"].passed  # 60 s of lag, 20-minute SLO
+        assert "forecast_beats_seasonal_naive" in checks
+    history.dispose()
