@@ -172,7 +172,7 @@ class KalePolicy:
         if best == current:
             return current, f"keeping {current} costs least over the horizon (lag {keep.accumulated_lag_min:.0f} lag-min, max {keep.max_lag_s / 60:.1f} min)"
         return best, (
-            f"{best} workers cost least over the horizon including a {self.config.restart_s / 60:.0f} min restart: "
+            f"{best} workers cost least over the horizon including a {self.config.restart_s / 60:.1f} min restart: "
             f"{chosen.gpu_minutes:.0f} GPU-min and {chosen.accumulated_lag_min:.0f} lag-min (max {chosen.max_lag_s / 60:.1f} min) "
             f"vs {keep.gpu_minutes:.0f} GPU-min and {keep.accumulated_lag_min:.0f} lag-min at {current}"
         )
