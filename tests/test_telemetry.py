@@ -198,3 +198,39 @@ def test_history_is_bounded_and_read_by_time_range(tmp_path):
     assert list(history.stream("p", start=base + 3 * 43_200)["message_lag"]) == [3, 4]
     reopened = MetricsHistory(history.url, retention_days=1)  # survives a restart
     assert len(reopened.arrival_history("p")) == 3
+
+
+def test_request_count_does_not_grow_with_partitions(kafka_broker, monkeypatch):
+    # Count requests at kafka-python's connection manager, which every client uses.
+    from kafka.net.manager import KafkaConnectionManager
+
+    sent: list[str] = []
+    original = KafkaConnectionManager.send
+
+    def counting_send(self, request, *args, **kwargs):
+        sent.append(type(request).__name__)
+        return original(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(KafkaConnectionManager, "send", counting_send)
+    servers = kafka_broker.bootstrap_servers
+    admin = KafkaAdminClient(bootstrap_servers=servers)
+    counts = {}
+    for partitions in (4, 64):
+        topic = f"t{partitions}"
+        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+        producer = KafkaProducer(bootstrap_servers=servers, linger_ms=20)
+        for p in range(partitions):
+            producer.send(topic, value=b"z", partition=p)
+        producer.flush()
+        producer.close()
+        sent.clear()
+        snap = KafkaStreamResource(bootstrap_servers=servers, topics=[topic], group_id="g").snapshot()
+        assert snap.message_lag == partitions
+        counts[partitions] = {name: sent.count(name) for name in set(sent) if "Heartbeat" not in name}
+    admin.close()
+    # Same requests of each kind for 4 and 64 partitions (Fetch may take an extra round).
+    small, large = counts[4], counts[64]
+    assert set(small) == set(large)
+    for name in small:
+        slack = 2 if name.startswith("Fetch") else 0
+        assert large[name] <= small[name] + slack, (name, small, large)
