@@ -62,25 +62,26 @@ def test_no_scale_in_while_lag_is_high():
 
 def test_scale_in_when_savings_beat_the_restart():
     policy = KalePolicy(LINEAR, KaleConfig(restart_s=600))
-    d = policy.decide(_obs(workers=12, rate=2000, forecast=_forecast([2000] * 120)))
+    d = policy.decide(_obs(workers=32, rate=2000, forecast=_forecast([2000] * 120)))
     # 2,000/s plus draining the 10-minute restart backlog within the 20-minute SLO: 3,000/s.
     assert d.workers == 3
-    assert "saves" in d.reason
+    assert "3 workers cost least over the horizon including a 10.0 min restart" in d.reason
 
 
-def test_scale_in_refused_when_the_horizon_is_too_short_to_pay_back():
-    # 1 worker saved for the 20-minute horizon is less than 3 workers idle for a 10-minute restart.
+def test_scale_in_refused_when_the_restart_costs_more_than_it_saves():
+    # One worker saved for a 20-minute horizon is not worth 10 minutes of downtime.
     policy = KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600))
     d = policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20)))
     assert d.workers == 3
-    assert "less than the" in d.reason
+    assert "keeping 3 costs least" in d.reason
 
 
 def test_no_second_scale_in_within_the_hold():
     policy = KalePolicy(LINEAR, KaleConfig(tau_s=600))
-    assert policy.decide(_obs(t=0, workers=12, rate=6000, forecast=_forecast([6000] * 120))).workers == 9
-    d = policy.decide(_obs(t=120, workers=9, rate=2000, forecast=_forecast([2000] * 120, start=120)))
-    assert d.workers == 9
+    first = policy.decide(_obs(t=0, workers=32, rate=6000, forecast=_forecast([6000] * 120)))
+    assert 6 < first.workers < 32
+    d = policy.decide(_obs(t=120, workers=first.workers, rate=2000, forecast=_forecast([2000] * 120, start=120)))
+    assert d.workers == first.workers
     assert "under the 10 min hold" in d.reason
 
 
@@ -103,9 +104,19 @@ def test_fallback_takes_over(obs_kwargs, trigger):
 
 def test_fallback_drains_a_large_backlog():
     policy = KalePolicy(LINEAR, KaleConfig(slo_s=1200))
-    d = policy.decide(_obs(workers=4, rate=3500, backlog=3_000_000, lag=900, forecast=_forecast([3500] * 120)))
+    # 3 workers cannot keep up with 3,500/s: lag would grow without bound.
+    d = policy.decide(_obs(workers=3, rate=3500, backlog=3_000_000, lag=900, forecast=_forecast([3500] * 120)))
     # 3,500/s + (3M + 3,500*600)/1,200 s = 7,750/s -> 8 workers.
     assert d.workers == 8
+    assert d.policy == "kale/fallback"
+
+
+def test_fallback_keeps_a_draining_job_rather_than_pause_it():
+    # 4 workers already drain the backlog; a 10-minute restart would push lag past the SLO.
+    policy = KalePolicy(LINEAR, KaleConfig(slo_s=1200))
+    d = policy.decide(_obs(workers=4, rate=3500, backlog=3_000_000, lag=900, forecast=_forecast([3500] * 120)))
+    assert d.workers == 4
+    assert "keeping 4 costs least" in d.reason
 
 
 def test_never_above_peak_or_max():
@@ -128,7 +139,7 @@ def test_waits_while_restarting():
         (dict(slo_s=0), "slo_s"),
         (dict(forecast_quantile=1.5), "forecast_quantile"),
         (dict(rho=0), "rho"),
-        (dict(scale_in_max_lag_fraction=2), "scale_in_max_lag_fraction"),
+        (dict(lag_weight=-1), "lag_weight"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, field):
