@@ -105,40 +105,38 @@ def stabilize_recommendation(
     return result
 
 
-def scale_up_limit(current: int, up_events, down_events, rules: HPAScalingRules, now: float) -> int:
-    """calculateScaleUpLimitWithScalingRules."""
+def _scaling_limit(current: int, up_events, down_events, rules: HPAScalingRules, now: float, up: bool) -> int:
+    """calculateScaleUpLimitWithScalingRules / calculateScaleDownLimitWithBehaviors.
+
+    Each policy proposes a limit from the replica count at the start of its
+    period; selectPolicy Max picks the largest change (the highest limit up,
+    the lowest down), Min the smallest.
+    """
     if rules.select_policy == "Disabled":
         return current
-    pick = min if rules.select_policy == "Min" else max
+    largest_change = rules.select_policy != "Min"
+    pick = max if largest_change == up else min
     result: Optional[int] = None
     for policy in rules.policies:
         added = replicas_change_per_period(policy.period_seconds, up_events, now)
         deleted = replicas_change_per_period(policy.period_seconds, down_events, now)
         start = current - added + deleted
         if policy.type == "Pods":
-            proposed = start + policy.value
-        else:
+            proposed = start + policy.value if up else start - policy.value
+        elif up:
             proposed = math.ceil(start * (1 + policy.value / 100))
-        result = proposed if result is None else pick(result, proposed)
-    return current if result is None else result
-
-
-def scale_down_limit(current: int, up_events, down_events, rules: HPAScalingRules, now: float) -> int:
-    """calculateScaleDownLimitWithBehaviors: selectPolicy Max means the largest allowed change."""
-    if rules.select_policy == "Disabled":
-        return current
-    pick = max if rules.select_policy == "Min" else min
-    result: Optional[int] = None
-    for policy in rules.policies:
-        added = replicas_change_per_period(policy.period_seconds, up_events, now)
-        deleted = replicas_change_per_period(policy.period_seconds, down_events, now)
-        start = current - added + deleted
-        if policy.type == "Pods":
-            proposed = start - policy.value
         else:
             proposed = int(start * (1 - policy.value / 100))
         result = proposed if result is None else pick(result, proposed)
     return current if result is None else result
+
+
+def scale_up_limit(current: int, up_events, down_events, rules: HPAScalingRules, now: float) -> int:
+    return _scaling_limit(current, up_events, down_events, rules, now, up=True)
+
+
+def scale_down_limit(current: int, up_events, down_events, rules: HPAScalingRules, now: float) -> int:
+    return _scaling_limit(current, up_events, down_events, rules, now, up=False)
 
 
 def rate_limit(current: int, desired: int, min_replicas: int, max_replicas: int, behavior: HPABehavior, up_events, down_events, now: float) -> int:
