@@ -83,6 +83,7 @@ def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
     forecast_key = AssetKey(p.key("traffic_forecast"))
     model_key = AssetKey(p.key("throughput_model"))
     allocation_key = AssetKey(p.key("gpu_allocation"))
+    backtest_key = AssetKey(p.key("policy_backtest"))
     group = p.name
 
     stream_metrics = AssetSpec(
@@ -173,6 +174,29 @@ def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
         }
         return Output(value, metadata=metadata)
 
+    @asset(key=backtest_key, group_name=group, ins={"model": _in(model_key)},
+           description="What-if: Kale, HPA, KEDA and static replayed on this pipeline's own recorded arrivals (last 14 days).")
+    def policy_backtest(context: AssetExecutionContext, model: ThroughputModel) -> Output:
+        from .backtest import Backtest, BacktestSettings
+        from .plots import plot_backtest
+
+        history = p.history().arrival_history(p.name, start=time.time() - 14 * DAY_S)
+        if len(history) < 60:
+            raise RuntimeError(f"only {len(history)} recorded points for {p.name!r}; a backtest needs at least an hour of stream metrics")
+        span_days = (history["timestamp"].iloc[-1] - history["timestamp"].iloc[0]).total_seconds() / DAY_S
+        settings = BacktestSettings(
+            peak_workers=min(model.peak_workers(p.max_workers), p.max_workers), max_workers=p.max_workers,
+            min_workers=p.min_workers, restart_minutes=p.restart_minutes, slo_minutes=p.slo_minutes,
+            warmup_days=min(2.0, span_days / 2), forecaster=p.forecaster, model=model, scale_trace=False,
+        )
+        bt = Backtest(history, settings)
+        runs = {name: bt.run(getattr(bt, name)()) for name in ("kale", "hpa", "keda", "static")}
+        table = backtest_table({name: r.metrics.to_json() for name, r in runs.items()})
+        png = plot_backtest({name: r.timeline for name, r in runs.items()}, p.slo_minutes,
+                            f"{context.instance.storage_directory()}/kale/{p.name}_backtest.png")
+        value = {name: r.metrics.to_json() for name, r in runs.items()}
+        return Output(value, metadata={"days_replayed": round(span_days, 2), "results": MetadataValue.md(table), "plot": _png_markdown(png)})
+
     @asset_check(asset=forecast_key, name="forecast_beats_seasonal_naive",
                  description="Warns when the model's held-out error is worse than repeating the same time a day/week earlier.")
     def forecast_accuracy(context) -> AssetCheckResult:
@@ -194,6 +218,7 @@ def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
     allocate_job = define_asset_job(f"{p.name}_allocate", selection=[allocation_key], tags={"kale/pipeline": p.name},
                                     description="Re-decide the allocation now (emergency lag).")
     throughput_job = define_asset_job(f"{p.name}_throughput", selection=[model_key], description="Refit the throughput model.")
+    backtest_job = define_asset_job(f"{p.name}_backtest", selection=[backtest_key], description="Replay recorded traffic through every policy.")
     schedules = [
         ScheduleDefinition(name=f"{p.name}_forecast_schedule", cron_schedule=p.forecast_cron, job=plan_job, default_status=_running()),
         ScheduleDefinition(name=f"{p.name}_throughput_schedule", cron_schedule=p.throughput_cron, job=throughput_job, default_status=_running()),
@@ -209,13 +234,24 @@ def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
         emergency_job=allocate_job,
     )
     return Definitions(
-        assets=[stream_metrics, traffic_forecast, throughput_model, gpu_allocation],
+        assets=[stream_metrics, traffic_forecast, throughput_model, gpu_allocation, policy_backtest],
         asset_checks=[forecast_accuracy, lag_slo],
-        jobs=[plan_job, allocate_job, throughput_job],
+        jobs=[plan_job, allocate_job, throughput_job, backtest_job],
         schedules=schedules,
         sensors=[metrics_sensor],
         resources={stream_key: p.source.resource()},
     )
+
+
+def backtest_table(results: dict) -> str:
+    """The paper's metrics per policy as a Markdown table."""
+    head = "| policy | acc. lag (min) | SLO violation | downtime (min) | GPU h | rescales | max lag (min) |\n|---|---|---|---|---|---|---|\n"
+    rows = "".join(
+        f"| {name} | {m['accumulated_lag_minutes']:,.0f} | {m['slo_violation_rate']:.2%} | {m['downtime_minutes']:,.0f} | "
+        f"{m['gpu_hours']:,.1f} | {m['rescales']} | {m['max_lag_minutes']:.1f} |\n"
+        for name, m in results.items()
+    )
+    return head + rows
 
 
 def _in(key: AssetKey):

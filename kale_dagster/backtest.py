@@ -48,6 +48,7 @@ class BacktestSettings:
     horizon_minutes: float = 120.0
     hpa_target: int = 80
     model: ThroughputModel = field(default=DEFAULT_MODEL)
+    scale_trace: bool = True  # False: replay recorded rates as they are (a pipeline's own history)
 
     def __post_init__(self):
         if not 1 <= self.min_workers <= self.peak_workers <= self.max_workers:
@@ -90,7 +91,7 @@ class Backtest:
     def __init__(self, history: pd.DataFrame, settings: BacktestSettings = BacktestSettings()):
         self.settings = settings
         rates, self.times = minute_rates(history)
-        self.rates = scale_to_peak(rates, settings.model, settings.peak_workers)
+        self.rates = scale_to_peak(rates, settings.model, settings.peak_workers) if settings.scale_trace else rates
         warmup = int(settings.warmup_days * 1440)
         if warmup >= len(self.rates):
             raise KaleConfigError("warmup_days", f"warm-up of {settings.warmup_days:g} days covers the whole {len(self.rates) / 1440:.1f}-day trace")
@@ -122,7 +123,10 @@ class Backtest:
         return KedaKafkaPolicy(meta, min_replicas=s.min_workers, max_replicas=s.max_workers, partition_count=KEDA_PARTITIONS)
 
     def static(self, workers: Optional[int] = None) -> StaticPolicy:
-        return StaticPolicy(workers if workers is not None else self.settings.peak_workers)
+        """The "adequate" allocation by default: enough workers for the trace's peak."""
+        s = self.settings
+        adequate = s.peak_workers if s.scale_trace else s.model.min_workers_for(float(self.rates.max()), s.max_workers, s.min_workers)
+        return StaticPolicy(workers if workers is not None else adequate)
 
     # --- running ---------------------------------------------------------------
 

@@ -76,4 +76,12 @@ def test_plan_job_materializes_forecast_and_allocation(kafka_broker, tmp_path):
         checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
         assert checks["lag_within_slo"].passed  # 60 s of lag, 20-minute SLO
         assert "forecast_beats_seasonal_naive" in checks
+
+        backtest = defs.resolve_job_def("demo_backtest").execute_in_process(instance=instance)
+        assert backtest.success
+        meta = backtest.asset_materializations_for_node("demo__policy_backtest")[0].metadata
+        assert "| kale |" in meta["results"].value and "| hpa |" in meta["results"].value
+        assert meta["days_replayed"].value == pytest.approx(3.0, abs=0.01)
+        results = backtest.output_for_node("demo__policy_backtest")
+        assert results["static"]["rescales"] == 0 and results["kale"]["gpu_hours"] > 0
     history.dispose()
