@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "kale_dagster.commands.broker",
     "kale_dagster.commands.forecast",
     "kale_dagster.commands.trace",
+    "kale_dagster.commands.produce",
     "kale_dagster.commands.backtest",
     "kale_dagster.commands.demo",
 )

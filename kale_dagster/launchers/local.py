@@ -1,0 +1,243 @@
+"""Local launcher: trainer workers as local processes, rescaled by pause-and-restart.
+
+The interface every launcher implements (see ``launchers.base``): start at
+n workers, rescale to m, stop, and report each rescale with its downtime,
+measured from the decision to the first completed training step at the
+new size.
+
+Why it is fast: a cold torchrun start spends seconds importing torch and
+building the model before the first step.  This launcher keeps a pool of
+warm standby workers (torch imported, model built, waiting on stdin), so a
+rescale costs the graceful stop (finish the step, checkpoint, commit), the
+rendezvous and the checkpoint load.  The pool is refilled in the
+background after each rescale.
+
+Supervision: a worker that exits unexpectedly (crash, SIGKILL) takes the
+group down; the launcher stops the survivors and restarts the group at the
+same size from the last checkpoint, recording it as a ``crash-restart``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..broker import free_loopback_port
+from ..errors import KaleConfigError
+from .base import RescaleRecord
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What every worker of a pipeline is started with."""
+
+    bootstrap_servers: str
+    topic: str
+    group_id: str
+    checkpoint_dir: str
+    batch_size: int = 256
+    emulate_gpu_rate: float = 0.0  # EMULATION of one GPU's samples/s; 0 = off
+    checkpoint_every_s: float = 5.0
+    metrics_every_s: float = 2.0
+    balance: str = "rates"
+    trained_log: Optional[str] = None
+    collective_timeout_s: float = 30.0
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise KaleConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
+        if self.emulate_gpu_rate < 0:
+            raise KaleConfigError("emulate_gpu_rate", f"must be >= 0, got {self.emulate_gpu_rate}")
+        if self.balance not in ("rates", "round-robin"):
+            raise KaleConfigError("balance", f"must be 'rates' or 'round-robin', got {self.balance!r}")
+
+    def argv(self) -> list[str]:
+        args = [
+            "--bootstrap-servers", self.bootstrap_servers, "--topic", self.topic, "--group-id", self.group_id,
+            "--checkpoint-dir", self.checkpoint_dir, "--batch-size", str(self.batch_size),
+            "--emulate-gpu-rate", str(self.emulate_gpu_rate), "--checkpoint-every-s", str(self.checkpoint_every_s),
+            "--metrics-every-s", str(self.metrics_every_s), "--balance", self.balance,
+            "--collective-timeout-s", str(self.collective_timeout_s),
+        ]
+        if self.trained_log:
+            args += ["--trained-log", self.trained_log]
+        return args
+
+
+class WorkerProcess:
+    """One worker process and the JSON events it prints."""
+
+    def __init__(self, settings: TrainerSettings, log_dir: Path):
+        self.log_path = log_dir / f"worker-{time.time_ns()}.log"
+        self.events: "queue.Queue[dict]" = queue.Queue()
+        self.latest_metrics: Optional[dict] = None
+        self.rank: Optional[int] = None
+        self.released = False
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kale_dagster.trainer.worker", *settings.argv(), "--standby"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(self.log_path, "wb"),
+            text=True, env=env, start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if event.get("event") == "metrics":
+                self.latest_metrics = event
+            self.events.put(event)
+
+    def wait_for(self, name: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=min(0.2, max(deadline - time.monotonic(), 0.01)))
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"worker exited with code {self.proc.returncode} before '{name}'; see {self.log_path}")
+                continue
+            if event.get("event") == name:
+                return event
+        raise TimeoutError(f"worker did not report '{name}' within {timeout:.0f} s; see {self.log_path}")
+
+    def assign(self, rank: int, world: int, port: int) -> None:
+        self.rank = rank
+        self.proc.stdin.write(json.dumps({"rank": rank, "world": world, "addr": "127.0.0.1", "port": port}) + "\n")
+        self.proc.stdin.flush()
+
+    def release(self) -> None:
+        """A standby worker that is not needed: an empty line makes it exit 0."""
+        self.released = True
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.write("\n")
+            self.proc.stdin.flush()
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class LocalLauncher:
+    """Run and rescale a group of trainer workers on this machine."""
+
+    settings: TrainerSettings
+    pool_size: int = 2
+    log_dir: Optional[str] = None
+    stop_timeout_s: float = 60.0
+    ready_timeout_s: float = 120.0
+    on_record: Optional[Callable[[RescaleRecord], None]] = None
+    records: list = field(default_factory=list)
+    _group: list = field(default_factory=list)
+    _pool: list = field(default_factory=list)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def __post_init__(self):
+        self._log_dir = Path(self.log_dir or Path(self.settings.checkpoint_dir) / "logs")
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._fill_pool(self.pool_size)
+
+    # --- the launcher interface --------------------------------------------------
+
+    @property
+    def workers(self) -> int:
+        return len(self._group)
+
+    def start(self, n: int, reason: str = "start") -> RescaleRecord:
+        return self._restart(n, reason, decided_at=time.monotonic())
+
+    def rescale(self, m: int, reason: str = "rescale") -> Optional[RescaleRecord]:
+        """Restart the group at ``m`` workers; None when it already runs at ``m`` (idempotent)."""
+        with self._lock:
+            if m == self.workers and all(w.alive() for w in self._group):
+                return None
+            return self._restart(m, reason, decided_at=time.monotonic())
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop_group()
+            for w in self._pool:
+                w.release()
+            for w in self._pool:
+                _reap(w, 10.0)
+            self._pool.clear()
+
+    def supervise_once(self) -> Optional[RescaleRecord]:
+        """Restart the group from its last checkpoint if a worker died; None when all is well."""
+        with self._lock:
+            dead = [w for w in self._group if not w.alive() and w.proc.returncode != 0]
+            if not dead:
+                return None
+            return self._restart(self.workers, f"crash-restart (worker rank {dead[0].rank} exited {dead[0].proc.returncode})", decided_at=time.monotonic())
+
+    def throughput(self) -> dict:
+        """Latest samples/s per rank and in total, from the workers' metrics events."""
+        per_rank = {w.rank: w.latest_metrics["samples_per_s"] for w in self._group if w.latest_metrics}
+        return {"workers": self.workers, "per_rank": per_rank, "total": sum(per_rank.values()), "emulated": self.settings.emulate_gpu_rate > 0}
+
+    # --- internals ------------------------------------------------------------------
+
+    def _fill_pool(self, size: int) -> None:
+        while len(self._pool) < size:
+            self._pool.append(WorkerProcess(self.settings, self._log_dir))
+
+    def _stop_group(self) -> None:
+        for w in self._group:
+            w.signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        for w in self._group:
+            _reap(w, max(deadline - time.monotonic(), 0.1))
+        self._group = []
+
+    def _restart(self, n: int, reason: str, decided_at: float) -> RescaleRecord:
+        if n < 1:
+            raise KaleConfigError("workers", f"must be >= 1, got {n}")
+        with self._lock:
+            previous = self.workers
+            self._stop_group()
+            self._fill_pool(n)
+            group, self._pool = self._pool[:n], self._pool[n:]
+            for w in group:
+                w.wait_for("ready", self.ready_timeout_s)
+            port = free_loopback_port()
+            for rank, w in enumerate(group):
+                w.assign(rank, n, port)
+            self._group = group
+            for w in group:
+                w.wait_for("step", self.ready_timeout_s)
+            record = RescaleRecord(time=time.time(), from_workers=previous, to_workers=n, downtime_s=time.monotonic() - decided_at, reason=reason)
+            self.records.append(record)
+            threading.Thread(target=self._refill, daemon=True).start()
+        if self.on_record:
+            self.on_record(record)
+        return record
+
+    def _refill(self) -> None:
+        with self._lock:
+            self._fill_pool(self.pool_size)
+
+
+def _reap(w: WorkerProcess, timeout: float) -> None:
+    try:
+        w.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        w.signal(signal.SIGKILL)
+        w.proc.wait(10)

@@ -1,0 +1,93 @@
+"""Replay an arrival trace into Kafka as CTR samples, at the trace's (compressed) rate."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from .errors import KaleConfigError
+from .samples import GroundTruth, encode, partition_weights
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    topic: str = "samples"
+    speedup: float = 1.0  # trace seconds per wall second
+    rate_scale: float = 1.0  # multiplies the trace's rates (samples per trace second)
+    partitions: int = 8
+    hot_share: float = 0.0  # share of traffic on partition 0 (hot partition), 0 = even
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.speedup <= 0:
+            raise KaleConfigError("speedup", f"must be > 0, got {self.speedup}")
+        if self.rate_scale <= 0:
+            raise KaleConfigError("rate_scale", f"must be > 0, got {self.rate_scale}")
+        if self.partitions < 1:
+            raise KaleConfigError("partitions", f"must be >= 1, got {self.partitions}")
+        if not 0 <= self.hot_share < 1:
+            raise KaleConfigError("hot_share", f"must be in [0, 1), got {self.hot_share}")
+
+
+def ensure_topic(servers: str, topic: str, partitions: int) -> None:
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=servers)
+    try:
+        if topic not in admin.list_topics():
+            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        admin.close()
+
+
+def wall_rates(history: pd.DataFrame, settings: ReplaySettings) -> tuple[np.ndarray, float]:
+    """Samples per wall second for each trace interval, and the interval's wall length."""
+    step = (history["timestamp"].iloc[1] - history["timestamp"].iloc[0]).total_seconds() if len(history) > 1 else 60.0
+    rates = history["rate"].fillna(0.0).to_numpy(float) * settings.rate_scale * settings.speedup
+    return rates, step / settings.speedup
+
+
+def replay(servers: str, history: pd.DataFrame, settings: ReplaySettings, stop: Optional[threading.Event] = None, max_wall_s: Optional[float] = None, batch_size: int = 16384) -> int:
+    """Produce the trace; returns the number of samples sent.  Sequence numbers start at 0."""
+    from kafka import KafkaProducer
+
+    stop = stop or threading.Event()
+    ensure_topic(servers, settings.topic, settings.partitions)
+    rates, step_wall = wall_rates(history, settings)
+    weights = partition_weights(settings.partitions, settings.hot_share)
+    rng = np.random.default_rng(settings.seed)
+    truth = GroundTruth()
+    producer = KafkaProducer(bootstrap_servers=servers, linger_ms=10, batch_size=batch_size)
+    cumulative = np.concatenate([[0.0], np.cumsum(rates * step_wall)])
+    sent = 0
+    start = time.monotonic()
+    try:
+        while not stop.is_set():
+            elapsed = time.monotonic() - start
+            if max_wall_s is not None and elapsed >= max_wall_s:
+                break
+            i = int(elapsed // step_wall)
+            if i >= len(rates):
+                break
+            due = int(cumulative[i] + rates[i] * (elapsed - i * step_wall))
+            n = due - sent
+            if n > 0:
+                records = truth.sample(n, rng, start_seq=sent)
+                parts = rng.choice(settings.partitions, size=n, p=weights)
+                for value, part, user in zip(encode(records), parts, records["user"]):
+                    producer.send(settings.topic, value=value, key=int(user).to_bytes(4, "little"), partition=int(part))
+                sent = due
+            time.sleep(0.01)
+    finally:
+        producer.flush()
+        producer.close()
+    return sent

@@ -1,0 +1,1 @@
+"""The online trainer: model, checkpoints, data balancing and the worker process."""

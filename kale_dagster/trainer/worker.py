@@ -1,0 +1,342 @@
+"""One trainer worker: consume assigned partitions, balance, train with DDP, checkpoint.
+
+Run under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the
+environment) or as a warm standby for the local launcher (``--standby``:
+torch is imported and the model built, then the process waits for one JSON
+line on stdin with rank, world size and rendezvous address).  Events go to
+stdout as JSON lines for the launcher: ready, started, step, metrics,
+checkpoint, stopped.
+
+Each step every rank all-gathers a small status vector (own and total
+queue lengths, accepting flag, stop flag).  From it, identically on every
+rank: the forwarding plan (``balance.forwarding_plan``), executed with
+point-to-point sends; the global sample count, so the loss is the global
+mean whatever each rank's share; and the decision to stop.  SIGTERM sets
+the stop flag, so all ranks leave at the same step boundary, write one
+checkpoint (model, optimizer, offsets) and commit offsets to Kafka.
+
+Offsets: a checkpoint stores, per partition, the smallest offset not yet
+trained anywhere (queues are empty of it otherwise: the owner's next
+fetch position).  Resuming from it trains every sample at least once;
+samples trained out of order before the checkpoint may be trained again,
+at most the queued samples at that moment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ..samples import RECORD, decode
+from .balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
+from .checkpoint import load_latest, save_atomic
+from .model import CTRModel, RollingAUC, batch_tensors
+
+QITEM = np.dtype([("rec", RECORD), ("partition", "<i4"), ("offset", "<i8")])
+
+
+def emit(event: str, **fields) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+class LocalQueue:
+    """Own samples (fetched here, FIFO) and forwarded ones (never forwarded again)."""
+
+    def __init__(self):
+        self.own = np.empty(0, dtype=QITEM)
+        self.forwarded = np.empty(0, dtype=QITEM)
+
+    def __len__(self) -> int:
+        return len(self.own) + len(self.forwarded)
+
+    def add_own(self, items: np.ndarray) -> None:
+        self.own = np.concatenate([self.own, items])
+
+    def add_forwarded(self, items: np.ndarray) -> None:
+        self.forwarded = np.concatenate([self.forwarded, items])
+
+    def give_own(self, n: int) -> np.ndarray:
+        """The oldest ``n`` own samples, for a receiver (they are the most overdue)."""
+        out, self.own = self.own[:n], self.own[n:]
+        return out
+
+    def take(self, n: int) -> np.ndarray:
+        """Up to ``n`` samples to train: forwarded first, then own, oldest first."""
+        f = min(n, len(self.forwarded))
+        taken = [self.forwarded[:f], self.own[: n - f]]
+        self.forwarded, self.own = self.forwarded[f:], self.own[n - f :]
+        return np.concatenate(taken)
+
+    def min_offsets(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for arr in (self.own, self.forwarded):
+            for p in np.unique(arr["partition"]):
+                out[int(p)] = min(out.get(int(p), 1 << 62), int(arr["offset"][arr["partition"] == p].min()))
+        return out
+
+
+class Worker:
+    def __init__(self, args):
+        self.args = args
+        self.stop_requested = False
+        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+        torch.manual_seed(0)
+        self.model = CTRModel().to(self.device)
+        self.optimizer = torch.optim.Adagrad(self.model.parameters(), lr=0.05)
+        self.auc = RollingAUC()
+        self.started_at = time.monotonic()
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def join(self, rank: int, world: int, addr: str, port: int) -> None:
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=self.args.collective_timeout_s))
+        self.rank, self.world = rank, world
+        self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    def restore(self) -> dict:
+        state = load_latest(self.args.checkpoint_dir) or {}
+        if state:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        return state
+
+    # --- data ----------------------------------------------------------------------
+
+    def open_consumer(self, state: dict):
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.args.bootstrap_servers, enable_auto_commit=False, group_id=None,
+            max_partition_fetch_bytes=1 << 20, fetch_max_wait_ms=50,
+        )
+        partitions = sorted(consumer.partitions_for_topic(self.args.topic) or [])
+        if not partitions:
+            raise RuntimeError(f"topic {self.args.topic!r} has no partitions")
+        rates = state.get("partition_rates") or {p: 1.0 for p in partitions}
+        rates = {p: float(rates.get(p, 1.0)) for p in partitions}
+        plan = assign_by_rate(rates, self.world) if self.args.balance == "rates" else round_robin(partitions, self.world)
+        mine = [TopicPartition(self.args.topic, p) for p in plan[self.rank]]
+        if mine:  # more workers than partitions: this one trains forwarded samples only
+            consumer.assign(mine)
+        offsets = state.get("offsets", {})
+        committed = self._committed(mine) if not offsets else {}
+        for tp in mine:
+            pos = offsets.get(tp.partition, committed.get(tp.partition))
+            if pos is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, pos)
+        self.next_pos = {tp.partition: consumer.position(tp) for tp in mine}
+        self.start_pos = dict(self.next_pos)
+        return consumer, [tp.partition for tp in mine]
+
+    def _committed(self, tps) -> dict[int, int]:
+        from kafka import KafkaConsumer
+
+        c = KafkaConsumer(bootstrap_servers=self.args.bootstrap_servers, group_id=self.args.group_id, enable_auto_commit=False)
+        try:
+            return {tp.partition: off for tp in tps if (off := c.committed(tp)) is not None}
+        finally:
+            c.close()
+
+    def fill(self, consumer, queue: LocalQueue) -> None:
+        room = self.args.max_queue - len(queue.own)
+        if room <= 0 or not self.next_pos:
+            return
+        for tp, records in consumer.poll(timeout_ms=0, max_records=room).items():
+            if not records:
+                continue
+            items = np.empty(len(records), dtype=QITEM)
+            items["rec"] = decode([r.value for r in records])
+            items["partition"] = tp.partition
+            items["offset"] = [r.offset for r in records]
+            queue.add_own(items)
+            self.next_pos[tp.partition] = records[-1].offset + 1
+
+    def exchange(self, queue: LocalQueue, plan: list[tuple[int, int, int]]) -> None:
+        """Carry out this rank's part of the forwarding plan with point-to-point transfers."""
+        ops, received = [], []
+        for src, dst, n in plan:
+            if src == self.rank:
+                payload = torch.from_numpy(queue.give_own(n).view(np.uint8).copy())
+                ops.append(dist.P2POp(dist.isend, payload, dst))
+            elif dst == self.rank:
+                buf = torch.empty(n * QITEM.itemsize, dtype=torch.uint8)
+                ops.append(dist.P2POp(dist.irecv, buf, src))
+                received.append(buf)
+        if ops:
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        for buf in received:
+            queue.add_forwarded(buf.numpy().view(QITEM))
+
+    # --- training ------------------------------------------------------------------
+
+    def run(self) -> int:
+        args = self.args
+        state = self.restore()
+        step = int(state.get("step", 0))
+        trained_total = int(state.get("trained_total", 0))
+        consumer, mine = self.open_consumer(state)
+        queue = LocalQueue()
+        accept = AcceptState(high=args.high_watermark, low=args.low_watermark)
+        emit("started", rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
+        trained_log = open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab") if args.trained_log else None
+        last_ckpt = time.monotonic()
+        window_start, window_samples, idle_steps, steps = time.monotonic(), 0, 0, 0
+        first_step_done = False
+        try:
+            while True:
+                self.fill(consumer, queue)
+                status = torch.tensor([len(queue.own), len(queue), int(accept.update(len(queue))), int(self.stop_requested)], dtype=torch.int64)
+                gathered = [torch.zeros_like(status) for _ in range(self.world)]
+                dist.all_gather(gathered, status)
+                table = torch.stack(gathered).tolist()
+                if any(row[3] for row in table):
+                    break
+                plan = forwarding_plan([r[0] for r in table], [r[1] for r in table], [bool(r[2]) for r in table], args.high_watermark, seed=step)
+                self.exchange(queue, plan)
+                counts = [min(args.batch_size, row[1] + sum(n for s, d, n in plan if d == i) - sum(n for s, d, n in plan if s == i)) for i, row in enumerate(table)]
+                global_n = sum(counts)
+                if global_n == 0:
+                    time.sleep(0.01)
+                    continue
+                started = time.monotonic()
+                batch = queue.take(args.batch_size)
+                self.train_step(batch["rec"], global_n)
+                if trained_log is not None and len(batch):
+                    trained_log.write(np.stack([batch["partition"].astype(np.int64), batch["offset"]], axis=1).tobytes())
+                if args.emulate_gpu_rate:
+                    # EMULATION: one GPU's throughput, so scaling shows on a small CPU.
+                    pause = len(batch) / args.emulate_gpu_rate - (time.monotonic() - started)
+                    if pause > 0:
+                        time.sleep(pause)
+                step += 1
+                steps += 1
+                trained_total += len(batch)
+                window_samples += len(batch)
+                idle_steps += len(batch) == 0
+                if not first_step_done:
+                    first_step_done = True
+                    emit("step", rank=self.rank, step=step, first=True)
+                if time.monotonic() - window_start >= args.metrics_every_s:
+                    elapsed = time.monotonic() - window_start
+                    emit("metrics", rank=self.rank, world=self.world, samples_per_s=window_samples / elapsed, idle_share=idle_steps / max(steps, 1),
+                         auc=self.auc.value(), step=step, emulated=bool(args.emulate_gpu_rate))
+                    window_start, window_samples, idle_steps, steps = time.monotonic(), 0, 0, 0
+                if time.monotonic() - last_ckpt >= args.checkpoint_every_s:
+                    self.checkpoint(step, trained_total, queue)
+                    last_ckpt = time.monotonic()
+            self.checkpoint(step, trained_total, queue)
+            emit("stopped", rank=self.rank, step=step)
+            return 0
+        finally:
+            if trained_log is not None:
+                trained_log.close()
+            consumer.close()
+
+    def train_step(self, records: np.ndarray, global_n: int) -> None:
+        users, items, dense, labels = batch_tensors(records, self.device)
+        logits = self.ddp(users, items, dense)
+        # DDP averages gradients over ranks: scale so the update is the global mean over samples.
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum") * self.world / global_n
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        if len(records):
+            self.auc.add(torch.sigmoid(logits.detach()).cpu().numpy(), records["label"])
+
+    def checkpoint(self, step: int, trained_total: int, queue: LocalQueue) -> None:
+        mine = {"next": self.next_pos, "start": self.start_pos, "min_queued": queue.min_offsets(), "elapsed": time.monotonic() - self.started_at}
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, mine)
+        if self.rank == 0:
+            offsets = {}
+            for info in everyone:
+                offsets.update(info["next"])
+            for info in everyone:
+                for p, off in info["min_queued"].items():
+                    offsets[p] = min(offsets[p], off)
+            rates = {}
+            for info in everyone:
+                for p, nxt in info["next"].items():
+                    rates[p] = max(nxt - info["start"][p], 0) / max(info["elapsed"], 1e-3)
+            state = {
+                "step": step, "trained_total": trained_total, "offsets": offsets, "partition_rates": rates,
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "world": self.world,
+            }
+            path = save_atomic(self.args.checkpoint_dir, step, state, keep=self.args.keep)
+            self.commit(offsets)
+            emit("checkpoint", step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
+        dist.barrier()
+
+    def commit(self, offsets: dict[int, int]) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        c = KafkaConsumer(bootstrap_servers=self.args.bootstrap_servers, group_id=self.args.group_id, enable_auto_commit=False)
+        try:
+            c.commit({TopicPartition(self.args.topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+        finally:
+            c.close()
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="kale trainer worker")
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--group-id", required=True)
+    parser.add_argument("--checkpoint-dir", required=True)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--max-queue", type=int, default=2048)
+    parser.add_argument("--high-watermark", type=int, default=768)
+    parser.add_argument("--low-watermark", type=int, default=256)
+    parser.add_argument("--balance", choices=["rates", "round-robin"], default="rates")
+    parser.add_argument("--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap samples/s per worker (0 = off)")
+    parser.add_argument("--checkpoint-every-s", type=float, default=5.0)
+    parser.add_argument("--metrics-every-s", type=float, default=2.0)
+    parser.add_argument("--keep", type=int, default=3)
+    parser.add_argument("--collective-timeout-s", type=float, default=60.0)
+    parser.add_argument("--trained-log", default=None, help="directory for per-rank logs of trained (partition, offset) pairs")
+    parser.add_argument("--standby", action="store_true", help="wait for rank/world on stdin (warm standby)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    worker = Worker(args)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(worker, "stop_requested", True))
+    signal.signal(signal.SIGINT, lambda *_: setattr(worker, "stop_requested", True))
+    if args.standby:
+        emit("ready", pid=os.getpid())
+        line = sys.stdin.readline()
+        if not line.strip():
+            return 0  # released without work
+        job = json.loads(line)
+        rank, world, addr, port = job["rank"], job["world"], job["addr"], job["port"]
+    else:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    worker.started_at = time.monotonic()  # rates in the checkpoint count from the join
+    worker.join(rank, world, addr, port)
+    try:
+        return worker.run()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
