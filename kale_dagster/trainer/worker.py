@@ -8,7 +8,7 @@ stdout as JSON lines for the launcher: ready, started, step, metrics,
 checkpoint, stopped.
 
 Each step every rank all-gathers a small status vector (own and total
-queue lengths, accepting flag, stop flag).  From it, identically on every
+queue lengths, accepting, stop and checkpoint-due flags).  From it, identically on every
 rank: the forwarding plan (``balance.forwarding_plan``), executed with
 point-to-point sends; the global sample count, so the loss is the global
 mean whatever each rank's share; and the decision to stop.  SIGTERM sets
@@ -97,6 +97,7 @@ class Worker:
         self.optimizer = torch.optim.Adagrad(self.model.parameters(), lr=0.05)
         self.auc = RollingAUC()
         self.started_at = time.monotonic()
+        self.trained_log = None
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -156,7 +157,9 @@ class Worker:
         room = self.args.max_queue - len(queue.own)
         if room <= 0 or not self.next_pos:
             return
-        for tp, records in consumer.poll(timeout_ms=0, max_records=room).items():
+        # kafka-python drives its network I/O inside poll(): a zero timeout can
+        # starve partitions whose next fetch was never sent, so wait briefly.
+        for tp, records in consumer.poll(timeout_ms=5, max_records=room).items():
             if not records:
                 continue
             items = np.empty(len(records), dtype=QITEM)
@@ -194,14 +197,15 @@ class Worker:
         queue = LocalQueue()
         accept = AcceptState(high=args.high_watermark, low=args.low_watermark)
         emit("started", rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
-        trained_log = open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab") if args.trained_log else None
+        trained_log = self.trained_log = open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab") if args.trained_log else None
         last_ckpt = time.monotonic()
         window_start, window_samples, idle_steps, steps = time.monotonic(), 0, 0, 0
         first_step_done = False
         try:
             while True:
                 self.fill(consumer, queue)
-                status = torch.tensor([len(queue.own), len(queue), int(accept.update(len(queue))), int(self.stop_requested)], dtype=torch.int64)
+                due = time.monotonic() - last_ckpt >= args.checkpoint_every_s
+                status = torch.tensor([len(queue.own), len(queue), int(accept.update(len(queue))), int(self.stop_requested), int(due)], dtype=torch.int64)
                 gathered = [torch.zeros_like(status) for _ in range(self.world)]
                 dist.all_gather(gathered, status)
                 table = torch.stack(gathered).tolist()
@@ -211,7 +215,12 @@ class Worker:
                 self.exchange(queue, plan)
                 counts = [min(args.batch_size, row[1] + sum(n for s, d, n in plan if d == i) - sum(n for s, d, n in plan if s == i)) for i, row in enumerate(table)]
                 global_n = sum(counts)
+                # Checkpoints are collective: all ranks take one at the same step.
+                checkpoint_now = any(row[4] for row in table)
                 if global_n == 0:
+                    if checkpoint_now:
+                        self.checkpoint(step, trained_total, queue)
+                        last_ckpt = time.monotonic()
                     time.sleep(0.01)
                     continue
                 started = time.monotonic()
@@ -237,7 +246,7 @@ class Worker:
                     emit("metrics", rank=self.rank, world=self.world, samples_per_s=window_samples / elapsed, idle_share=idle_steps / max(steps, 1),
                          auc=self.auc.value(), step=step, emulated=bool(args.emulate_gpu_rate))
                     window_start, window_samples, idle_steps, steps = time.monotonic(), 0, 0, 0
-                if time.monotonic() - last_ckpt >= args.checkpoint_every_s:
+                if checkpoint_now:
                     self.checkpoint(step, trained_total, queue)
                     last_ckpt = time.monotonic()
             self.checkpoint(step, trained_total, queue)
@@ -260,6 +269,10 @@ class Worker:
             self.auc.add(torch.sigmoid(logits.detach()).cpu().numpy(), records["label"])
 
     def checkpoint(self, step: int, trained_total: int, queue: LocalQueue) -> None:
+        if self.trained_log is not None:
+            # What a checkpoint covers must be on disk in the accounting log too.
+            self.trained_log.flush()
+            os.fsync(self.trained_log.fileno())
         mine = {"next": self.next_pos, "start": self.start_pos, "min_queued": queue.min_offsets(), "elapsed": time.monotonic() - self.started_at}
         everyone: list = [None] * self.world
         dist.all_gather_object(everyone, mine)
