@@ -179,3 +179,36 @@ def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
     print(f"produced {produced}, trained {len(pairs)}, duplicates {duplicates} ({duplicates / produced:.1%}), bound {bound:.0f}")
     assert duplicates <= bound
     assert all(r.downtime_s < 30 for r in launcher.records)
+
+
+@pytest.mark.integration
+def test_worker_runs_under_torchrun_and_stops_cleanly_on_sigterm(kafka_broker, tmp_path):
+    """The same worker entrypoint the Kubernetes launcher runs under torchrun."""
+    import os
+    import subprocess
+    import sys
+
+    from kale_dagster.broker import free_loopback_port
+    from kale_dagster.trainer.checkpoint import load_latest
+
+    servers = kafka_broker.bootstrap_servers
+    replay(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 300.0}),
+           ReplaySettings(topic="tr", partitions=2), max_wall_s=2)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", f"--master-port={free_loopback_port()}",
+           "-m", "kale_dagster.trainer.worker", "--bootstrap-servers", servers, "--topic", "tr", "--group-id", "g",
+           "--checkpoint-dir", str(tmp_path), "--emulate-gpu-rate", "200", "--checkpoint-every-s", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and load_latest(tmp_path) is None:
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGTERM)  # as Kubernetes does on pod deletion
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert out.count('"event": "stopped"') == 2
+    state = load_latest(tmp_path)
+    assert state["world"] == 2 and sum(state["offsets"].values()) > 0

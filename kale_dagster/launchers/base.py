@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Protocol, runtime_checkable
 
 
@@ -15,6 +15,7 @@ class RescaleRecord:
     to_workers: int
     downtime_s: float
     reason: str
+    phases: dict = field(default_factory=dict, compare=False)  # where the downtime went, in seconds
 
 
 @runtime_checkable

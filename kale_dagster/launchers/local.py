@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
+
 from ..broker import free_loopback_port
 from ..errors import KaleConfigError
 from .base import RescaleRecord
@@ -193,6 +195,14 @@ class LocalLauncher:
         per_rank = {w.rank: w.latest_metrics["samples_per_s"] for w in self._group if w.latest_metrics}
         return {"workers": self.workers, "per_rank": per_rank, "total": sum(per_rank.values()), "emulated": self.settings.emulate_gpu_rate > 0}
 
+    def record_throughput(self, history, pipeline: str) -> Optional[dict]:
+        """Append the group's measured samples/s to the metrics history (feeds the throughput model)."""
+        current = self.throughput()
+        if not current["per_rank"] or len(current["per_rank"]) < self.workers:
+            return None  # not every rank has reported since the last restart
+        history.append_throughput(pipeline, time.time(), self.workers, current["total"], emulated=current["emulated"])
+        return current
+
     # --- internals ------------------------------------------------------------------
 
     def _fill_pool(self, size: int) -> None:
@@ -212,18 +222,26 @@ class LocalLauncher:
             raise KaleConfigError("workers", f"must be >= 1, got {n}")
         with self._lock:
             previous = self.workers
-            self._stop_group()
+            marks = [decided_at]
+            self._stop_group()  # each worker finishes its step, checkpoints, commits
+            marks.append(time.monotonic())
             self._fill_pool(n)
             group, self._pool = self._pool[:n], self._pool[n:]
             for w in group:
-                w.wait_for("ready", self.ready_timeout_s)
+                w.wait_for("ready", self.ready_timeout_s)  # instant for warm standbys
+            marks.append(time.monotonic())
             port = free_loopback_port()
             for rank, w in enumerate(group):
                 w.assign(rank, n, port)
             self._group = group
             for w in group:
+                w.wait_for("started", self.ready_timeout_s)  # rendezvous, checkpoint loaded, consumer open
+            marks.append(time.monotonic())
+            for w in group:
                 w.wait_for("step", self.ready_timeout_s)
-            record = RescaleRecord(time=time.time(), from_workers=previous, to_workers=n, downtime_s=time.monotonic() - decided_at, reason=reason)
+            marks.append(time.monotonic())
+            phases = dict(zip(("stop", "warm_up", "rendezvous_and_restore", "first_step"), np.diff(marks).round(3).tolist()))
+            record = RescaleRecord(time=time.time(), from_workers=previous, to_workers=n, downtime_s=marks[-1] - decided_at, reason=reason, phases=phases)
             self.records.append(record)
             threading.Thread(target=self._refill, daemon=True).start()
         if self.on_record:

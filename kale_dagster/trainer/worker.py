@@ -29,6 +29,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -87,6 +88,55 @@ class LocalQueue:
         return out
 
 
+class Prefetcher(threading.Thread):
+    """Fetches and decodes samples in the background so consumption overlaps training.
+
+    It alone touches the Kafka consumer after start-up (kafka-python clients
+    are not thread-safe) and stops fetching while ``max_buffered`` samples wait.
+    """
+
+    def __init__(self, consumer, max_buffered: int):
+        super().__init__(daemon=True, name="prefetch")
+        self.consumer, self.max_buffered = consumer, max_buffered
+        self.lock = threading.Lock()
+        self.chunks: list = []
+        self.buffered = 0
+        self.stopping = threading.Event()
+        self.error: Optional[BaseException] = None
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                room = self.max_buffered - self.buffered
+                if room <= 0 or not self.consumer.assignment():
+                    time.sleep(0.005)
+                    continue
+                for tp, records in self.consumer.poll(timeout_ms=50, max_records=room).items():
+                    if not records:
+                        continue
+                    items = np.empty(len(records), dtype=QITEM)
+                    items["rec"] = decode([r.value for r in records])
+                    items["partition"] = tp.partition
+                    items["offset"] = [r.offset for r in records]
+                    with self.lock:
+                        self.chunks.append((items, {tp.partition: records[-1].offset + 1}))
+                        self.buffered += len(items)
+        except BaseException as exc:  # surfaced to the training loop
+            self.error = exc
+
+    def drain(self) -> list:
+        if self.error is not None:
+            raise RuntimeError(f"sample prefetch failed: {self.error}") from self.error
+        with self.lock:
+            chunks, self.chunks, self.buffered = self.chunks, [], 0
+        return chunks
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.join(timeout=5)
+        self.consumer.close()
+
+
 class Worker:
     def __init__(self, args):
         self.args = args
@@ -98,6 +148,7 @@ class Worker:
         self.auc = RollingAUC()
         self.started_at = time.monotonic()
         self.trained_log = None
+        self._committer = None
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -153,21 +204,11 @@ class Worker:
         finally:
             c.close()
 
-    def fill(self, consumer, queue: LocalQueue) -> None:
-        room = self.args.max_queue - len(queue.own)
-        if room <= 0 or not self.next_pos:
-            return
-        # kafka-python drives its network I/O inside poll(): a zero timeout can
-        # starve partitions whose next fetch was never sent, so wait briefly.
-        for tp, records in consumer.poll(timeout_ms=5, max_records=room).items():
-            if not records:
-                continue
-            items = np.empty(len(records), dtype=QITEM)
-            items["rec"] = decode([r.value for r in records])
-            items["partition"] = tp.partition
-            items["offset"] = [r.offset for r in records]
+    def fill(self, fetcher: "Prefetcher", queue: LocalQueue) -> None:
+        """Move prefetched samples into the own queue; ``next_pos`` follows what the queue received."""
+        for items, last in fetcher.drain():
             queue.add_own(items)
-            self.next_pos[tp.partition] = records[-1].offset + 1
+            self.next_pos.update(last)
 
     def exchange(self, queue: LocalQueue, plan: list[tuple[int, int, int]]) -> None:
         """Carry out this rank's part of the forwarding plan with point-to-point transfers."""
@@ -194,6 +235,8 @@ class Worker:
         step = int(state.get("step", 0))
         trained_total = int(state.get("trained_total", 0))
         consumer, mine = self.open_consumer(state)
+        fetcher = Prefetcher(consumer, args.max_queue)
+        fetcher.start()
         queue = LocalQueue()
         accept = AcceptState(high=args.high_watermark, low=args.low_watermark)
         emit("started", rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
@@ -203,7 +246,8 @@ class Worker:
         first_step_done = False
         try:
             while True:
-                self.fill(consumer, queue)
+                if len(queue.own) < args.max_queue:
+                    self.fill(fetcher, queue)
                 due = time.monotonic() - last_ckpt >= args.checkpoint_every_s
                 status = torch.tensor([len(queue.own), len(queue), int(accept.update(len(queue))), int(self.stop_requested), int(due)], dtype=torch.int64)
                 gathered = [torch.zeros_like(status) for _ in range(self.world)]
@@ -211,7 +255,9 @@ class Worker:
                 table = torch.stack(gathered).tolist()
                 if any(row[3] for row in table):
                     break
-                plan = forwarding_plan([r[0] for r in table], [r[1] for r in table], [bool(r[2]) for r in table], args.high_watermark, seed=step)
+                plan = [] if args.balance == "round-robin" else forwarding_plan(
+                    [r[0] for r in table], [r[1] for r in table], [bool(r[2]) for r in table], args.high_watermark, seed=step
+                )
                 self.exchange(queue, plan)
                 counts = [min(args.batch_size, row[1] + sum(n for s, d, n in plan if d == i) - sum(n for s, d, n in plan if s == i)) for i, row in enumerate(table)]
                 global_n = sum(counts)
@@ -255,7 +301,9 @@ class Worker:
         finally:
             if trained_log is not None:
                 trained_log.close()
-            consumer.close()
+            fetcher.close()
+            if self._committer is not None:
+                self._committer.close()
 
     def train_step(self, records: np.ndarray, global_n: int) -> None:
         users, items, dense, labels = batch_tensors(records, self.device)
@@ -300,11 +348,9 @@ class Worker:
         from kafka import KafkaConsumer, TopicPartition
         from kafka.structs import OffsetAndMetadata
 
-        c = KafkaConsumer(bootstrap_servers=self.args.bootstrap_servers, group_id=self.args.group_id, enable_auto_commit=False)
-        try:
-            c.commit({TopicPartition(self.args.topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
-        finally:
-            c.close()
+        if self._committer is None:  # kept open: a connection per checkpoint would add to every rescale
+            self._committer = KafkaConsumer(bootstrap_servers=self.args.bootstrap_servers, group_id=self.args.group_id, enable_auto_commit=False)
+        self._committer.commit({TopicPartition(self.args.topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
 
 
 def parse_args(argv=None):
@@ -317,7 +363,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-queue", type=int, default=2048)
     parser.add_argument("--high-watermark", type=int, default=768)
     parser.add_argument("--low-watermark", type=int, default=256)
-    parser.add_argument("--balance", choices=["rates", "round-robin"], default="rates")
+    parser.add_argument("--balance", choices=["rates", "round-robin"], default="rates",
+                        help="rates: assign partitions by measured rate and forward overflow; round-robin: neither (baseline)")
     parser.add_argument("--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap samples/s per worker (0 = off)")
     parser.add_argument("--checkpoint-every-s", type=float, default=5.0)
     parser.add_argument("--metrics-every-s", type=float, default=2.0)

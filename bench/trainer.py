@@ -1,0 +1,152 @@
+"""Trainer benchmarks on the embedded broker with real torch processes.
+
+1. Rescale downtime (decision -> first step at the new size), median over
+   several rescales with warm standby workers, against cold starts (a fresh
+   Python + torch import per worker, as torchrun does) in the same run.
+2. Data-path overhead: samples/s of one worker consuming from Kafka and
+   training, against training the same model on in-memory batches.
+3. Balancing: one hot partition carrying half the traffic, 4 EMULATED GPU
+   workers (150 samples/s each): per-worker idle share and total throughput
+   with rate-based assignment + forwarding vs round-robin without forwarding.
+
+    python bench/trainer.py [--rescales 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import torch
+
+from kale_dagster.broker import embedded_broker
+from kale_dagster.launchers import LocalLauncher, TrainerSettings
+from kale_dagster.producer import ReplaySettings, replay
+from kale_dagster.samples import GroundTruth
+from kale_dagster.trainer.model import CTRModel, batch_tensors
+
+
+def _flat(rate: float, minutes: int = 30) -> pd.DataFrame:
+    return pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=minutes, freq="1min", tz="UTC"), "rate": rate})
+
+
+def _produce_in_background(servers, topic, rate, hot_share, seconds, partitions=8):
+    stop = threading.Event()
+    thread = threading.Thread(target=replay, args=(servers, _flat(rate), ReplaySettings(topic=topic, partitions=partitions, hot_share=hot_share)),
+                              kwargs=dict(stop=stop, max_wall_s=seconds), daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def rescale_downtime(servers: str, rescales: int) -> None:
+    stop, producer = _produce_in_background(servers, "rescale", 400, 0.0, 600)
+    time.sleep(1)
+    settings = TrainerSettings(servers, "rescale", "rescale-trainer", tempfile.mkdtemp(), batch_size=128, emulate_gpu_rate=200, checkpoint_every_s=5)
+    warm = LocalLauncher(settings, pool_size=3)
+    try:
+        warm.start(1)
+        targets = [2, 1, 3, 2, 1, 3, 2, 1][:rescales]
+        downs = []
+        phases = []
+        for t in targets:
+            time.sleep(3)
+            record = warm.rescale(t)
+            downs.append(record.downtime_s)
+            phases.append(record.phases)
+    finally:
+        warm.stop()
+    cold = LocalLauncher(settings, pool_size=0)
+    colds = []
+    try:
+        for t in (1, 2, 1):
+            time.sleep(2)
+            colds.append((cold.rescale(t) if cold.workers else cold.start(t)).downtime_s)
+    finally:
+        cold.stop()
+        stop.set()
+        producer.join()
+    print(f"rescale downtime, warm standby: median {statistics.median(downs):.2f} s over {len(downs)} rescales ({', '.join(f'{d:.2f}' for d in downs)})")
+    print("  median phases: " + ", ".join(f"{k} {statistics.median(p[k] for p in phases):.2f} s" for k in phases[0]))
+    print(f"rescale downtime, cold start:   median {statistics.median(colds):.2f} s over {len(colds)} ({', '.join(f'{d:.2f}' for d in colds)}); "
+          f"warm/cold {statistics.median(downs) / statistics.median(colds):.2f}x")
+
+
+def train_only_rate(batch: int = 256, seconds: float = 8.0) -> float:
+    model = CTRModel()
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    rng = np.random.default_rng(0)
+    batches = [GroundTruth().sample(batch, rng) for _ in range(64)]
+    n, start, i = 0, time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        users, items, dense, labels = batch_tensors(batches[i % 64], torch.device("cpu"))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(users, items, dense), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        n += batch
+        i += 1
+    return n / (time.perf_counter() - start)
+
+
+def data_path_overhead(servers: str) -> None:
+    # Fill a topic first so the worker is never starved: its rate is its own speed.
+    replay(servers, _flat(20_000, minutes=1), ReplaySettings(topic="fill", partitions=4), max_wall_s=20)
+    settings = TrainerSettings(servers, "fill", "fill-trainer", tempfile.mkdtemp(), metrics_every_s=3, checkpoint_every_s=30)
+    launcher = LocalLauncher(settings, pool_size=1)
+    rates = []
+    try:
+        launcher.start(1)
+        for _ in range(4):
+            time.sleep(3.2)
+            rates.append(launcher.throughput()["total"])
+    finally:
+        launcher.stop()
+    consume = statistics.median(rates[1:])
+    train = statistics.median([train_only_rate() for _ in range(3)])
+    print(f"consume+train {consume:,.0f} samples/s vs train-only {train:,.0f} samples/s: data-path overhead {1 - consume / train:.1%}")
+
+
+def balancing(servers: str) -> None:
+    for balance in ("round-robin", "rates"):
+        topic = f"hot-{balance}"
+        stop, producer = _produce_in_background(servers, topic, 520, 0.5, 40)
+        time.sleep(1)
+        settings = TrainerSettings(servers, topic, f"{topic}-trainer", tempfile.mkdtemp(), batch_size=32, emulate_gpu_rate=150,
+                                   metrics_every_s=4, checkpoint_every_s=10, balance=balance)
+        launcher = LocalLauncher(settings, pool_size=4)
+        extra = []
+        try:
+            launcher.start(4)
+            time.sleep(8)  # warm-up
+            for _ in range(5):
+                time.sleep(4.1)
+                extra.append(dict(launcher.throughput()["per_rank"]))
+        finally:
+            launcher.stop()
+            stop.set()
+            producer.join()
+        per_rank = {r: statistics.median(s[r] for s in extra if r in s) for r in range(4)}
+        idle = {r: max(0.0, 1 - v / 150) for r, v in per_rank.items()}
+        print(f"{balance:>11}: total {sum(per_rank.values()):6.0f} samples/s, idle share per worker "
+              + ", ".join(f"{idle[r]:.0%}" for r in range(4)) + f" (mean {statistics.mean(idle.values()):.0%})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rescales", type=int, default=6)
+    args = parser.parse_args()
+    with embedded_broker() as broker:
+        rescale_downtime(broker.bootstrap_servers, args.rescales)
+        data_path_overhead(broker.bootstrap_servers)
+        balancing(broker.bootstrap_servers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
