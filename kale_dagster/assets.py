@@ -223,6 +223,11 @@ def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
         ScheduleDefinition(name=f"{p.name}_forecast_schedule", cron_schedule=p.forecast_cron, job=plan_job, default_status=_running()),
         ScheduleDefinition(name=f"{p.name}_throughput_schedule", cron_schedule=p.throughput_cron, job=throughput_job, default_status=_running()),
     ]
+    extra_jobs, extra_sensors = [], []
+    if p.kubernetes is not None and not p.advisory:
+        rescale_job = build_rescale_job(p, allocation_key)
+        extra_jobs.append(rescale_job)
+        extra_sensors.append(build_allocation_sensor(p, allocation_key, rescale_job))
     metrics_sensor = build_stream_metrics_sensor(
         name=f"{p.name}_stream_metrics",
         pipeline=p.name,
@@ -236,11 +241,81 @@ def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
     return Definitions(
         assets=[stream_metrics, traffic_forecast, throughput_model, gpu_allocation, policy_backtest],
         asset_checks=[forecast_accuracy, lag_slo],
-        jobs=[plan_job, allocate_job, throughput_job, backtest_job],
+        jobs=[plan_job, allocate_job, throughput_job, backtest_job, *extra_jobs],
         schedules=schedules,
-        sensors=[metrics_sensor],
+        sensors=[metrics_sensor, *extra_sensors],
         resources={stream_key: p.source.resource()},
     )
+
+
+def make_launcher(p: OnlineTrainingPipeline):
+    """The launcher that runs this pipeline's workers."""
+    from .launchers.kubernetes import KubernetesLauncher
+
+    return KubernetesLauncher(p.name, p.kubernetes)
+
+
+def build_rescale_job(p: OnlineTrainingPipeline, allocation_key: AssetKey):
+    """``<name>_rescale``: apply the latest gpu_allocation; one at a time per pipeline (pool and run tag)."""
+    from dagster import Failure, In, Nothing, job, op
+
+    from .launchers.kubernetes import RescaleFailed
+
+    @op(name=f"{p.name}_rescale_workers", pool=f"kale_rescale_{p.name}", tags={"kale/pipeline": p.name})
+    def rescale_workers(context) -> None:
+        decision = _latest_metadata(context.instance, allocation_key)
+        if not decision:
+            raise Failure(f"no gpu_allocation for {p.name!r} yet; run {p.name}_plan first")
+        target = int(decision["workers"])
+        launcher = make_launcher(p)
+        try:
+            record = launcher.rescale(target, reason=str(decision.get("reason", ""))[:200])
+        except RescaleFailed as exc:
+            raise Failure(str(exc), metadata={"target_workers": target, "restored_workers": exc.restored or 0}) from exc
+        if record is None:
+            context.log.info(f"already running {target} workers; nothing to do")
+            context.log_event(_observation(p, target, None))
+            return
+        context.log_event(_observation(p, target, record))
+
+    @job(name=f"{p.name}_rescale", tags={"kale/rescale": p.name}, description="Restart the workers at the latest gpu_allocation.")
+    def rescale():
+        rescale_workers()
+
+    return rescale
+
+
+def _observation(p: OnlineTrainingPipeline, workers: int, record):
+    from dagster import AssetObservation
+
+    meta = {"workers": workers, "changed": record is not None}
+    if record is not None:
+        meta.update({"from_workers": record.from_workers, "downtime_s": round(record.downtime_s, 3), "reason": record.reason})
+    return AssetObservation(asset_key=AssetKey(p.key("gpu_allocation")), metadata=meta)
+
+
+def build_allocation_sensor(p: OnlineTrainingPipeline, allocation_key: AssetKey, rescale_job):
+    """Requests a rescale run when a new gpu_allocation differs from the last applied one."""
+    from dagster import RunRequest, SkipReason, sensor
+
+    @sensor(name=f"{p.name}_allocation_changed", job=rescale_job, minimum_interval_seconds=30, default_status=_sensor_running())
+    def allocation_changed(context):
+        event = context.instance.get_latest_materialization_event(allocation_key)
+        if event is None:
+            return SkipReason("no allocation decided yet")
+        workers = int(event.asset_materialization.metadata["workers"].value)
+        if context.cursor == str(workers):
+            return SkipReason(f"allocation unchanged at {workers} workers")
+        context.update_cursor(str(workers))
+        return RunRequest(run_key=f"{p.name}-rescale-{event.storage_id}", tags={"kale/target_workers": str(workers)})
+
+    return allocation_changed
+
+
+def _sensor_running():
+    from dagster import DefaultSensorStatus
+
+    return DefaultSensorStatus.RUNNING
 
 
 def backtest_table(results: dict) -> str:

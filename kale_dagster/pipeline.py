@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 from .errors import KaleConfigError
 from .forecast import MODELS
 from .throughput import ThroughputModel
+
+if TYPE_CHECKING:  # the launcher imports the kubernetes client lazily
+    from .launchers.kubernetes import KubernetesTrainerConfig
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
@@ -87,6 +90,7 @@ class OnlineTrainingPipeline:
     global_batch: Optional[float] = None  # set for the synchronous model form
     advisory: bool = False
     history_url: Optional[str] = None  # SQLAlchemy URL; default SQLite under DAGSTER_HOME
+    kubernetes: Optional["KubernetesTrainerConfig"] = None  # run the workers on Kubernetes (launchers.kubernetes)
 
     def __post_init__(self):
         def need(ok: bool, name: str, problem: str):

@@ -4,12 +4,14 @@
 `kale broker` starts on 127.0.0.1:9092); ``ctr_production`` shows a
 production declaration in advisory mode (decisions recorded, nothing
 rescaled) against a SASL-secured Kafka, its password read from an
-environment variable at run time.
+environment variable at run time, with its workers declared for
+Kubernetes (`kale k8s render --pipeline ctr_production --workers 8`).
 """
 
 import os
 
 from kale_dagster import KafkaSource, OnlineTrainingPipeline, ThroughputModel, build_definitions
+from kale_dagster.launchers.kubernetes import KubernetesTrainerConfig
 
 demo = OnlineTrainingPipeline(
     name="demo",
@@ -42,6 +44,18 @@ ctr_production = OnlineTrainingPipeline(
     throughput_prior=ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786)),
     global_batch=16384,
     advisory=True,
+    kubernetes=KubernetesTrainerConfig(
+        image="registry.example.com/ctr-trainer:1.4",
+        namespace="ml",
+        bootstrap_servers="kafka-0.kafka.ml.svc:9093",
+        topic="clicks",
+        group_id="ctr-trainer",
+        checkpoint_pvc="ctr-checkpoints",
+        kafka_secret="ctr-kafka-credentials",
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-A10"},
+        tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+        service_account="kale-trainer",
+    ),
 )
 
 defs = build_definitions(demo, ctr_production)

@@ -29,7 +29,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -86,55 +85,6 @@ class LocalQueue:
             for p in np.unique(arr["partition"]):
                 out[int(p)] = min(out.get(int(p), 1 << 62), int(arr["offset"][arr["partition"] == p].min()))
         return out
-
-
-class Prefetcher(threading.Thread):
-    """Fetches and decodes samples in the background so consumption overlaps training.
-
-    It alone touches the Kafka consumer after start-up (kafka-python clients
-    are not thread-safe) and stops fetching while ``max_buffered`` samples wait.
-    """
-
-    def __init__(self, consumer, max_buffered: int):
-        super().__init__(daemon=True, name="prefetch")
-        self.consumer, self.max_buffered = consumer, max_buffered
-        self.lock = threading.Lock()
-        self.chunks: list = []
-        self.buffered = 0
-        self.stopping = threading.Event()
-        self.error: Optional[BaseException] = None
-
-    def run(self) -> None:
-        try:
-            while not self.stopping.is_set():
-                room = self.max_buffered - self.buffered
-                if room <= 0 or not self.consumer.assignment():
-                    time.sleep(0.005)
-                    continue
-                for tp, records in self.consumer.poll(timeout_ms=50, max_records=room).items():
-                    if not records:
-                        continue
-                    items = np.empty(len(records), dtype=QITEM)
-                    items["rec"] = decode([r.value for r in records])
-                    items["partition"] = tp.partition
-                    items["offset"] = [r.offset for r in records]
-                    with self.lock:
-                        self.chunks.append((items, {tp.partition: records[-1].offset + 1}))
-                        self.buffered += len(items)
-        except BaseException as exc:  # surfaced to the training loop
-            self.error = exc
-
-    def drain(self) -> list:
-        if self.error is not None:
-            raise RuntimeError(f"sample prefetch failed: {self.error}") from self.error
-        with self.lock:
-            chunks, self.chunks, self.buffered = self.chunks, [], 0
-        return chunks
-
-    def close(self) -> None:
-        self.stopping.set()
-        self.join(timeout=5)
-        self.consumer.close()
 
 
 class Worker:
@@ -204,11 +154,21 @@ class Worker:
         finally:
             c.close()
 
-    def fill(self, fetcher: "Prefetcher", queue: LocalQueue) -> None:
-        """Move prefetched samples into the own queue; ``next_pos`` follows what the queue received."""
-        for items, last in fetcher.drain():
+    def fill(self, consumer, queue: LocalQueue) -> None:
+        room = self.args.max_queue - len(queue.own)
+        if room <= 0 or not self.next_pos:
+            return
+        # kafka-python drives its network I/O inside poll(), so a zero timeout
+        # could leave fetches unsent; 5 ms is enough and keeps steps flowing.
+        for tp, records in consumer.poll(timeout_ms=5, max_records=room).items():
+            if not records:
+                continue
+            items = np.empty(len(records), dtype=QITEM)
+            items["rec"] = decode([r.value for r in records])
+            items["partition"] = tp.partition
+            items["offset"] = [r.offset for r in records]
             queue.add_own(items)
-            self.next_pos.update(last)
+            self.next_pos[tp.partition] = records[-1].offset + 1
 
     def exchange(self, queue: LocalQueue, plan: list[tuple[int, int, int]]) -> None:
         """Carry out this rank's part of the forwarding plan with point-to-point transfers."""
@@ -235,8 +195,6 @@ class Worker:
         step = int(state.get("step", 0))
         trained_total = int(state.get("trained_total", 0))
         consumer, mine = self.open_consumer(state)
-        fetcher = Prefetcher(consumer, args.max_queue)
-        fetcher.start()
         queue = LocalQueue()
         accept = AcceptState(high=args.high_watermark, low=args.low_watermark)
         emit("started", rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
@@ -246,8 +204,7 @@ class Worker:
         first_step_done = False
         try:
             while True:
-                if len(queue.own) < args.max_queue:
-                    self.fill(fetcher, queue)
+                self.fill(consumer, queue)
                 due = time.monotonic() - last_ckpt >= args.checkpoint_every_s
                 status = torch.tensor([len(queue.own), len(queue), int(accept.update(len(queue))), int(self.stop_requested), int(due)], dtype=torch.int64)
                 gathered = [torch.zeros_like(status) for _ in range(self.world)]
@@ -301,7 +258,7 @@ class Worker:
         finally:
             if trained_log is not None:
                 trained_log.close()
-            fetcher.close()
+            consumer.close()
             if self._committer is not None:
                 self._committer.close()
 
