@@ -1,6 +1,7 @@
 """Metrics history: stream telemetry and worker throughput over time, kept next to Dagster.
 
-Default storage is SQLite under ``$DAGSTER_HOME/kale/metrics.db`` (so it
+Default storage is ``$KALE_HISTORY_URL`` when set, else SQLite under
+``$DAGSTER_HOME/kale/metrics.db`` (so it
 survives restarts of ``dagster dev`` and of the daemon); any SQLAlchemy URL
 works, e.g. ``postgresql://...`` next to a Postgres-backed Dagster.  Rows
 older than the retention are deleted on write; the default keeps 35 days,
@@ -50,6 +51,9 @@ _METRIC_COLUMNS = [c.name for c in STREAM_METRICS.columns if c.name not in ("pip
 
 
 def default_url() -> str:
+    """``$KALE_HISTORY_URL`` if set, else SQLite under ``$DAGSTER_HOME/kale``."""
+    if os.environ.get("KALE_HISTORY_URL"):
+        return os.environ["KALE_HISTORY_URL"]
     home = os.environ.get("DAGSTER_HOME") or os.path.join(tempfile.gettempdir(), "kale-dagster-home")
     path = Path(home) / "kale" / "metrics.db"
     path.parent.mkdir(parents=True, exist_ok=True)

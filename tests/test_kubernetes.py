@@ -33,7 +33,7 @@ CONFIGS = [
     _config(namespace="ml", gpus_per_worker=2, node_selector={"nvidia.com/gpu.product": "NVIDIA-A10"},
             tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
             image_pull_secrets=("regcred",), service_account="kale-trainer", image_pull_policy="Always"),
-    _config(checkpoint_pvc=None, checkpoint_url="s3://bucket/ctr/checkpoints", kafka_secret=None, gpus_per_worker=0, trainer_args=("--batch-size", "512")),
+    _config(checkpoint_pvc="shared-ckpt", kafka_secret=None, gpus_per_worker=0, trainer_args=("--batch-size", "512")),
 ]
 
 
@@ -66,7 +66,7 @@ def test_credentials_are_referenced_never_inlined(monkeypatch):
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [(dict(image=""), "image"), (dict(checkpoint_pvc=None), "checkpoint_pvc"), (dict(checkpoint_url="s3://x"), "checkpoint_pvc"),
+    [(dict(image=""), "image"), (dict(checkpoint_pvc=""), "checkpoint_pvc"),
      (dict(image_pull_policy="Sometimes"), "image_pull_policy"), (dict(termination_grace_period_s=1), "termination_grace_period_s")],
 )
 def test_config_errors_name_the_field(kwargs, field):
@@ -228,3 +228,15 @@ def test_cli_render_prints_valid_manifests():
     assert "&id" not in proc.stdout  # plain YAML, no anchors, for GitOps diffs
     bad = subprocess.run([sys.executable, "-m", "kale_dagster.cli", "k8s", "render", "--pipeline", "nope", "--workers", "3"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no pipeline 'nope'" in bad.stderr
+
+
+@pytest.mark.parametrize("path", ["docs/kubernetes/rbac.yaml"])
+def test_shipped_manifests_validate(path):
+    import pathlib
+
+    import yaml
+
+    docs = list(yaml.safe_load_all((pathlib.Path(__file__).resolve().parents[1] / path).read_text()))
+    assert docs
+    for manifest in docs:
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)

@@ -13,8 +13,8 @@ The Job is built with dagster-k8s (``construct_dagster_k8s_job`` from a
 ``DagsterK8sJobConfig``) and created and deleted through its
 ``DagsterKubernetesClient``.  Kafka credentials are referenced from a Secret
 (``envFrom``), never written into a manifest, a log or Dagster metadata.
-Checkpoints live on a PersistentVolumeClaim mounted at ``/checkpoints`` or
-at an object-store URL.
+Checkpoints live on a PersistentVolumeClaim mounted at ``/checkpoints``
+(an object store works through a CSI driver that exposes it as a volume).
 
 Rescale: delete the running Job with foreground propagation (pods get
 SIGTERM and ``terminationGracePeriodSeconds`` to finish the step and
@@ -64,8 +64,7 @@ class KubernetesTrainerConfig:
     memory: str = "16Gi"
     node_selector: dict = field(default_factory=dict)
     tolerations: tuple = ()
-    checkpoint_pvc: Optional[str] = None
-    checkpoint_url: Optional[str] = None
+    checkpoint_pvc: str = ""
     kafka_secret: Optional[str] = None  # Secret whose keys become env vars (e.g. KAFKA_SASL_PASSWORD)
     trainer_args: tuple[str, ...] = ()
     termination_grace_period_s: int = 120
@@ -76,8 +75,8 @@ class KubernetesTrainerConfig:
     def __post_init__(self):
         if not self.image:
             raise KaleConfigError("image", "the trainer image is required (e.g. registry.example.com/ctr-trainer:1.4)")
-        if (self.checkpoint_pvc is None) == (self.checkpoint_url is None):
-            raise KaleConfigError("checkpoint_pvc", "set exactly one of checkpoint_pvc (a PersistentVolumeClaim name) or checkpoint_url")
+        if not self.checkpoint_pvc:
+            raise KaleConfigError("checkpoint_pvc", "name the PersistentVolumeClaim (ReadWriteMany) that holds the checkpoints")
         if self.gpus_per_worker < 0:
             raise KaleConfigError("gpus_per_worker", f"must be >= 0, got {self.gpus_per_worker}")
         if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
@@ -107,14 +106,13 @@ def render(pipeline: str, config: KubernetesTrainerConfig, workers: int, generat
     svc = service_name(pipeline)
     name = job_name(pipeline, workers, generation)
     labels = {APP_LABEL: "kale-trainer", PIPELINE_LABEL: pipeline}
-    checkpoint_dir = "/checkpoints" if config.checkpoint_pvc else config.checkpoint_url
     torchrun = [
         f"--nnodes={workers}", "--nproc-per-node=1", "--rdzv-backend=c10d",
         f"--rdzv-endpoint={name}-0.{svc}.{config.namespace}.svc.cluster.local:{config.rdzv_port}",
         f"--rdzv-id={name}", "--max-restarts=0",
         "-m", "kale_dagster.trainer.worker",
         "--bootstrap-servers", config.bootstrap_servers, "--topic", config.topic, "--group-id", config.group_id,
-        "--checkpoint-dir", checkpoint_dir, *config.trainer_args,
+        "--checkpoint-dir", "/checkpoints", *config.trainer_args,
     ]
     job_config = DagsterK8sJobConfig(
         job_image=config.image,
@@ -122,8 +120,8 @@ def render(pipeline: str, config: KubernetesTrainerConfig, workers: int, generat
         image_pull_secrets=[{"name": s} for s in config.image_pull_secrets],
         service_account_name=config.service_account,
         env_secrets=[config.kafka_secret] if config.kafka_secret else [],
-        volume_mounts=[{"name": "checkpoints", "mountPath": "/checkpoints"}] if config.checkpoint_pvc else [],
-        volumes=[{"name": "checkpoints", "persistentVolumeClaim": {"claimName": config.checkpoint_pvc}}] if config.checkpoint_pvc else [],
+        volume_mounts=[{"name": "checkpoints", "mountPath": "/checkpoints"}],
+        volumes=[{"name": "checkpoints", "persistentVolumeClaim": {"claimName": config.checkpoint_pvc}}],
         labels=labels,
     )
     limits: dict[str, Any] = {"cpu": config.cpu, "memory": config.memory}

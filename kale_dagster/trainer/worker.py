@@ -47,6 +47,25 @@ from .model import CTRModel, RollingAUC, batch_tensors
 QITEM = np.dtype([("rec", RECORD), ("partition", "<i4"), ("offset", "<i8")])
 
 
+def kafka_config(servers: str) -> dict:
+    """kafka-python settings: servers from the command line, security from the environment.
+
+    On Kubernetes the environment comes from the pipeline's Secret (envFrom),
+    so credentials never appear in a manifest or on a command line.
+    """
+    config = {"bootstrap_servers": servers.split(",")}
+    for env, key in (
+        ("KAFKA_SECURITY_PROTOCOL", "security_protocol"),
+        ("KAFKA_SASL_MECHANISM", "sasl_mechanism"),
+        ("KAFKA_SASL_USERNAME", "sasl_plain_username"),
+        ("KAFKA_SASL_PASSWORD", "sasl_plain_password"),
+        ("KAFKA_SSL_CAFILE", "ssl_cafile"),
+    ):
+        if os.environ.get(env):
+            config[key] = os.environ[env]
+    return config
+
+
 def emit(event: str, **fields) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
@@ -121,7 +140,7 @@ class Worker:
         from kafka import KafkaConsumer, TopicPartition
 
         consumer = KafkaConsumer(
-            bootstrap_servers=self.args.bootstrap_servers, enable_auto_commit=False, group_id=None,
+            **kafka_config(self.args.bootstrap_servers), enable_auto_commit=False, group_id=None,
             max_partition_fetch_bytes=1 << 20, fetch_max_wait_ms=50,
         )
         partitions = sorted(consumer.partitions_for_topic(self.args.topic) or [])
@@ -148,7 +167,7 @@ class Worker:
     def _committed(self, tps) -> dict[int, int]:
         from kafka import KafkaConsumer
 
-        c = KafkaConsumer(bootstrap_servers=self.args.bootstrap_servers, group_id=self.args.group_id, enable_auto_commit=False)
+        c = KafkaConsumer(**kafka_config(self.args.bootstrap_servers), group_id=self.args.group_id, enable_auto_commit=False)
         try:
             return {tp.partition: off for tp in tps if (off := c.committed(tp)) is not None}
         finally:
@@ -306,7 +325,7 @@ class Worker:
         from kafka.structs import OffsetAndMetadata
 
         if self._committer is None:  # kept open: a connection per checkpoint would add to every rescale
-            self._committer = KafkaConsumer(bootstrap_servers=self.args.bootstrap_servers, group_id=self.args.group_id, enable_auto_commit=False)
+            self._committer = KafkaConsumer(**kafka_config(self.args.bootstrap_servers), group_id=self.args.group_id, enable_auto_commit=False)
         self._committer.commit({TopicPartition(self.args.topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
 
 
