@@ -92,6 +92,8 @@ class KafkaStreamResource(ConfigurableResource):
             "bootstrap_servers": self.bootstrap_servers.split(","),
             "security_protocol": self.security_protocol,
             "request_timeout_ms": self.request_timeout_ms,
+            # A broker that is down must fail the tick within its budget, not after kafka-python's 30 s default.
+            "bootstrap_timeout_ms": self.request_timeout_ms,
             "client_id": self.client_id,
         }
         optional = {

@@ -170,7 +170,9 @@ def test_sensor_records_skips_on_outage_and_resumes(tmp_path):
             assert third.run_requests == []  # same episode: deduplicated
 
             broker.stop()
+            started = time.monotonic()
             skipped = sensor(build_sensor_context(instance=instance, resources=resources, cursor=third.cursor))
+            assert time.monotonic() - started < 8  # within the tick budget, not kafka-python's 30 s bootstrap
             assert isinstance(skipped, SkipReason)
             assert "could not read the stream" in skipped.skip_message
             rows_before = len(history.stream("demo"))
