@@ -40,20 +40,38 @@ def horizon_errors(log_actual: np.ndarray, log_pred_fn, origins: np.ndarray, hor
 
 
 class _FittedSeries:
-    """Shared state: the clean history as arrays on a regular grid."""
+    """Shared state: the clean history as arrays on a regular grid, in log space.
 
-    def _set_history(self, history: pd.DataFrame) -> None:
+    Models work on log(rate + offset) with the offset a thousandth of the
+    typical rate, fixed at fit time: multiplicative like plain log, defined
+    at zero, and the same whatever unit the rates come in (log1p would bend
+    a series of small rates, e.g. samples per second of a slow topic).
+    """
+
+    _offset = None
+
+    def _set_history(self, history: pd.DataFrame, refit: bool = True) -> None:
         clean = prepare_history(history)
         self.step_s = float((clean["timestamp"].iloc[1] - clean["timestamp"].iloc[0]).total_seconds()) if len(clean) > 1 else 60.0
         self.end = clean["timestamp"].iloc[-1].timestamp()
-        self.log_rate = np.log1p(clean["rate"].to_numpy())
+        rate = clean["rate"].to_numpy()
+        if refit or self._offset is None:
+            positive = rate[np.isfinite(rate) & (rate > 0)]
+            self._offset = 1e-3 * float(np.median(positive)) if len(positive) else 1e-6
+        self.log_rate = self.to_log(rate)
         self.history = clean
+
+    def to_log(self, rate):
+        return np.log(np.asarray(rate, dtype=float) + self._offset)
+
+    def from_log(self, log_values):
+        return np.maximum(np.exp(log_values) - self._offset, 0.0)
 
     def _forecast(self, log_point: np.ndarray, lower_err, upper_err, model: str, width: float, fallback: str = "") -> Forecast:
         h = len(log_point)
-        point = np.expm1(log_point)
-        lower = np.expm1(log_point + lower_err[:h]) if len(lower_err) >= h else point
-        upper = np.expm1(log_point + upper_err[:h]) if len(upper_err) >= h else point
+        point = self.from_log(log_point)
+        lower = self.from_log(log_point + lower_err[:h]) if len(lower_err) >= h else point
+        upper = self.from_log(log_point + upper_err[:h]) if len(upper_err) >= h else point
         return Forecast(
             start=self.end + self.step_s, step_s=self.step_s, point=point,
             lower=np.minimum(lower, point), upper=np.maximum(upper, point),
