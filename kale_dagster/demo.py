@@ -1,17 +1,19 @@
 """``kale demo``: a compressed diurnal day on the embedded broker, kept sized by Kale.
 
-Parts, all real except the GPU: the Tansu broker on loopback; a producer
-replaying a synthetic day into the ``samples`` topic; a consumer group
-whose consumption is capped at workers x per-worker rate (EMULATED GPUs,
-labelled as such), pausing for the restart time whenever its worker count
-changes; a control loop reading telemetry through ``KafkaStreamResource``,
-recording it in the metrics history and asking ``KalePolicy`` for the
+Parts, all real except the GPU: the Tansu broker on loopback; the trace
+producer replaying a synthetic day of CTR samples into the ``samples``
+topic; the torch trainer under the local launcher (DDP workers with warm
+standbys, pause-and-restart rescales), each worker's throughput capped to
+EMULATE one GPU, labelled as such; a control loop reading telemetry
+through ``KafkaStreamResource``, recording it and the workers' measured
+throughput in the metrics history, and asking ``KalePolicy`` for the
 allocation; and ``dagster dev`` on 127.0.0.1:3000 with the demo pipeline,
 whose sensor and assets read the same broker and history.
 
 One clock: everything runs on wall time, and every duration of the day
-(SLO, restart, plan step, hold) is divided by the speed-up, so a 24-hour
-day compressed into 15 minutes keeps its proportions.
+(SLO, plan step, hold) is divided by the speed-up, so a 24-hour day
+compressed into 15 minutes keeps its proportions.  The restart time is not
+simulated: it is the launcher's measured rescale downtime.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .broker import FAST_GROUP_SESSION_TIMEOUT_MS, start_broker
+from .broker import start_broker
 from .forecast import make_forecaster
 from .history import MetricsHistory
+from .launchers import LocalLauncher, TrainerSettings
 from .policies import KaleConfig, KalePolicy
 from .policy import Observation
+from .producer import ReplaySettings, replay
 from .resources import KafkaStreamResource
 from .telemetry import previous_from
 from .throughput import ThroughputModel
@@ -48,9 +52,9 @@ class DemoSettings:
     day_minutes: float = 15.0  # wall minutes for one synthetic day
     peak_rate: float = 800.0  # samples per wall second at the evening peak
     worker_rate: float = 200.0  # EMULATED per-worker capacity, samples per wall second
-    max_workers: int = 6
+    max_workers: int = 5
     slo_minutes: float = 20.0  # in trace time
-    restart_minutes: float = 10.0  # in trace time
+    expected_restart_s: float = 3.0  # wall seconds; replaced by the measured downtime after each rescale
     seed: int = 0
     dagster: bool = True
     port: int = 9092
@@ -61,84 +65,6 @@ class DemoSettings:
         return 1440.0 / self.day_minutes
 
 
-class Producer(threading.Thread):
-    """Replays the trace's rate (samples per wall second) into the topic."""
-
-    def __init__(self, servers: str, rates: np.ndarray, step_wall_s: float, stop: threading.Event):
-        super().__init__(daemon=True, name="producer")
-        self.servers, self.rates, self.step, self.stop_event = servers, rates, step_wall_s, stop
-        self.sent = 0
-
-    def run(self) -> None:
-        from kafka import KafkaProducer
-
-        producer = KafkaProducer(bootstrap_servers=self.servers, linger_ms=20)
-        start = time.monotonic()
-        try:
-            while not self.stop_event.is_set():
-                elapsed = time.monotonic() - start
-                i = int(elapsed / self.step)
-                if i >= len(self.rates):
-                    break
-                due = int(np.sum(self.rates[:i]) * self.step + self.rates[i] * (elapsed - i * self.step))
-                for _ in range(max(due - self.sent, 0)):
-                    producer.send(TOPIC, value=b"s")
-                    self.sent += 1
-                time.sleep(0.05)
-        finally:
-            producer.flush()
-            producer.close()
-
-
-class EmulatedTrainer(threading.Thread):
-    """A consumer group consuming at workers x worker_rate (EMULATED GPUs), paused while it restarts."""
-
-    def __init__(self, servers: str, worker_rate: float, workers: int, restart_wall_s: float, stop: threading.Event):
-        super().__init__(daemon=True, name="emulated-trainer")
-        self.servers, self.worker_rate, self.restart_wall_s, self.stop_event = servers, worker_rate, restart_wall_s, stop
-        self.workers = workers
-        self.restart_until = 0.0
-        self.rescales = 0
-
-    def rescale(self, workers: int) -> None:
-        if workers != self.workers:
-            self.workers = workers
-            self.restart_until = time.monotonic() + self.restart_wall_s
-            self.rescales += 1
-
-    @property
-    def restarting(self) -> bool:
-        return time.monotonic() < self.restart_until
-
-    def run(self) -> None:
-        from kafka import KafkaConsumer
-
-        consumer = KafkaConsumer(
-            TOPIC, bootstrap_servers=self.servers, group_id=GROUP, enable_auto_commit=False,
-            auto_offset_reset="earliest", session_timeout_ms=FAST_GROUP_SESSION_TIMEOUT_MS, heartbeat_interval_ms=1000,
-        )
-        budget, last = 0.0, time.monotonic()
-        try:
-            while not self.stop_event.is_set():
-                now = time.monotonic()
-                if self.restarting:  # paused: nothing consumed, as in a pause-and-restart
-                    budget, last = 0.0, now
-                    time.sleep(0.05)
-                    continue
-                budget = min(budget + (now - last) * self.workers * self.worker_rate, self.workers * self.worker_rate)
-                last = now
-                if budget < 1:
-                    time.sleep(0.02)
-                    continue
-                records = consumer.poll(timeout_ms=100, max_records=int(budget))
-                budget -= sum(len(r) for r in records.values())
-                if records:
-                    consumer.commit()
-        finally:
-            with contextlib.suppress(Exception):
-                consumer.close()
-
-
 def _start_dagster(settings: DemoSettings, home: Path, servers: str) -> subprocess.Popen:
     home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -146,7 +72,7 @@ def _start_dagster(settings: DemoSettings, home: Path, servers: str) -> subproce
         DAGSTER_HOME=str(home),
         KALE_DEMO_BOOTSTRAP=servers,
         KALE_DEMO_SLO_MINUTES=str(settings.slo_minutes / settings.speedup),
-        KALE_DEMO_RESTART_MINUTES=str(settings.restart_minutes / settings.speedup),
+        KALE_DEMO_RESTART_MINUTES=str(settings.expected_restart_s / 60),
         KALE_DEMO_WORKER_RATE=str(settings.worker_rate),
     )
     log = open(home / "dagster-dev.log", "wb")
@@ -174,90 +100,92 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
     """Run the demo until the day ends, ``stop`` is set, or ``max_wall_s`` passes; returns a summary."""
     stop = stop or threading.Event()
     speed = settings.speedup
-    step_wall = 60.0 / speed  # one trace minute in wall seconds
-    trace = synth_trace(days=1, seed=settings.seed, step_s=60, peak_rate=settings.peak_rate)
-    rates = trace["value"].to_numpy(float) / 60.0
+    trace = synth_trace(days=1, seed=settings.seed, step_s=60, peak_rate=settings.peak_rate / speed)
+    history_in = pd.DataFrame({"timestamp": pd.to_datetime(trace["timestamp"], utc=True), "rate": trace["value"] / 60.0})
     model = ThroughputModel.linear(settings.worker_rate)
-    cfg = KaleConfig(
-        min_workers=1, max_workers=settings.max_workers, slo_s=settings.slo_minutes * 60 / speed,
-        restart_s=settings.restart_minutes * 60 / speed, plan_step_s=600 / speed, tau_s=600 / speed,
-        sync_period_s=60 / speed, projection_tick_s=300 / speed,
-    )
-    policy = KalePolicy(model, cfg)
+
+    def kale_config(restart_s: float) -> KaleConfig:
+        return KaleConfig(
+            min_workers=1, max_workers=settings.max_workers, slo_s=settings.slo_minutes * 60 / speed,
+            restart_s=restart_s, plan_step_s=600 / speed, tau_s=600 / speed,
+            sync_period_s=60 / speed, projection_tick_s=300 / speed,
+        )
+
+    policy = KalePolicy(model, kale_config(settings.expected_restart_s))
     home = Path(".kale/demo-home").resolve()
     (home / "kale").mkdir(parents=True, exist_ok=True)
     # The same file Dagster's default history uses under this DAGSTER_HOME.
     history = MetricsHistory(f"sqlite:///{home / 'kale' / 'metrics.db'}")
     broker = start_broker(port=settings.port)
-    dagster_proc = None
-    producer = trainer = None
+    dagster_proc = launcher = producer = None
     summary: dict = {}
     try:
         servers = broker.bootstrap_servers
-        from kafka import KafkaAdminClient
-        from kafka.admin import NewTopic
-
-        admin = KafkaAdminClient(bootstrap_servers=servers)
-        admin.create_topics([NewTopic(TOPIC, num_partitions=4, replication_factor=1)])
-        admin.close()
-        workers = model.min_workers_for(rates[0], settings.max_workers)
-        producer = Producer(servers, rates, step_wall, stop)
-        trainer = EmulatedTrainer(servers, settings.worker_rate, workers, cfg.restart_s, stop)
+        replay_settings = ReplaySettings(topic=TOPIC, speedup=speed, partitions=4, hot_share=0.4, seed=settings.seed)
+        producer = threading.Thread(target=replay, args=(servers, history_in, replay_settings), kwargs=dict(stop=stop), daemon=True, name="producer")
         producer.start()
-        trainer.start()
+        trainer = TrainerSettings(servers, TOPIC, GROUP, str(home / "checkpoints"), batch_size=64, emulate_gpu_rate=settings.worker_rate, checkpoint_every_s=5)
+        launcher = LocalLauncher(trainer, pool_size=2)
+        first = model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, settings.max_workers)
         if settings.dagster:
             dagster_proc = _start_dagster(settings, home, servers)
             print(f"Dagster UI: http://127.0.0.1:{settings.ui_port}  (pipeline 'demo'; log in {home / 'dagster-dev.log'})", file=out)
-        print(f"broker {servers}; one day in {settings.day_minutes:g} min ({speed:.0f}x); workers are EMULATED at {settings.worker_rate:g} samples/s each", file=out)
+        print(f"broker {servers}; one day in {settings.day_minutes:g} min ({speed:.0f}x); starting {first} trainer workers, "
+              f"each EMULATING one GPU at {settings.worker_rate:g} samples/s", file=out, flush=True)
+        launcher.start(first)
         stream = KafkaStreamResource(bootstrap_servers=servers, topics=[TOPIC], group_id=GROUP, request_timeout_ms=3000)
-        forecaster_name = "ewma"
         previous, started, last_decision = None, time.monotonic(), "none yet"
         lag_samples, worker_samples = [], []
         while not stop.is_set() and producer.is_alive():
             if max_wall_s is not None and time.monotonic() - started > max_wall_s:
                 break
             tick_start = time.monotonic()
+            launcher.supervise_once()
             try:
                 snap = stream.snapshot(previous=previous, fetch_timeout_s=1.0)
             except Exception as exc:  # keep the demo alive through a hiccup
                 print(f"\ntelemetry skipped: {exc}", file=out)
-                stop.wait(cfg.sync_period_s)
+                stop.wait(policy.sync_period_s)
                 continue
             previous = previous_from(snap)
-            history.append_stream(PIPELINE, snap.time, snap.metadata(), workers=trainer.workers)
+            history.append_stream(PIPELINE, snap.time, snap.metadata(), workers=launcher.workers)
+            launcher.record_throughput(history, PIPELINE)
             recent = history.arrival_history(PIPELINE, start=snap.time - 3600)
-            fc = make_forecaster(forecaster_name, horizon_s=7200 / speed).fit(recent).predict(12) if len(recent) >= 3 else None
+            fc = make_forecaster("ewma", horizon_s=7200 / speed).fit(recent).predict(12) if len(recent) >= 3 else None
             obs = Observation(
-                time=snap.time, workers=trainer.workers, arrival_rate=snap.arrival_rate or 0.0,
+                time=snap.time, workers=launcher.workers, arrival_rate=snap.arrival_rate or 0.0,
                 consumption_rate=snap.consumption_rate or 0.0, backlog=snap.message_lag, time_lag_s=snap.time_lag_s,
-                utilization=1.0 if snap.message_lag > 0 else 0.0, forecast=fc, restarting=trainer.restarting,
+                utilization=1.0 if snap.message_lag > 0 else 0.0, forecast=fc,
             )
             decision = policy.decide(obs)
-            if decision.workers != trainer.workers:
-                trainer.rescale(decision.workers)
-                last_decision = decision.reason[:90]
-            trace_clock = (time.monotonic() - started) * speed / 3600
+            if decision.workers != launcher.workers:
+                record = launcher.rescale(decision.workers, reason=decision.reason)
+                if record is not None:
+                    last_decision = f"{record.from_workers}->{record.to_workers} in {record.downtime_s:.1f} s: {decision.reason[:60]}"
+                    policy.config = kale_config(record.downtime_s)  # plan with the measured restart cost
             lag_samples.append(snap.time_lag_s * speed / 60)
-            worker_samples.append(trainer.workers)
+            worker_samples.append(launcher.workers)
+            rate = launcher.throughput()["total"]
             status = (
-                f"\rday {trace_clock:5.2f} h | arrivals {snap.arrival_rate or 0:6.0f}/s | lag {snap.message_lag:7d} msgs "
-                f"{snap.time_lag_s * speed / 60:5.1f} min (trace) | workers {trainer.workers}{' restarting' if trainer.restarting else ''} "
-                f"| last decision: {last_decision}"
+                f"\rday {(time.monotonic() - started) * speed / 3600:5.2f} h | arrivals {snap.arrival_rate or 0:5.0f}/s | "
+                f"lag {snap.time_lag_s * speed / 60:5.1f} min (trace) | workers {launcher.workers} training {rate:4.0f}/s (emulated GPUs) "
+                f"| last: {last_decision}"
             )
-            print(status[:220].ljust(220), end="", file=out, flush=True)
-            stop.wait(max(cfg.sync_period_s - (time.monotonic() - tick_start), 0.05))
+            print(status[:200].ljust(200), end="", file=out, flush=True)
+            stop.wait(max(policy.sync_period_s - (time.monotonic() - tick_start), 0.05))
         summary = {
-            "produced": producer.sent,
-            "rescales": trainer.rescales,
+            "rescales": len(launcher.records) - 1,
+            "median_downtime_s": float(np.median([r.downtime_s for r in launcher.records[1:]])) if len(launcher.records) > 1 else 0.0,
             "max_lag_trace_minutes": max(lag_samples, default=0.0),
             "mean_workers": float(np.mean(worker_samples)) if worker_samples else 0.0,
         }
         print(f"\nsummary: {summary}", file=out)
     finally:
         stop.set()
-        for thread in (producer, trainer):
-            if thread is not None:
-                thread.join(timeout=10)
+        if launcher is not None:
+            launcher.stop()
+        if producer is not None:
+            producer.join(timeout=10)
         _stop_group(dagster_proc)
         broker.stop()
         history.dispose()
