@@ -224,7 +224,7 @@ def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
         ScheduleDefinition(name=f"{p.name}_throughput_schedule", cron_schedule=p.throughput_cron, job=throughput_job, default_status=_running()),
     ]
     extra_jobs, extra_sensors = [], []
-    if p.kubernetes is not None and not p.advisory:
+    if not p.advisory:
         rescale_job = build_rescale_job(p, allocation_key)
         extra_jobs.append(rescale_job)
         extra_sensors.append(build_allocation_sensor(p, allocation_key, rescale_job))
@@ -249,10 +249,14 @@ def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
 
 
 def make_launcher(p: OnlineTrainingPipeline):
-    """The launcher that runs this pipeline's workers."""
-    from .launchers.kubernetes import KubernetesLauncher
+    """The launcher that runs this pipeline's workers: Kubernetes, or the local trainer service."""
+    if p.kubernetes is not None:
+        from .launchers.kubernetes import KubernetesLauncher
 
-    return KubernetesLauncher(p.name, p.kubernetes)
+        return KubernetesLauncher(p.name, p.kubernetes)
+    from .launchers.service import LocalTrainerClient
+
+    return LocalTrainerClient(p.local_trainer_url)
 
 
 def build_rescale_job(p: OnlineTrainingPipeline, allocation_key: AssetKey):
@@ -272,6 +276,8 @@ def build_rescale_job(p: OnlineTrainingPipeline, allocation_key: AssetKey):
             record = launcher.rescale(target, reason=str(decision.get("reason", ""))[:200])
         except RescaleFailed as exc:
             raise Failure(str(exc), metadata={"target_workers": target, "restored_workers": exc.restored or 0}) from exc
+        except RuntimeError as exc:  # the local trainer service is unreachable or refused
+            raise Failure(str(exc), metadata={"target_workers": target}) from exc
         if record is None:
             context.log.info(f"already running {target} workers; nothing to do")
             context.log_event(_observation(p, target, None))

@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "kale_dagster.commands.trace",
     "kale_dagster.commands.produce",
     "kale_dagster.commands.k8s",
+    "kale_dagster.commands.trainer",
     "kale_dagster.commands.backtest",
     "kale_dagster.commands.demo",
 )

@@ -36,6 +36,7 @@ from .broker import start_broker
 from .forecast import make_forecaster
 from .history import MetricsHistory
 from .launchers import LocalLauncher, TrainerSettings
+from .launchers.service import LauncherService
 from .policies import KaleConfig, KalePolicy
 from .policy import Observation
 from .producer import ReplaySettings, replay
@@ -65,7 +66,7 @@ class DemoSettings:
         return 1440.0 / self.day_minutes
 
 
-def _start_dagster(settings: DemoSettings, home: Path, servers: str) -> subprocess.Popen:
+def _start_dagster(settings: DemoSettings, home: Path, servers: str, trainer_url: str) -> subprocess.Popen:
     home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update(
@@ -74,6 +75,7 @@ def _start_dagster(settings: DemoSettings, home: Path, servers: str) -> subproce
         KALE_DEMO_SLO_MINUTES=str(settings.slo_minutes / settings.speedup),
         KALE_DEMO_RESTART_MINUTES=str(settings.expected_restart_s / 60),
         KALE_DEMO_WORKER_RATE=str(settings.worker_rate),
+        KALE_DEMO_TRAINER_URL=trainer_url,
     )
     log = open(home / "dagster-dev.log", "wb")
     return subprocess.Popen(
@@ -117,7 +119,7 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
     # The same file Dagster's default history uses under this DAGSTER_HOME.
     history = MetricsHistory(f"sqlite:///{home / 'kale' / 'metrics.db'}")
     broker = start_broker(port=settings.port)
-    dagster_proc = launcher = producer = None
+    dagster_proc = launcher = producer = service = None
     summary: dict = {}
     try:
         servers = broker.bootstrap_servers
@@ -126,9 +128,10 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
         producer.start()
         trainer = TrainerSettings(servers, TOPIC, GROUP, str(home / "checkpoints"), batch_size=64, emulate_gpu_rate=settings.worker_rate, checkpoint_every_s=5)
         launcher = LocalLauncher(trainer, pool_size=2)
+        service = LauncherService(launcher, port=0).start()  # Dagster's rescale runs reach the same workers
         first = model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, settings.max_workers)
         if settings.dagster:
-            dagster_proc = _start_dagster(settings, home, servers)
+            dagster_proc = _start_dagster(settings, home, servers, service.url)
             print(f"Dagster UI: http://127.0.0.1:{settings.ui_port}  (pipeline 'demo'; log in {home / 'dagster-dev.log'})", file=out)
         print(f"broker {servers}; one day in {settings.day_minutes:g} min ({speed:.0f}x); starting {first} trainer workers, "
               f"each EMULATING one GPU at {settings.worker_rate:g} samples/s", file=out, flush=True)
@@ -182,6 +185,8 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
         print(f"\nsummary: {summary}", file=out)
     finally:
         stop.set()
+        if service is not None:
+            service.close()
         if launcher is not None:
             launcher.stop()
         if producer is not None:

@@ -91,6 +91,7 @@ class OnlineTrainingPipeline:
     advisory: bool = False
     history_url: Optional[str] = None  # SQLAlchemy URL; default SQLite under DAGSTER_HOME
     kubernetes: Optional["KubernetesTrainerConfig"] = None  # run the workers on Kubernetes (launchers.kubernetes)
+    local_trainer_url: str = "http://127.0.0.1:8765"  # else: the local trainer service (kale trainer serve / kale demo)
 
     def __post_init__(self):
         def need(ok: bool, name: str, problem: str):

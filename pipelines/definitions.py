@@ -26,6 +26,7 @@ demo = OnlineTrainingPipeline(
     slo_minutes=float(os.environ.get("KALE_DEMO_SLO_MINUTES", "20")),
     restart_minutes=float(os.environ.get("KALE_DEMO_RESTART_MINUTES", "10")),
     throughput_prior=ThroughputModel.linear(float(os.environ.get("KALE_DEMO_WORKER_RATE", "200"))),
+    local_trainer_url=os.environ.get("KALE_DEMO_TRAINER_URL", "http://127.0.0.1:8765"),
 )
 
 ctr_production = OnlineTrainingPipeline(

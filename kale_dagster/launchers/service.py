@@ -1,0 +1,122 @@
+"""A long-lived home for the local launcher, controlled over loopback HTTP.
+
+Dagster runs each rescale in its own short-lived run process, while local
+workers must outlive it: ``kale trainer serve`` (or ``kale demo``) owns the
+``LocalLauncher`` and serves
+
+* ``GET  /status``  -> workers, throughput, rescale records;
+* ``POST /rescale`` ``{"workers": m, "reason": "..."}`` -> the rescale record
+  (``{"changed": false}`` when already at m); 409 while another rescale runs.
+
+``LocalTrainerClient`` speaks it and implements the launcher interface, so
+the Dagster rescale job drives local workers exactly as it drives a
+Kubernetes Job.  Only loopback addresses are served.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import asdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Optional
+
+from ..errors import KaleConfigError
+from .base import RescaleRecord
+from .local import LocalLauncher
+
+
+class LauncherService:
+    """Serve a LocalLauncher on 127.0.0.1:``port`` in a background thread."""
+
+    def __init__(self, launcher: LocalLauncher, port: int = 8765):
+        self.launcher = launcher
+        self._busy = threading.Lock()
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep the terminal for the status line
+                pass
+
+            def _reply(self, code: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path != "/status":
+                    return self._reply(404, {"error": f"unknown path {self.path}"})
+                launcher = service.launcher
+                self._reply(200, {"workers": launcher.workers, "throughput": launcher.throughput(), "records": [asdict(r) for r in launcher.records]})
+
+            def do_POST(self):
+                if self.path != "/rescale":
+                    return self._reply(404, {"error": f"unknown path {self.path}"})
+                try:
+                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                    workers = int(body["workers"])
+                except (ValueError, KeyError, TypeError):
+                    return self._reply(400, {"error": 'expected JSON {"workers": <int>, "reason": "..."}'})
+                if not service._busy.acquire(blocking=False):
+                    return self._reply(409, {"error": "another rescale is in progress"})
+                try:
+                    record = service.launcher.rescale(workers, reason=str(body.get("reason", "rescale"))[:500])
+                except Exception as exc:  # reported to the caller, who fails its run with it
+                    return self._reply(500, {"error": f"{type(exc).__name__}: {exc}", "workers": service.launcher.workers})
+                finally:
+                    service._busy.release()
+                self._reply(200, {"changed": record is not None, **(asdict(record) if record else {"to_workers": workers})})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="launcher-service")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "LauncherService":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self.server.shutdown()
+        self.server.server_close()
+
+
+class LocalTrainerClient:
+    """The launcher interface over a LauncherService's HTTP API."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0):
+        if not url.startswith(("http://127.", "http://localhost", "http://[::1]")):
+            raise KaleConfigError("local_trainer_url", f"must be a loopback http:// URL, got {url!r}")
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, body: Optional[dict] = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
+            raise RuntimeError(f"trainer service at {self.url} answered {exc.code}: {detail}") from exc
+        except urllib.error.URLError as exc:
+            raise RuntimeError(f"no trainer service at {self.url} ({exc.reason}); start it with `kale demo` or `kale trainer serve`") from exc
+
+    @property
+    def workers(self) -> int:
+        return int(self._call("GET", "/status")["workers"])
+
+    def rescale(self, m: int, reason: str = "rescale") -> Optional[RescaleRecord]:
+        answer = self._call("POST", "/rescale", {"workers": m, "reason": reason})
+        if not answer.pop("changed"):
+            return None
+        return RescaleRecord(**answer)

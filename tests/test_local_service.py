@@ -1,0 +1,92 @@
+"""The local trainer service: HTTP control of a launcher, and the Dagster rescale job driving it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from dagster import AssetKey, AssetMaterialization, instance_for_test
+
+from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline, build_definitions
+from kale_dagster.launchers import RescaleRecord
+from kale_dagster.launchers.service import LauncherService, LocalTrainerClient
+
+
+class RecordingLauncher:
+    """Stands in for LocalLauncher (whose processes test_trainer.py exercises) behind the real HTTP service."""
+
+    def __init__(self, workers=2, delay=0.0):
+        self.workers, self.delay, self.records = workers, delay, []
+
+    def rescale(self, m, reason="rescale"):
+        if m == self.workers:
+            return None
+        time.sleep(self.delay)
+        record = RescaleRecord(time=time.time(), from_workers=self.workers, to_workers=m, downtime_s=self.delay, reason=reason)
+        self.workers = m
+        self.records.append(record)
+        return record
+
+    def throughput(self):
+        return {"workers": self.workers, "per_rank": {}, "total": 0.0, "emulated": True}
+
+
+@pytest.fixture
+def service():
+    svc = LauncherService(RecordingLauncher(delay=0.3), port=0).start()
+    yield svc
+    svc.close()
+
+
+def test_client_rescales_over_http_and_is_idempotent(service):
+    client = LocalTrainerClient(service.url)
+    assert client.workers == 2
+    record = client.rescale(4, reason="forecast")
+    assert (record.from_workers, record.to_workers, record.reason) == (2, 4, "forecast")
+    assert client.rescale(4) is None
+    assert client.workers == 4
+
+
+def test_concurrent_rescales_are_refused(service):
+    client = LocalTrainerClient(service.url)
+    results = []
+    threads = [threading.Thread(target=lambda m=m: results.append(_try(client, m))) for m in (3, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(type(r).__name__ for r in results) == ["RescaleRecord", "RuntimeError"]
+    assert any("409" in str(r) for r in results)
+
+
+def _try(client, m):
+    try:
+        return client.rescale(m)
+    except RuntimeError as exc:
+        return exc
+
+
+def test_unreachable_service_and_non_loopback_urls_are_clear_errors():
+    from kale_dagster.broker import free_loopback_port
+
+    with pytest.raises(RuntimeError, match="no trainer service"):
+        LocalTrainerClient(f"http://127.0.0.1:{free_loopback_port()}").rescale(2)
+    with pytest.raises(KaleConfigError, match="loopback"):
+        LocalTrainerClient("http://10.0.0.5:8765")
+
+
+@pytest.mark.integration
+def test_rescale_job_drives_the_local_trainer(service, tmp_path):
+    p = OnlineTrainingPipeline(name="demo", source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
+                               history_url=f"sqlite:///{tmp_path / 'm.db'}", local_trainer_url=service.url)
+    defs = build_definitions(p)
+    with instance_for_test() as instance:
+        instance.report_runless_asset_event(AssetMaterialization(AssetKey(["demo", "gpu_allocation"]), metadata={"workers": 3, "reason": "r"}))
+        assert defs.resolve_job_def("demo_rescale").execute_in_process(instance=instance).success
+        assert service.launcher.workers == 3
+        obs = instance.fetch_observations(AssetKey(["demo", "gpu_allocation"]), limit=1).records[0].asset_observation
+        assert obs.metadata["from_workers"].value == 2 and obs.metadata["downtime_s"].value == pytest.approx(0.3, abs=0.05)
+        service.close()  # trainer gone: the run fails and says why
+        result = defs.resolve_job_def("demo_rescale").execute_in_process(instance=instance, raise_on_error=False)
+        assert not result.success
