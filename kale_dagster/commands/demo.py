@@ -11,9 +11,9 @@ from ..demo import DemoSettings, run_demo
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="live demo: embedded broker, compressed diurnal day, emulated trainer kept sized by Kale, Dagster UI",
-        description="Starts the embedded broker, a producer replaying one synthetic day compressed into "
-        "--day-minutes, a consumer group with EMULATED GPU workers, the Kale control loop and `dagster dev` "
+        help="live demo: embedded broker, compressed diurnal day, torch trainer on emulated GPUs kept sized by Kale, Dagster UI",
+        description="Starts the embedded broker, a producer replaying one synthetic day of CTR samples compressed into "
+        "--day-minutes, torch trainer workers each EMULATING one GPU, the Kale control loop and `dagster dev` "
         "on 127.0.0.1:3000. Ctrl-C stops every process.",
     )
     parser.add_argument("--day-minutes", type=float, default=15.0, help="wall minutes for one day (default 15)")
