@@ -161,9 +161,17 @@ def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
             "advisory": p.advisory,
             "time": obs.time,
         }
+        from .plots import plot_allocation
+
+        recent = p.history().stream(p.name, start=obs.time - 2 * DAY_S)
+        plan_times = pd.to_datetime(obs.time + decision.plan_step_s * np.arange(len(decision.plan)), unit="s", utc=True)
+        png = plot_allocation(recent, plan_times, list(decision.plan), p.slo_minutes,
+                              f"{context.instance.storage_directory()}/kale/{p.name}_allocation.png",
+                              title=f"{p.name}: {decision.workers} workers ({decision.policy})")
         metadata = {
             "workers": decision.workers,
             "previous_workers": obs.workers,
+            "plot": _png_markdown(png),
             "policy": decision.policy,
             "reason": MetadataValue.text(decision.reason),
             "plan": MetadataValue.json({"step_minutes": decision.plan_step_s / 60, "workers": list(decision.plan)}),

@@ -44,6 +44,22 @@ def plot_forecast(history: pd.DataFrame, forecast_frame: pd.DataFrame, path, tit
     return _save(fig, path)
 
 
+def plot_allocation(stream: pd.DataFrame, plan_times, plan_workers, slo_minutes: float, path, title: str) -> Path:
+    """Workers over time with the plan ahead (top), time lag against the SLO (bottom)."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+    if "workers" in stream and stream["workers"].notna().any():
+        top.step(stream["timestamp"], stream["workers"], where="post", color="black", lw=1.2, label="workers")
+    top.step(plan_times, plan_workers, where="post", color="tab:blue", lw=1.5, ls="--", label="plan")
+    top.set_ylabel("workers")
+    top.legend(loc="upper left", fontsize=8)
+    bottom.plot(stream["timestamp"], stream["time_lag_s"] / 60, color="tab:orange", lw=1, label="time lag")
+    bottom.axhline(slo_minutes, color="red", ls="--", lw=1, label="SLO")
+    bottom.set_ylabel("lag (min)")
+    bottom.legend(loc="upper left", fontsize=8)
+    top.set_title(title)
+    return _save(fig, path)
+
+
 def _save(fig, path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,7 @@ def test_plan_job_materializes_forecast_and_allocation(kafka_broker, tmp_path):
         assert 1 <= alloc["workers"].value <= 8
         assert alloc["reason"].value
         assert alloc["policy"].value.startswith("kale")
+        assert "data:image/png;base64" in alloc["plot"].value
         decision = result.output_for_node("demo__gpu_allocation")
         assert decision["workers"] == alloc["workers"].value and len(decision["plan"]) == 12
         checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
