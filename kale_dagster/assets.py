@@ -314,14 +314,15 @@ def build_allocation_sensor(p: OnlineTrainingPipeline, allocation_key: AssetKey,
 
     @sensor(name=f"{p.name}_allocation_changed", job=rescale_job, minimum_interval_seconds=30, default_status=_sensor_running())
     def allocation_changed(context):
-        event = context.instance.get_latest_materialization_event(allocation_key)
-        if event is None:
+        records = context.instance.fetch_materializations(allocation_key, limit=1).records
+        if not records:
             return SkipReason("no allocation decided yet")
-        workers = int(event.asset_materialization.metadata["workers"].value)
+        latest = records[0]
+        workers = int(latest.asset_materialization.metadata["workers"].value)
         if context.cursor == str(workers):
             return SkipReason(f"allocation unchanged at {workers} workers")
         context.update_cursor(str(workers))
-        return RunRequest(run_key=f"{p.name}-rescale-{event.storage_id}", tags={"kale/target_workers": str(workers)})
+        return RunRequest(run_key=f"{p.name}-rescale-{latest.storage_id}", tags={"kale/target_workers": str(workers)})
 
     return allocation_changed
 

@@ -90,3 +90,21 @@ def test_rescale_job_drives_the_local_trainer(service, tmp_path):
         service.close()  # trainer gone: the run fails and says why
         result = defs.resolve_job_def("demo_rescale").execute_in_process(instance=instance, raise_on_error=False)
         assert not result.success
+
+
+def test_allocation_sensor_requests_one_run_per_change(tmp_path):
+    from dagster import RunRequest, SkipReason, build_sensor_context
+
+    p = OnlineTrainingPipeline(name="demo", source=KafkaSource("127.0.0.1:9092", ("samples",), "g"), history_url=f"sqlite:///{tmp_path / 'm.db'}")
+    sensor = {s.name: s for s in build_definitions(p).get_repository_def().sensor_defs}["demo_allocation_changed"]
+    key = AssetKey(["demo", "gpu_allocation"])
+    with instance_for_test() as instance:
+        assert isinstance(sensor(build_sensor_context(instance=instance)), SkipReason)
+        instance.report_runless_asset_event(AssetMaterialization(key, metadata={"workers": 3}))
+        ctx = build_sensor_context(instance=instance)
+        first = sensor(ctx)
+        assert isinstance(first, RunRequest) and first.tags["kale/target_workers"] == "3"
+        assert isinstance(sensor(build_sensor_context(instance=instance, cursor=ctx.cursor)), SkipReason)
+        instance.report_runless_asset_event(AssetMaterialization(key, metadata={"workers": 5}))
+        again = sensor(build_sensor_context(instance=instance, cursor=ctx.cursor))
+        assert isinstance(again, RunRequest) and again.run_key != first.run_key
