@@ -231,11 +231,13 @@ def build_pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
         ScheduleDefinition(name=f"{p.name}_forecast_schedule", cron_schedule=p.forecast_cron, job=plan_job, default_status=_running()),
         ScheduleDefinition(name=f"{p.name}_throughput_schedule", cron_schedule=p.throughput_cron, job=throughput_job, default_status=_running()),
     ]
-    extra_jobs, extra_sensors = [], []
+    extra_jobs, extra_sensors, monitored = [], [], [plan_job, allocate_job]
     if not p.advisory:
         rescale_job = build_rescale_job(p, allocation_key)
         extra_jobs.append(rescale_job)
+        monitored.append(rescale_job)
         extra_sensors.append(build_allocation_sensor(p, allocation_key, rescale_job))
+    extra_sensors.append(build_failure_sensor(p, allocation_key, monitored))
     metrics_sensor = build_stream_metrics_sensor(
         name=f"{p.name}_stream_metrics",
         pipeline=p.name,
@@ -325,6 +327,21 @@ def build_allocation_sensor(p: OnlineTrainingPipeline, allocation_key: AssetKey,
         return RunRequest(run_key=f"{p.name}-rescale-{latest.storage_id}", tags={"kale/target_workers": str(workers)})
 
     return allocation_changed
+
+
+def build_failure_sensor(p: OnlineTrainingPipeline, allocation_key: AssetKey, jobs: list):
+    """Failed plan, allocate or rescale runs show up on gpu_allocation, where operators look."""
+    from dagster import AssetObservation, RunFailureSensorContext, run_failure_sensor
+
+    @run_failure_sensor(name=f"{p.name}_run_failure", monitored_jobs=jobs, default_status=_sensor_running(),
+                        description=f"Records failed Kale runs of pipeline {p.name!r} on its gpu_allocation asset.")
+    def run_failure(context: RunFailureSensorContext):
+        message = context.failure_event.message or "run failed"
+        context.instance.report_runless_asset_event(
+            AssetObservation(allocation_key, metadata={"failed_run": context.dagster_run.run_id, "failed_job": context.dagster_run.job_name, "failure": message[:1000]})
+        )
+
+    return run_failure
 
 
 def _sensor_running():

@@ -66,8 +66,14 @@ class DemoSettings:
         return 1440.0 / self.day_minutes
 
 
-def _start_dagster(settings: DemoSettings, home: Path, servers: str, trainer_url: str) -> subprocess.Popen:
+def write_dagster_yaml(home: Path) -> None:
+    """A local instance for the demo: no onboarding pop-up, no usage telemetry (loopback only)."""
     home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text("nux:\n  enabled: false\ntelemetry:\n  enabled: false\n")
+
+
+def _start_dagster(settings: DemoSettings, home: Path, servers: str, trainer_url: str) -> subprocess.Popen:
+    write_dagster_yaml(home)
     env = dict(os.environ)
     env.update(
         DAGSTER_HOME=str(home),

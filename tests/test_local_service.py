@@ -108,3 +108,23 @@ def test_allocation_sensor_requests_one_run_per_change(tmp_path):
         instance.report_runless_asset_event(AssetMaterialization(key, metadata={"workers": 5}))
         again = sensor(build_sensor_context(instance=instance, cursor=ctx.cursor))
         assert isinstance(again, RunRequest) and again.run_key != first.run_key
+
+
+@pytest.mark.integration
+def test_failed_rescale_is_recorded_on_the_allocation(tmp_path):
+    from dagster import build_run_status_sensor_context, DagsterEventType
+
+    p = OnlineTrainingPipeline(name="demo", source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
+                               history_url=f"sqlite:///{tmp_path / 'm.db'}", local_trainer_url="http://127.0.0.1:9")
+    defs = build_definitions(p)
+    sensor = {s.name: s for s in defs.get_repository_def().sensor_defs}["demo_run_failure"]
+    key = AssetKey(["demo", "gpu_allocation"])
+    with instance_for_test() as instance:
+        instance.report_runless_asset_event(AssetMaterialization(key, metadata={"workers": 3}))
+        result = defs.resolve_job_def("demo_rescale").execute_in_process(instance=instance, raise_on_error=False)
+        assert not result.success  # nothing listens on port 9
+        failure = next(e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE)
+        ctx = build_run_status_sensor_context(sensor_name="demo_run_failure", dagster_instance=instance, dagster_run=result.dagster_run, dagster_event=failure).for_run_failure()
+        sensor(ctx)
+        obs = instance.fetch_observations(key, limit=1).records[0].asset_observation
+        assert obs.metadata["failed_job"].value == "demo_rescale"

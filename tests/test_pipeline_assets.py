@@ -29,7 +29,7 @@ def test_several_pipelines_without_clashes():
     defs = build_definitions(_pipeline("a"), _pipeline("b"))
     repo = defs.get_repository_def()
     assert {"a_plan", "b_plan", "a_allocate", "b_allocate"} <= {j.name for j in repo.get_all_jobs()}
-    assert {s.name for s in repo.sensor_defs} == {"a_stream_metrics", "b_stream_metrics", "a_allocation_changed", "b_allocation_changed"}
+    assert {s.name for s in repo.sensor_defs} == {"a_stream_metrics", "b_stream_metrics", "a_allocation_changed", "b_allocation_changed", "a_run_failure", "b_run_failure"}
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert {"a/gpu_allocation", "b/traffic_forecast", "b/stream_metrics"} <= keys
     with pytest.raises(KaleConfigError, match="unique"):

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from kale_dagster.broker import free_loopback_port
+from kale_dagster.demo import write_dagster_yaml
 from kale_dagster.history import MetricsHistory
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.producer import ensure_topic
@@ -92,6 +93,7 @@ def _wait(predicate, timeout: float, what: str):
 def test_dagster_ui_shows_kale_and_a_sensor_triggered_rescale(kafka_broker, tmp_path):
     home = tmp_path / "dagster-home"
     (home / "kale").mkdir(parents=True)
+    write_dagster_yaml(home)
     ensure_topic(kafka_broker.bootstrap_servers, "samples", 4)
     # Three days of recorded arrivals, as the metrics sensor would have written them.
     history = MetricsHistory(f"sqlite:///{home / 'kale' / 'metrics.db'}")
