@@ -12,7 +12,6 @@ policy that acted and why.  The rescale itself (launcher) consumes it.
 
 
 import base64
-import io
 import time
 from typing import Optional
 
@@ -271,7 +270,7 @@ def make_launcher(p: OnlineTrainingPipeline):
 
 def build_rescale_job(p: OnlineTrainingPipeline, allocation_key: AssetKey):
     """``<name>_rescale``: apply the latest gpu_allocation; one at a time per pipeline (pool and run tag)."""
-    from dagster import Failure, In, Nothing, job, op
+    from dagster import Failure, job, op
 
     from .launchers.kubernetes import RescaleFailed
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from .errors import KaleConfigError
+from .processes import stop_process_group
 
 #: Session timeout for consumer groups on the embedded broker.  Tansu answers
 #: JoinGroup after half of it, so kafka-python's 45 s default would stall
@@ -103,16 +103,7 @@ class EmbeddedBroker:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the broker and its process group; idempotent."""
-        if self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout)
+        stop_process_group(self.process, timeout)
 
     def log_tail(self, lines: int = 20) -> str:
         try:

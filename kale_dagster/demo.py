@@ -18,9 +18,7 @@ simulated: it is the launcher's measured rescale downtime.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -39,6 +37,7 @@ from .launchers import LocalLauncher, TrainerSettings
 from .launchers.service import LauncherService
 from .policies import KaleConfig, KalePolicy
 from .policy import Observation
+from .processes import stop_process_group
 from .producer import ReplaySettings, replay
 from .resources import KafkaStreamResource
 from .telemetry import previous_from
@@ -89,19 +88,6 @@ def _start_dagster(settings: DemoSettings, home: Path, servers: str, trainer_url
         cwd=Path(__file__).resolve().parents[1], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True,  # dagster dev ignores SIGINT from a non-interactive shell; stop its group
     )
-
-
-def _stop_group(proc: Optional[subprocess.Popen], timeout: float = 20.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max_wall_s: Optional[float] = None, out=sys.stdout) -> dict:
@@ -197,7 +183,7 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
             launcher.stop()
         if producer is not None:
             producer.join(timeout=10)
-        _stop_group(dagster_proc)
+        stop_process_group(dagster_proc, 20.0)
         broker.stop()
         history.dispose()
     return summary

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from dagster import DagsterInstance, SensorResult, SkipReason, build_sensor_context, instance_for_test, job, op
+from dagster import SensorResult, SkipReason, build_sensor_context, instance_for_test, job, op
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata

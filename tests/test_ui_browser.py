@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from kale_dagster.broker import free_loopback_port
 from kale_dagster.demo import write_dagster_yaml
 from kale_dagster.history import MetricsHistory
 from kale_dagster.launchers.service import LauncherService
+from kale_dagster.processes import stop_process_group
 from kale_dagster.producer import ensure_topic
 from kale_dagster.trace import synth_trace
 
@@ -136,14 +136,7 @@ def test_dagster_ui_shows_kale_and_a_sensor_triggered_rescale(kafka_broker, tmp_
         assert "demo_rescale" in runs and "demo_plan" in runs
         assert (ARTIFACTS / "asset_graph.png").stat().st_size > 10_000
     finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if dagster.poll() is not None:
-                break
-            os.killpg(dagster.pid, sig)
-            try:
-                dagster.wait(30)
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process_group(dagster, 30)
         service.close()
 
 

@@ -204,7 +204,6 @@ class KalePolicy:
 
     def _decide_reactive(self, obs: Observation, trigger: str) -> Decision:
         cfg = self.config
-        current = obs.workers
         rate = obs.arrival_rate
         if obs.forecast is not None and len(obs.forecast):
             rate = max(rate, float(obs.forecast.point[0]))

@@ -32,7 +32,6 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
