@@ -128,3 +128,50 @@ def test_failed_rescale_is_recorded_on_the_allocation(tmp_path):
         sensor(ctx)
         obs = instance.fetch_observations(key, limit=1).records[0].asset_observation
         assert obs.metadata["failed_job"].value == "demo_rescale"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_trainer_serve_rescales_real_workers_and_records_throughput(kafka_broker, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from kale_dagster.broker import free_loopback_port
+    from kale_dagster.history import MetricsHistory
+    from kale_dagster.producer import ReplaySettings, replay
+
+    servers = kafka_broker.bootstrap_servers
+    replay(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 400.0}),
+           ReplaySettings(topic="s", partitions=2), max_wall_s=3)
+    port, db = free_loopback_port(), f"sqlite:///{tmp_path / 'm.db'}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kale_dagster.cli", "trainer", "serve", "--bootstrap-servers", servers, "--topic", "s", "--group-id", "g",
+         "--checkpoint-dir", str(tmp_path / "ckpt"), "--workers", "1", "--emulate-gpu-rate", "100", "--port", str(port),
+         "--pipeline", "demo", "--history-url", db],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        client = LocalTrainerClient(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if client.workers == 1:
+                    break
+            except RuntimeError:
+                time.sleep(0.5)
+        record = client.rescale(2, reason="test")
+        assert record.to_workers == 2 and record.downtime_s < 30
+        time.sleep(6)  # two metrics windows
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-2000:]
+    measured = MetricsHistory(db).throughput("demo")
+    assert not measured.empty and set(measured["workers"]) <= {1, 2} and measured["emulated"].all()
