@@ -31,16 +31,14 @@ import numpy as np
 import pandas as pd
 
 from .broker import start_broker
-from .forecast import make_forecaster
 from .history import MetricsHistory
 from .launchers import LocalLauncher, TrainerSettings
 from .launchers.service import LauncherService
+from .live import LiveController
 from .policies import KaleConfig, KalePolicy
-from .policy import Observation
 from .processes import stop_process_group
 from .producer import ReplaySettings, replay
 from .resources import KafkaStreamResource
-from .telemetry import previous_from
 from .throughput import ThroughputModel
 from .trace import synth_trace
 
@@ -129,41 +127,31 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
               f"each EMULATING one GPU at {settings.worker_rate:g} samples/s", file=out, flush=True)
         launcher.start(first)
         stream = KafkaStreamResource(bootstrap_servers=servers, topics=[TOPIC], group_id=GROUP, request_timeout_ms=3000)
-        previous, started, last_decision = None, time.monotonic(), "none yet"
+
+        def replan(record) -> None:
+            policy.config = kale_config(record.downtime_s)  # plan with the measured restart cost
+
+        loop = LiveController(stream, launcher, policy, model, history, PIPELINE, forecast_horizon_s=7200 / speed, on_rescale=replan)
+        started, last_decision = time.monotonic(), "none yet"
         lag_samples, worker_samples = [], []
         while not stop.is_set() and producer.is_alive():
             if max_wall_s is not None and time.monotonic() - started > max_wall_s:
                 break
             tick_start = time.monotonic()
-            launcher.supervise_once()
             try:
-                snap = stream.snapshot(previous=previous, fetch_timeout_s=1.0)
+                tick = loop.tick()
             except Exception as exc:  # keep the demo alive through a hiccup
                 print(f"\ntelemetry skipped: {exc}", file=out)
                 stop.wait(policy.sync_period_s)
                 continue
-            previous = previous_from(snap)
-            history.append_stream(PIPELINE, snap.time, snap.metadata(), workers=launcher.workers)
-            launcher.record_throughput(history, PIPELINE)
-            recent = history.arrival_history(PIPELINE, start=snap.time - 3600)
-            fc = make_forecaster("ewma", horizon_s=7200 / speed).fit(recent).predict(12) if len(recent) >= 3 else None
-            obs = Observation(
-                time=snap.time, workers=launcher.workers, arrival_rate=snap.arrival_rate or 0.0,
-                consumption_rate=snap.consumption_rate or 0.0, backlog=snap.message_lag, time_lag_s=snap.time_lag_s,
-                utilization=1.0 if snap.message_lag > 0 else 0.0, forecast=fc,
-            )
-            decision = policy.decide(obs)
-            if decision.workers != launcher.workers:
-                record = launcher.rescale(decision.workers, reason=decision.reason)
-                if record is not None:
-                    last_decision = f"{record.from_workers}->{record.to_workers} in {record.downtime_s:.1f} s: {decision.reason[:60]}"
-                    policy.config = kale_config(record.downtime_s)  # plan with the measured restart cost
-            lag_samples.append(snap.time_lag_s * speed / 60)
-            worker_samples.append(launcher.workers)
+            if tick.record is not None:
+                last_decision = f"{tick.record.from_workers}->{tick.record.to_workers} in {tick.record.downtime_s:.1f} s: {tick.decision.reason[:60]}"
+            lag_samples.append(tick.time_lag_s * speed / 60)
+            worker_samples.append(tick.workers)
             rate = launcher.throughput()["total"]
             status = (
-                f"\rday {(time.monotonic() - started) * speed / 3600:5.2f} h | arrivals {snap.arrival_rate or 0:5.0f}/s | "
-                f"lag {snap.time_lag_s * speed / 60:5.1f} min (trace) | workers {launcher.workers} training {rate:4.0f}/s (emulated GPUs) "
+                f"\rday {(time.monotonic() - started) * speed / 3600:5.2f} h | arrivals {tick.arrival_rate:5.0f}/s | "
+                f"lag {tick.time_lag_s * speed / 60:5.1f} min (trace) | workers {tick.workers} training {rate:4.0f}/s (emulated GPUs) "
                 f"| last: {last_decision}"
             )
             print(status[:200].ljust(200), end="", file=out, flush=True)

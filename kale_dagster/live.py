@@ -1,0 +1,79 @@
+"""A control loop outside Dagster: telemetry -> policy -> launcher, one tick at a time.
+
+Dagster's schedules tick at most once a minute, too slow for a day
+compressed into minutes; the demo and the end-to-end benchmark run this
+loop instead, with the same telemetry, policies and launchers the Dagster
+assets and jobs use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from .forecast import make_forecaster
+from .history import MetricsHistory
+from .launchers.base import RescaleRecord
+from .policy import Decision, Observation, ScalingPolicy
+from .resources import KafkaStreamResource
+from .telemetry import PreviousOffsets, previous_from
+from .throughput import ThroughputModel
+
+
+@dataclass(frozen=True)
+class LiveTick:
+    time: float
+    arrival_rate: float
+    time_lag_s: float
+    message_lag: int
+    workers: int
+    decision: Decision
+    record: Optional[RescaleRecord]
+
+
+class LiveController:
+    def __init__(
+        self,
+        stream: KafkaStreamResource,
+        launcher,
+        policy: ScalingPolicy,
+        model: ThroughputModel,
+        history: MetricsHistory,
+        pipeline: str,
+        forecast_horizon_s: float,
+        forecast_steps: int = 12,
+        on_rescale: Optional[Callable[[RescaleRecord], None]] = None,
+    ):
+        self.stream, self.launcher, self.policy, self.model = stream, launcher, policy, model
+        self.history, self.pipeline = history, pipeline
+        self.forecast_horizon_s, self.forecast_steps = forecast_horizon_s, forecast_steps
+        self.on_rescale = on_rescale
+        self.previous: Optional[PreviousOffsets] = None
+
+    def tick(self) -> LiveTick:
+        """One round: read the stream, record it, decide, rescale if needed.  Raises if the stream cannot be read."""
+        self.launcher.supervise_once()
+        snap = self.stream.snapshot(previous=self.previous, fetch_timeout_s=1.0)
+        self.previous = previous_from(snap)
+        workers = self.launcher.workers
+        self.history.append_stream(self.pipeline, snap.time, snap.metadata(), workers=workers)
+        self.launcher.record_throughput(self.history, self.pipeline)
+        recent = self.history.arrival_history(self.pipeline, start=snap.time - 3600)
+        forecast = None
+        if len(recent) >= 3:
+            forecast = make_forecaster("ewma", horizon_s=self.forecast_horizon_s).fit(recent).predict(self.forecast_steps)
+        consumption = snap.consumption_rate or 0.0
+        capacity = float(self.model.predict(workers))
+        # HPA's metric: busy share of the workers (all busy while a backlog waits).
+        utilization = 1.0 if snap.message_lag > 0 else (min(consumption / capacity, 1.0) if capacity else 0.0)
+        obs = Observation(
+            time=snap.time, workers=workers, arrival_rate=snap.arrival_rate or 0.0, consumption_rate=consumption,
+            backlog=snap.message_lag, time_lag_s=snap.time_lag_s, utilization=utilization, forecast=forecast,
+        )
+        decision = self.policy.decide(obs)
+        record = None
+        if decision.workers != workers:
+            record = self.launcher.rescale(decision.workers, reason=decision.reason[:500])
+            if record is not None and self.on_rescale:
+                self.on_rescale(record)
+        return LiveTick(snap.time, snap.arrival_rate or 0.0, snap.time_lag_s, snap.message_lag, self.launcher.workers, decision, record)
