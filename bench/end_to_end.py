@@ -1,0 +1,153 @@
+"""End-to-end: the running system (broker, producer, torch workers on EMULATED GPUs, telemetry,
+policy, pause-and-restart launcher) under Kale and under HPA, on the same compressed trace,
+against the simulator's prediction for the same settings.
+
+Twelve hours of the synthetic day (06:00-18:00, the morning ramp) are replayed 120x faster
+(6 wall minutes per policy).  Every duration in the policies is divided by the speed-up; the
+restart time is what the launcher measures.  Metrics are the paper's, computed from the time
+lag measured each trace minute (record timestamps), in trace units.
+
+    python bench/end_to_end.py [--speedup 120] [--hours 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+
+from kale_dagster.broker import embedded_broker
+from kale_dagster.history import MetricsHistory
+from kale_dagster.launchers import LocalLauncher, TrainerSettings
+from kale_dagster.live import LiveController
+from kale_dagster.policies import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules, KaleConfig, KalePolicy
+from kale_dagster.producer import ReplaySettings, replay
+from kale_dagster.resources import KafkaStreamResource
+from kale_dagster.simulate import SimConfig, simulate
+from kale_dagster.throughput import ThroughputModel
+from kale_dagster.trace import synth_trace
+
+WORKER_RATE = 150.0  # EMULATED samples per wall second per worker
+MAX_WORKERS = 5
+PEAK_WALL_RATE = 600.0
+SLO_MIN = 20.0
+
+
+def segment(hours: float) -> pd.DataFrame:
+    day = synth_trace(days=1, seed=0, step_s=60, peak_rate=1.0)
+    part = day.iloc[6 * 60 : int((6 + hours) * 60)].reset_index(drop=True)
+    rate = part["value"] / 60.0
+    return pd.DataFrame({"timestamp": pd.to_datetime(part["timestamp"], utc=True), "rate": rate / rate.max()})
+
+
+def kale(speed: float, restart_s: float, trace_units: bool = False) -> KalePolicy:
+    k = 1.0 if trace_units else speed
+    model = ThroughputModel.linear(WORKER_RATE / (speed if trace_units else 1.0))
+    cfg = KaleConfig(min_workers=1, max_workers=MAX_WORKERS, slo_s=SLO_MIN * 60 / k, restart_s=restart_s, plan_step_s=600 / k,
+                     tau_s=600 / k, sync_period_s=60 / k, projection_tick_s=300 / k)
+    return KalePolicy(model, cfg)
+
+
+def hpa(speed: float, trace_units: bool = False) -> HPAPolicy:
+    k = 1.0 if trace_units else speed
+    behavior = HPABehavior(
+        scale_up=HPAScalingRules(0, (HPAScalingPolicy("Pods", 4, max(int(15 / k), 1)), HPAScalingPolicy("Percent", 100, max(int(15 / k), 1)))),
+        scale_down=HPAScalingRules(int(300 / k), (HPAScalingPolicy("Percent", 100, max(int(15 / k), 1)),)),
+    )
+    return HPAPolicy(min_replicas=1, max_replicas=MAX_WORKERS, target_utilization=80, behavior=behavior, sync_period_s=15 / k)
+
+
+def metrics(lags_min, workers, tick_trace_min: float, downtime_trace_min: float, rescales: int) -> dict:
+    lags = np.asarray(lags_min)
+    return {
+        "accumulated_lag_minutes": float(lags.sum() * tick_trace_min),
+        "slo_violation_rate": float(np.mean(lags > SLO_MIN)) if len(lags) else 0.0,
+        "downtime_minutes": downtime_trace_min,
+        "gpu_hours": float(np.sum(workers) * tick_trace_min / 60),
+        "rescales": rescales,
+        "max_lag_minutes": float(lags.max()) if len(lags) else 0.0,
+    }
+
+
+def run_live(name: str, shape: pd.DataFrame, speed: float) -> tuple[dict, float]:
+    history_in = shape.assign(rate=shape["rate"] * PEAK_WALL_RATE / speed)
+    tick_wall = 60.0 / speed  # one trace minute
+    with embedded_broker() as broker:
+        servers = broker.bootstrap_servers
+        stop = threading.Event()
+        producer = threading.Thread(target=replay, args=(servers, history_in, ReplaySettings(topic="samples", speedup=speed, partitions=4)),
+                                    kwargs=dict(stop=stop), daemon=True)
+        producer.start()
+        home = tempfile.mkdtemp(prefix="kale-e2e-")
+        launcher = LocalLauncher(TrainerSettings(servers, "samples", "trainer", f"{home}/ckpt", batch_size=32, emulate_gpu_rate=WORKER_RATE,
+                                                 checkpoint_every_s=5), pool_size=2)
+        model = ThroughputModel.linear(WORKER_RATE)
+        policy = kale(speed, 3.0) if name == "kale" else hpa(speed)
+        history = MetricsHistory(f"sqlite:///{home}/m.db")
+
+        def replan(record):
+            if name == "kale":
+                policy.config = kale(speed, record.downtime_s).config
+
+        loop = LiveController(KafkaStreamResource(bootstrap_servers=servers, topics=["samples"], group_id="trainer", request_timeout_ms=3000),
+                              launcher, policy, model, history, "e2e", forecast_horizon_s=7200 / speed, on_rescale=replan)
+        lags, workers, downs = [], [], []
+        try:
+            launcher.start(model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, MAX_WORKERS))
+            while producer.is_alive():
+                started = time.monotonic()
+                tick = loop.tick()
+                if tick.record is not None:
+                    downs.append(tick.record.downtime_s)
+                lags.append(tick.time_lag_s * speed / 60)
+                workers.append(tick.workers)
+                time.sleep(max(tick_wall - (time.monotonic() - started), 0.0))
+        finally:
+            stop.set()
+            launcher.stop()
+            history.dispose()
+    measured_tick_trace_min = len(history_in) / max(len(lags), 1)  # slow ticks cover more trace time
+    result = metrics(lags, workers, measured_tick_trace_min, sum(downs) * speed / 60, len(downs))
+    return result, statistics.median(downs) if downs else 3.0
+
+
+def run_sim(name: str, shape: pd.DataFrame, speed: float, restart_wall_s: float) -> dict:
+    rates = (shape["rate"] * PEAK_WALL_RATE / speed).to_numpy()
+    policy = kale(speed, restart_wall_s * speed, trace_units=True) if name == "kale" else hpa(speed, trace_units=True)
+    model = ThroughputModel.linear(WORKER_RATE / speed)
+    cfg = SimConfig(restart_s=restart_wall_s * speed, slo_s=SLO_MIN * 60, max_workers=MAX_WORKERS)
+    return simulate(rates, pd.DatetimeIndex(shape["timestamp"]), policy, model, cfg).metrics.to_json()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--speedup", type=float, default=120.0)
+    parser.add_argument("--hours", type=float, default=12.0)
+    args = parser.parse_args()
+    shape = segment(args.hours)
+    keys = ("accumulated_lag_minutes", "slo_violation_rate", "downtime_minutes", "gpu_hours", "rescales", "max_lag_minutes")
+    measured, simulated = {}, {}
+    for name in ("kale", "hpa"):
+        measured[name], restart = run_live(name, shape, args.speedup)
+        simulated[name] = run_sim(name, shape, args.speedup, restart)
+        print(f"{name}: median measured restart {restart:.2f} s wall = {restart * args.speedup / 60:.1f} trace min", flush=True)
+    print(f"\n{'':<14}" + "".join(f"{k[:14]:>16}" for k in keys))
+    for name in ("kale", "hpa"):
+        for label, m in (("measured", measured[name]), ("simulated", simulated[name])):
+            print(f"{name + ' ' + label:<14}" + "".join(f"{m[k]:>16.3f}" if isinstance(m[k], float) else f"{m[k]:>16}" for k in keys))
+    k, h = measured["kale"], measured["hpa"]
+    print("\nmeasured Kale / HPA: " + ", ".join(f"{key} {k[key] / h[key]:.2f}x" for key in ("accumulated_lag_minutes", "downtime_minutes", "gpu_hours") if h[key]))
+    for name in ("kale", "hpa"):
+        m, s = measured[name], simulated[name]
+        print(f"{name}: simulated/measured " + ", ".join(f"{key} {s[key] / m[key]:.2f}" for key in ("accumulated_lag_minutes", "gpu_hours", "downtime_minutes") if m[key]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
