@@ -49,6 +49,7 @@ class LiveController:
         self.forecast_horizon_s, self.forecast_steps = forecast_horizon_s, forecast_steps
         self.on_rescale = on_rescale
         self.previous: Optional[PreviousOffsets] = None
+        self.per_worker_rate: Optional[float] = None  # measured capacity of one worker, samples/s
 
     def tick(self) -> LiveTick:
         """One round: read the stream, record it, decide, rescale if needed.  Raises if the stream cannot be read."""
@@ -57,7 +58,10 @@ class LiveController:
         self.previous = previous_from(snap)
         workers = self.launcher.workers
         self.history.append_stream(self.pipeline, snap.time, snap.metadata(), workers=workers)
-        self.launcher.record_throughput(self.history, self.pipeline)
+        measured = self.launcher.record_throughput(self.history, self.pipeline)
+        busy = snap.message_lag > 2 * (snap.arrival_rate or 0.0)  # more than two seconds of arrivals waiting
+        if measured is not None and busy and measured["total"] > 0:
+            self._learn_capacity(measured["total"] / measured["workers"])
         recent = self.history.arrival_history(self.pipeline, start=snap.time - 3600)
         forecast = None
         if len(recent) >= 3:
@@ -77,3 +81,16 @@ class LiveController:
             if record is not None and self.on_rescale:
                 self.on_rescale(record)
         return LiveTick(snap.time, snap.arrival_rate or 0.0, snap.time_lag_s, snap.message_lag, self.launcher.workers, decision, record)
+
+    def _learn_capacity(self, per_worker: float) -> None:
+        """Track what a worker really delivers while a backlog keeps it busy, and plan with that.
+
+        Only busy periods count: an idle worker's throughput is the arrival
+        rate, not its capacity.  The policy's model becomes linear in the
+        measured per-worker rate (an EWMA), so a slower machine than the
+        prior assumed is planned for, not discovered through lag.
+        """
+        self.per_worker_rate = per_worker if self.per_worker_rate is None else 0.8 * self.per_worker_rate + 0.2 * per_worker
+        self.model = ThroughputModel.linear(self.per_worker_rate)
+        if hasattr(self.policy, "model"):
+            self.policy.model = self.model

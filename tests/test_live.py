@@ -1,0 +1,56 @@
+"""LiveController: one tick of telemetry -> policy -> launcher, and learning real worker capacity."""
+
+from __future__ import annotations
+
+from kale_dagster import KaleConfig, KalePolicy, StaticPolicy, ThroughputModel
+from kale_dagster.history import MetricsHistory
+from kale_dagster.launchers import RescaleRecord
+from kale_dagster.live import LiveController
+from kale_dagster.telemetry import StreamSnapshot
+
+
+class FakeStream:
+    def __init__(self, lag, rate):
+        self.lag, self.rate = lag, rate
+
+    def snapshot(self, previous=None, fetch_timeout_s=1.0):
+        return StreamSnapshot(time=1_800_000_000.0, partitions=(), end_offset_total=0, committed_total=0,
+                              message_lag=self.lag, arrival_rate=self.rate, consumption_rate=self.rate, time_lag_s=30.0)
+
+
+class FakeLauncher:
+    def __init__(self, workers, total):
+        self.workers, self.total, self.rescales = workers, total, []
+
+    def supervise_once(self):
+        return None
+
+    def record_throughput(self, history, pipeline):
+        return {"workers": self.workers, "total": self.total, "per_rank": {}, "emulated": True}
+
+    def rescale(self, m, reason=""):
+        self.rescales.append(m)
+        record = RescaleRecord(0.0, self.workers, m, 1.0, reason)
+        self.workers = m
+        return record
+
+
+def test_tick_applies_the_decision(tmp_path):
+    launcher = FakeLauncher(2, 100.0)
+    loop = LiveController(FakeStream(0, 100.0), launcher, StaticPolicy(3), ThroughputModel.linear(100.0),
+                          MetricsHistory(f"sqlite:///{tmp_path / 'm.db'}"), "p", forecast_horizon_s=600)
+    tick = loop.tick()
+    assert launcher.rescales == [3] and tick.workers == 3 and tick.record.to_workers == 3
+    assert len(loop.history.stream("p")) == 1
+
+
+def test_capacity_is_learned_only_while_busy(tmp_path):
+    history = MetricsHistory(f"sqlite:///{tmp_path / 'm.db'}")
+    policy = KalePolicy(ThroughputModel.linear(150.0), KaleConfig(max_workers=8))
+    idle = LiveController(FakeStream(0, 60.0), FakeLauncher(2, 60.0), policy, ThroughputModel.linear(150.0), history, "p", 600)
+    idle.tick()
+    assert idle.per_worker_rate is None  # keeping up: throughput is the arrival rate, not capacity
+    busy = LiveController(FakeStream(50_000, 300.0), FakeLauncher(4, 360.0), policy, ThroughputModel.linear(150.0), history, "p", 600)
+    busy.tick()
+    assert busy.per_worker_rate == 90.0
+    assert policy.model.predict(1) == 90.0  # Kale now plans with what a worker really does
