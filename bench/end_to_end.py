@@ -50,7 +50,7 @@ def kale(speed: float, restart_s: float, trace_units: bool = False) -> KalePolic
     k = 1.0 if trace_units else speed
     model = ThroughputModel.linear(WORKER_RATE / (speed if trace_units else 1.0))
     cfg = KaleConfig(min_workers=1, max_workers=MAX_WORKERS, slo_s=SLO_MIN * 60 / k, restart_s=restart_s, plan_step_s=600 / k,
-                     tau_s=600 / k, sync_period_s=60 / k, projection_tick_s=300 / k)
+                     tau_s=600 / k, sync_period_s=60 / k, projection_tick_s=300 / k, lag_weight=KaleConfig.lag_weight * k)
     return KalePolicy(model, cfg)
 
 

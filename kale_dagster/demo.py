@@ -100,7 +100,7 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
         return KaleConfig(
             min_workers=1, max_workers=settings.max_workers, slo_s=settings.slo_minutes * 60 / speed,
             restart_s=restart_s, plan_step_s=600 / speed, tau_s=600 / speed,
-            sync_period_s=60 / speed, projection_tick_s=300 / speed,
+            sync_period_s=60 / speed, projection_tick_s=300 / speed, lag_weight=KaleConfig.lag_weight * speed,
         )
 
     policy = KalePolicy(model, kale_config(settings.expected_restart_s))

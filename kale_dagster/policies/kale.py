@@ -39,7 +39,11 @@ from ..throughput import ThroughputModel
 class KaleConfig:
     """Settings of the Kale policy; validated here, once.
 
-    Times are in seconds.  ``None`` for the derived thresholds means: the
+    Times are in seconds.  ``lag_weight`` prices one lag-minute integrated
+    over one minute in GPU-minutes; when every duration is compressed by a
+    speed-up (demo, end-to-end benchmark) multiply it by the speed-up, since
+    accumulated lag shrinks with the square of the time scale and GPU-minutes
+    only linearly.  ``None`` for the derived thresholds means: the
     SLO for the drain window (lag is back to zero one SLO after a restart),
     half the SLO for the fallback trigger, a quarter of it for the scale-in
     guard.
