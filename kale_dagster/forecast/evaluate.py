@@ -101,10 +101,11 @@ def rolling_origin(
     for k, origin in enumerate(origins):
         if origin >= next_refit:
             model = factory().fit(history.iloc[:origin])
+            takes_history = _accepts_history(model)  # once per fit, not per origin
             refits += 1
             next_refit = origin + refit_steps
         past = history.iloc[:origin]
-        fc = model.predict(horizon, history=past) if _accepts_history(model) else factory().fit(past).predict(horizon)
+        fc = model.predict(horizon, history=past) if takes_history else factory().fit(past).predict(horizon)
         preds.append(fc.point[horizon - 1])
         lows.append(fc.lower[horizon - 1])
         highs.append(fc.upper[horizon - 1])
