@@ -3,9 +3,16 @@ policy, pause-and-restart launcher) under Kale and under HPA, on the same compre
 against the simulator's prediction for the same settings.
 
 Twelve hours of the synthetic day (06:00-18:00, the morning ramp) are replayed 120x faster
-(6 wall minutes per policy).  Every duration in the policies is divided by the speed-up; the
-restart time is what the launcher measures.  Metrics are the paper's, computed from the time
-lag measured each trace minute (record timestamps), in trace units.
+(6 wall minutes per policy).  Every duration is divided by the speed-up: the policies' windows,
+the forecaster's horizon and half-life, and the trainer's checkpoint interval (offsets are
+committed at checkpoints, so a 5 s interval would read as 10 trace minutes of lag).  The
+restart time is what the launcher measures.  The loop and both policies act once a trace
+minute (HPA's sync period is 15 s by default; a minute here, in the simulator too).  Workers
+start before the producer, so no start-up backlog is scored.  Metrics are the paper's,
+computed from the time lag measured each trace minute (record timestamps), in trace units.
+
+The simulator runs the same policies on the same trace with the restart time and the
+per-worker rate measured in the live run.
 
     python bench/end_to_end.py [--speedup 120] [--hours 12]
 """
@@ -27,7 +34,8 @@ from kale_dagster.history import MetricsHistory
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.live import LiveController
 from kale_dagster.policies import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules, KaleConfig, KalePolicy
-from kale_dagster.producer import ReplaySettings, replay
+from kale_dagster.forecast import make_forecaster
+from kale_dagster.producer import ReplaySettings, ensure_topic, replay
 from kale_dagster.resources import KafkaStreamResource
 from kale_dagster.simulate import SimConfig, simulate
 from kale_dagster.throughput import ThroughputModel
@@ -46,9 +54,9 @@ def segment(hours: float) -> pd.DataFrame:
     return pd.DataFrame({"timestamp": pd.to_datetime(part["timestamp"], utc=True), "rate": rate / rate.max()})
 
 
-def kale(speed: float, restart_s: float, trace_units: bool = False) -> KalePolicy:
+def kale(speed: float, restart_s: float, trace_units: bool = False, worker_rate: float = WORKER_RATE) -> KalePolicy:
     k = 1.0 if trace_units else speed
-    model = ThroughputModel.linear(WORKER_RATE / (speed if trace_units else 1.0))
+    model = ThroughputModel.linear(worker_rate / (speed if trace_units else 1.0))
     cfg = KaleConfig(min_workers=1, max_workers=MAX_WORKERS, slo_s=SLO_MIN * 60 / k, restart_s=restart_s, plan_step_s=600 / k,
                      tau_s=600 / k, sync_period_s=60 / k, projection_tick_s=300 / k, lag_weight=KaleConfig.lag_weight * k)
     return KalePolicy(model, cfg)
@@ -60,7 +68,7 @@ def hpa(speed: float, trace_units: bool = False) -> HPAPolicy:
         scale_up=HPAScalingRules(0, (HPAScalingPolicy("Pods", 4, max(int(15 / k), 1)), HPAScalingPolicy("Percent", 100, max(int(15 / k), 1)))),
         scale_down=HPAScalingRules(int(300 / k), (HPAScalingPolicy("Percent", 100, max(int(15 / k), 1)),)),
     )
-    return HPAPolicy(min_replicas=1, max_replicas=MAX_WORKERS, target_utilization=80, behavior=behavior, sync_period_s=15 / k)
+    return HPAPolicy(min_replicas=1, max_replicas=MAX_WORKERS, target_utilization=80, behavior=behavior, sync_period_s=60 / k)
 
 
 def metrics(lags_min, workers, tick_trace_min: float, downtime_trace_min: float, rescales: int) -> dict:
@@ -75,18 +83,15 @@ def metrics(lags_min, workers, tick_trace_min: float, downtime_trace_min: float,
     }
 
 
-def run_live(name: str, shape: pd.DataFrame, speed: float) -> tuple[dict, float]:
+def run_live(name: str, shape: pd.DataFrame, speed: float) -> tuple[dict, float, float]:
+    """Measured metrics, median restart (wall s) and per-worker rate (samples per wall s) of one live run."""
     history_in = shape.assign(rate=shape["rate"] * PEAK_WALL_RATE / speed)
     tick_wall = 60.0 / speed  # one trace minute
     with embedded_broker() as broker:
         servers = broker.bootstrap_servers
-        stop = threading.Event()
-        producer = threading.Thread(target=replay, args=(servers, history_in, ReplaySettings(topic="samples", speedup=speed, partitions=4)),
-                                    kwargs=dict(stop=stop), daemon=True)
-        producer.start()
         home = tempfile.mkdtemp(prefix="kale-e2e-")
         launcher = LocalLauncher(TrainerSettings(servers, "samples", "trainer", f"{home}/ckpt", batch_size=32, emulate_gpu_rate=WORKER_RATE,
-                                                 checkpoint_every_s=5), pool_size=2)
+                                                 checkpoint_every_s=60 / speed), pool_size=2)
         model = ThroughputModel.linear(WORKER_RATE)
         policy = kale(speed, 3.0) if name == "kale" else hpa(speed)
         history = MetricsHistory(f"sqlite:///{home}/m.db")
@@ -96,10 +101,17 @@ def run_live(name: str, shape: pd.DataFrame, speed: float) -> tuple[dict, float]
                 policy.config = kale(speed, record.downtime_s).config
 
         loop = LiveController(KafkaStreamResource(bootstrap_servers=servers, topics=["samples"], group_id="trainer", request_timeout_ms=3000),
-                              launcher, policy, model, history, "e2e", forecast_horizon_s=7200 / speed, on_rescale=replan)
+                              launcher, policy, model, history, "e2e", forecast_horizon_s=7200 / speed, forecast_halflife_s=1800 / speed,
+                              on_rescale=replan)
+        stop = threading.Event()
+        producer = threading.Thread(target=replay, args=(servers, history_in, ReplaySettings(topic="samples", speedup=speed, partitions=4)),
+                                    kwargs=dict(stop=stop), daemon=True)
         lags, workers, downs = [], [], []
         try:
+            ensure_topic(servers, "samples", 4)
             launcher.start(model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, MAX_WORKERS))
+            launcher.wait_warm()
+            producer.start()
             while producer.is_alive():
                 started = time.monotonic()
                 tick = loop.tick()
@@ -114,15 +126,18 @@ def run_live(name: str, shape: pd.DataFrame, speed: float) -> tuple[dict, float]
             history.dispose()
     measured_tick_trace_min = len(history_in) / max(len(lags), 1)  # slow ticks cover more trace time
     result = metrics(lags, workers, measured_tick_trace_min, sum(downs) * speed / 60, len(downs))
-    return result, statistics.median(downs) if downs else 3.0
+    return result, statistics.median(downs) if downs else 3.0, loop.per_worker_rate or WORKER_RATE
 
 
-def run_sim(name: str, shape: pd.DataFrame, speed: float, restart_wall_s: float) -> dict:
+def run_sim(name: str, shape: pd.DataFrame, speed: float, restart_wall_s: float, worker_rate: float) -> dict:
+    """The simulator on the same trace, in trace units, with what the live run measured."""
     rates = (shape["rate"] * PEAK_WALL_RATE / speed).to_numpy()
-    policy = kale(speed, restart_wall_s * speed, trace_units=True) if name == "kale" else hpa(speed, trace_units=True)
-    model = ThroughputModel.linear(WORKER_RATE / speed)
-    cfg = SimConfig(restart_s=restart_wall_s * speed, slo_s=SLO_MIN * 60, max_workers=MAX_WORKERS)
-    return simulate(rates, pd.DatetimeIndex(shape["timestamp"]), policy, model, cfg).metrics.to_json()
+    policy = kale(speed, restart_wall_s * speed, trace_units=True, worker_rate=worker_rate) if name == "kale" else hpa(speed, trace_units=True)
+    model = ThroughputModel.linear(worker_rate / speed)
+    cfg = SimConfig(restart_s=restart_wall_s * speed, slo_s=SLO_MIN * 60, max_workers=MAX_WORKERS,
+                    forecast_every_s=60, refit_every_s=60, forecast_horizon_s=7200)
+    factory = (lambda: make_forecaster("ewma", halflife_s=1800.0)) if name == "kale" else None
+    return simulate(rates, pd.DatetimeIndex(shape["timestamp"]), policy, model, cfg, forecaster_factory=factory).metrics.to_json()
 
 
 def main() -> int:
@@ -134,9 +149,10 @@ def main() -> int:
     keys = ("accumulated_lag_minutes", "slo_violation_rate", "downtime_minutes", "gpu_hours", "rescales", "max_lag_minutes")
     measured, simulated = {}, {}
     for name in ("kale", "hpa"):
-        measured[name], restart = run_live(name, shape, args.speedup)
-        simulated[name] = run_sim(name, shape, args.speedup, restart)
-        print(f"{name}: median measured restart {restart:.2f} s wall = {restart * args.speedup / 60:.1f} trace min", flush=True)
+        measured[name], restart, rate = run_live(name, shape, args.speedup)
+        simulated[name] = run_sim(name, shape, args.speedup, restart, rate)
+        print(f"{name}: median measured restart {restart:.2f} s wall = {restart * args.speedup / 60:.1f} trace min; "
+              f"per-worker rate {rate:.0f} samples/s (EMULATED cap {WORKER_RATE:.0f})", flush=True)
     print(f"\n{'':<14}" + "".join(f"{k[:14]:>16}" for k in keys))
     for name in ("kale", "hpa"):
         for label, m in (("measured", measured[name]), ("simulated", simulated[name])):

@@ -46,7 +46,7 @@ def main() -> int:
                 t0 = time.perf_counter()
                 snap = resource.snapshot(fetch_timeout_s=30)
                 times.append(time.perf_counter() - t0)
-                lag = snap.message_lag
+                lag = snap.sample_lag
             assert lag == 6 * partitions, (lag, partitions)
             print(f"{partitions:>4} partitions: median snapshot {statistics.median(times) * 1000:7.1f} ms "
                   f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}; lag {lag} exact, time lag complete {snap.time_lag_complete})")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -27,6 +28,7 @@ import torch
 
 from kale_dagster.broker import embedded_broker
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
+from kale_dagster.resources import KafkaStreamResource
 from kale_dagster.producer import ReplaySettings, replay
 from kale_dagster.samples import GroundTruth
 from kale_dagster.trainer.model import CTRModel, batch_tensors
@@ -94,22 +96,49 @@ def train_only_rate(batch: int = 256, seconds: float = 8.0) -> float:
     return n / (time.perf_counter() - start)
 
 
-def data_path_overhead(servers: str) -> None:
-    # Fill a topic first so the worker is never starved: its rate is its own speed.
-    replay(servers, _flat(20_000, minutes=1), ReplaySettings(topic="fill", partitions=4), max_wall_s=20)
-    settings = TrainerSettings(servers, "fill", "fill-trainer", tempfile.mkdtemp(), metrics_every_s=3, checkpoint_every_s=30)
+def train_only_in_subprocess() -> float:
+    """Train-only rate in a fresh process, as the worker runs: same process conditions on both sides."""
+    out = subprocess.run([sys.executable, __file__, "--train-only"], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def consume_and_train(servers: str, topic: str) -> float:
+    group = f"{topic}-trainer-{time.monotonic_ns()}"
+    settings = TrainerSettings(servers, topic, group, tempfile.mkdtemp(), metrics_every_s=2, checkpoint_every_s=30)
     launcher = LocalLauncher(settings, pool_size=1)
     rates = []
     try:
         launcher.start(1)
-        for _ in range(4):
-            time.sleep(3.2)
+        launcher.wait_warm()
+        for _ in range(3):
+            time.sleep(2.2)
             rates.append(launcher.throughput()["total"])
     finally:
         launcher.stop()
-    consume = statistics.median(rates[1:])
-    train = statistics.median([train_only_rate() for _ in range(3)])
-    print(f"consume+train {consume:,.0f} samples/s vs train-only {train:,.0f} samples/s: data-path overhead {1 - consume / train:.1%}")
+    # The worker commits on stop: lag left means it never ran out of samples (its rate is its own speed).
+    left = KafkaStreamResource(bootstrap_servers=servers, topics=[topic], group_id=group).snapshot()
+    if any(p.lag == 0 for p in left.partitions):
+        raise RuntimeError(f"{topic}: the worker drained a partition, so its rate was not its own speed; fill more samples")
+    return statistics.median(rates[1:])
+
+
+def data_path_overhead(servers: str, rounds: int = 3) -> None:
+    """One worker on a filled topic vs the same model on in-memory batches, interleaved round by
+    round so that machine noise hits both alike."""
+    packings = (1, 16)
+    for k in packings:  # ~40 s each: a batching producer sends ~13k records/s here
+        replay(servers, _flat(20_000, minutes=1), ReplaySettings(topic=f"fill-{k}", partitions=4, samples_per_record=k), max_wall_s=40)
+    train, consume = [], {k: [] for k in packings}
+    for _ in range(rounds):
+        train.append(train_only_in_subprocess())
+        for k in packings:
+            consume[k].append(consume_and_train(servers, f"fill-{k}"))
+    base = statistics.median(train)
+    print(f"train-only {base:,.0f} samples/s (median of {rounds}: {', '.join(f'{r:,.0f}' for r in train)})")
+    for k, rates in consume.items():
+        rate = statistics.median(rates)
+        print(f"consume+train, {k:>2} sample(s) per Kafka record: {rate:,.0f} samples/s (median of {rounds}: "
+              f"{', '.join(f'{r:,.0f}' for r in rates)}), data-path overhead {1 - rate / base:.1%}")
 
 
 def balancing(servers: str) -> None:
@@ -140,7 +169,11 @@ def balancing(servers: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rescales", type=int, default=6)
+    parser.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.train_only:
+        print(train_only_rate())
+        return 0
     with embedded_broker() as broker:
         rescale_downtime(broker.bootstrap_servers, args.rescales)
         data_path_overhead(broker.bootstrap_servers)

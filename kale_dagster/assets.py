@@ -383,7 +383,7 @@ def current_observation(p: OnlineTrainingPipeline, forecast: Optional[Forecast],
     rate = float(latest["arrival_rate"].dropna().iloc[-5:].mean()) if latest["arrival_rate"].notna().any() else 0.0
     consumption = float(latest["consumption_rate"].dropna().iloc[-5:].mean()) if latest["consumption_rate"].notna().any() else 0.0
     capacity = float(p.throughput_prior.predict(workers))
-    backlog = float(row["message_lag"] or 0)
+    backlog = float(row["sample_lag"] or 0)
     utilization = 1.0 if backlog > 0 and consumption >= 0.95 * capacity else min(consumption / capacity, 1.0) if capacity else 0.0
     return Observation(
         time=now, workers=workers, arrival_rate=rate, consumption_rate=consumption, backlog=backlog,

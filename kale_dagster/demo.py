@@ -131,7 +131,8 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
         def replan(record) -> None:
             policy.config = kale_config(record.downtime_s)  # plan with the measured restart cost
 
-        loop = LiveController(stream, launcher, policy, model, history, PIPELINE, forecast_horizon_s=7200 / speed, on_rescale=replan)
+        loop = LiveController(stream, launcher, policy, model, history, PIPELINE, forecast_horizon_s=7200 / speed,
+                              forecast_halflife_s=1800 / speed, on_rescale=replan)
         started, last_decision = time.monotonic(), "none yet"
         lag_samples, worker_samples = [], []
         while not stop.is_set() and producer.is_alive():

@@ -30,7 +30,7 @@ STREAM_METRICS = sa.Table(
     sa.Column("ts", sa.Float, primary_key=True),
     sa.Column("arrival_rate", sa.Float),
     sa.Column("consumption_rate", sa.Float),
-    sa.Column("message_lag", sa.BigInteger),
+    sa.Column("sample_lag", sa.BigInteger),
     sa.Column("time_lag_s", sa.Float),
     sa.Column("end_offset_total", sa.BigInteger),
     sa.Column("committed_total", sa.BigInteger),

@@ -25,7 +25,7 @@ class LiveTick:
     time: float
     arrival_rate: float
     time_lag_s: float
-    message_lag: int
+    sample_lag: int
     workers: int
     decision: Decision
     record: Optional[RescaleRecord]
@@ -41,12 +41,13 @@ class LiveController:
         history: MetricsHistory,
         pipeline: str,
         forecast_horizon_s: float,
-        forecast_steps: int = 12,
+        forecast_halflife_s: float = 1800.0,
         on_rescale: Optional[Callable[[RescaleRecord], None]] = None,
     ):
+        """Durations are wall seconds: a compressed-time run divides them by its speed-up."""
         self.stream, self.launcher, self.policy, self.model = stream, launcher, policy, model
         self.history, self.pipeline = history, pipeline
-        self.forecast_horizon_s, self.forecast_steps = forecast_horizon_s, forecast_steps
+        self.forecast_horizon_s, self.forecast_halflife_s = forecast_horizon_s, forecast_halflife_s
         self.on_rescale = on_rescale
         self.previous: Optional[PreviousOffsets] = None
         self.per_worker_rate: Optional[float] = None  # measured capacity of one worker, samples/s
@@ -59,20 +60,21 @@ class LiveController:
         workers = self.launcher.workers
         self.history.append_stream(self.pipeline, snap.time, snap.metadata(), workers=workers)
         measured = self.launcher.record_throughput(self.history, self.pipeline)
-        busy = snap.message_lag > 2 * (snap.arrival_rate or 0.0)  # more than two seconds of arrivals waiting
+        busy = snap.sample_lag > 2 * (snap.arrival_rate or 0.0)  # more than two seconds of arrivals waiting
         if measured is not None and busy and measured["total"] > 0:
             self._learn_capacity(measured["total"] / measured["workers"])
-        recent = self.history.arrival_history(self.pipeline, start=snap.time - 3600)
+        recent = self.history.arrival_history(self.pipeline, start=snap.time - 4 * self.forecast_halflife_s)
         forecast = None
         if len(recent) >= 3:
-            forecast = make_forecaster("ewma", horizon_s=self.forecast_horizon_s).fit(recent).predict(self.forecast_steps)
+            # One forecast step per telemetry tick, covering the horizon.
+            step_s = max(float(recent["timestamp"].diff().dt.total_seconds().median()), 1e-3)
+            steps = max(int(round(self.forecast_horizon_s / step_s)), 1)
+            forecast = make_forecaster("ewma", halflife_s=self.forecast_halflife_s).fit(recent).predict(steps)
         consumption = snap.consumption_rate or 0.0
-        capacity = float(self.model.predict(workers))
-        # HPA's metric: busy share of the workers (all busy while a backlog waits).
-        utilization = 1.0 if snap.message_lag > 0 else (min(consumption / capacity, 1.0) if capacity else 0.0)
+        utilization = measured["busy_share"] if measured is not None and measured.get("busy_share") is not None else self._utilization(snap, workers)
         obs = Observation(
             time=snap.time, workers=workers, arrival_rate=snap.arrival_rate or 0.0, consumption_rate=consumption,
-            backlog=snap.message_lag, time_lag_s=snap.time_lag_s, utilization=utilization, forecast=forecast,
+            backlog=snap.sample_lag, time_lag_s=snap.time_lag_s, utilization=utilization, forecast=forecast,
         )
         decision = self.policy.decide(obs)
         record = None
@@ -80,7 +82,15 @@ class LiveController:
             record = self.launcher.rescale(decision.workers, reason=decision.reason[:500])
             if record is not None and self.on_rescale:
                 self.on_rescale(record)
-        return LiveTick(snap.time, snap.arrival_rate or 0.0, snap.time_lag_s, snap.message_lag, self.launcher.workers, decision, record)
+        return LiveTick(snap.time, snap.arrival_rate or 0.0, snap.time_lag_s, snap.sample_lag, self.launcher.workers, decision, record)
+
+    def _utilization(self, snap, workers: int) -> float:
+        """HPA's metric when the workers do not report a busy share: all busy while
+        a backlog waits, else consumption over capacity."""
+        capacity = float(self.model.predict(workers))
+        if snap.sample_lag > 0:
+            return 1.0
+        return min((snap.consumption_rate or 0.0) / capacity, 1.0) if capacity else 0.0
 
     def _learn_capacity(self, per_worker: float) -> None:
         """Track what a worker really delivers while a backlog keeps it busy, and plan with that.

@@ -41,6 +41,7 @@ class KafkaSource:
     sasl_username: Optional[str] = None
     sasl_password_env: Optional[str] = None
     ssl_cafile: Optional[str] = None
+    samples_per_record: int = 1  # see KafkaStreamResource.samples_per_record
     request_timeout_ms: int = 10_000
 
     def __post_init__(self):
@@ -60,6 +61,7 @@ class KafkaSource:
             sasl_plain_username=self.sasl_username,
             sasl_plain_password=EnvVar(self.sasl_password_env) if self.sasl_password_env else None,
             ssl_cafile=self.ssl_cafile,
+            samples_per_record=self.samples_per_record,
             request_timeout_ms=self.request_timeout_ms,
         )
 

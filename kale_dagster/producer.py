@@ -22,6 +22,7 @@ class ReplaySettings:
     partitions: int = 8
     hot_share: float = 0.0  # share of traffic on partition 0 (hot partition), 0 = even
     seed: int = 0
+    samples_per_record: int = 1  # >1 packs micro-batches: far fewer records for a consumer to parse
 
     def __post_init__(self):
         if self.speedup <= 0:
@@ -32,6 +33,8 @@ class ReplaySettings:
             raise KaleConfigError("partitions", f"must be >= 1, got {self.partitions}")
         if not 0 <= self.hot_share < 1:
             raise KaleConfigError("hot_share", f"must be in [0, 1), got {self.hot_share}")
+        if self.samples_per_record < 1:
+            raise KaleConfigError("samples_per_record", f"must be >= 1, got {self.samples_per_record}")
 
 
 def ensure_topic(servers: str, topic: str, partitions: int) -> None:
@@ -68,6 +71,7 @@ def replay(servers: str, history: pd.DataFrame, settings: ReplaySettings, stop: 
     truth = GroundTruth()
     producer = KafkaProducer(bootstrap_servers=servers, linger_ms=10, batch_size=batch_size)
     cumulative = np.concatenate([[0.0], np.cumsum(rates * step_wall)])
+    k = settings.samples_per_record
     sent = 0
     start = time.monotonic()
     try:
@@ -79,13 +83,15 @@ def replay(servers: str, history: pd.DataFrame, settings: ReplaySettings, stop: 
             if i >= len(rates):
                 break
             due = int(cumulative[i] + rates[i] * (elapsed - i * step_wall))
-            n = due - sent
+            # Whole records only: a packed record waits until all its samples are due.
+            n = (due - sent) // k * k
             if n > 0:
                 records = truth.sample(n, rng, start_seq=sent)
-                parts = rng.choice(settings.partitions, size=n, p=weights)
-                for value, part, user in zip(encode(records), parts, records["user"]):
+                values = encode(records, k)
+                parts = rng.choice(settings.partitions, size=len(values), p=weights)
+                for value, part, user in zip(values, parts, records["user"][::k]):
                     producer.send(settings.topic, value=value, key=int(user).to_bytes(4, "little"), partition=int(part))
-                sent = due
+                sent += n
             time.sleep(0.01)
     finally:
         producer.flush()

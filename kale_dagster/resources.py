@@ -32,6 +32,7 @@ class KafkaStreamResource(ConfigurableResource):
     ssl_cafile: Optional[str] = None
     ssl_certfile: Optional[str] = None
     ssl_keyfile: Optional[str] = None
+    samples_per_record: int = Field(default=1, description="samples packed in each Kafka record (1 = one sample per record)")
     request_timeout_ms: int = 10_000
     client_id: str = "kale-telemetry"
 
@@ -69,6 +70,13 @@ class KafkaStreamResource(ConfigurableResource):
         if value.upper() not in SECURITY_PROTOCOLS:
             raise KaleConfigError("security_protocol", f"unknown {value!r}; use one of {', '.join(SECURITY_PROTOCOLS)}")
         return value.upper()
+
+    @field_validator("samples_per_record")
+    @classmethod
+    def _packing(cls, value: int) -> int:
+        if value < 1:
+            raise KaleConfigError("samples_per_record", f"must be >= 1, got {value}")
+        return value
 
     @field_validator("request_timeout_ms")
     @classmethod
@@ -126,4 +134,4 @@ class KafkaStreamResource(ConfigurableResource):
                 if client is not None:
                     with contextlib.suppress(Exception):
                         client.close()
-        return build_snapshot(raw, previous)
+        return build_snapshot(raw, previous, self.samples_per_record)

@@ -57,18 +57,22 @@ def _cached(truth: GroundTruth):
     return _CACHE[truth.seed]
 
 
-def encode(records: np.ndarray) -> list[bytes]:
+def encode(records: np.ndarray, samples_per_record: int = 1) -> list[bytes]:
+    """Kafka record values: ``samples_per_record`` samples each (the last one may carry fewer)."""
     raw = records.astype(RECORD, copy=False).tobytes()
-    return [raw[i : i + RECORD_SIZE] for i in range(0, len(raw), RECORD_SIZE)]
+    size = RECORD_SIZE * samples_per_record
+    return [raw[i : i + size] for i in range(0, len(raw), size)]
 
 
-def decode(values: list[bytes]) -> np.ndarray:
+def decode(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Samples from record values, and how many samples each value carried."""
     if not values:
-        return np.empty(0, dtype=RECORD)
-    bad = [len(v) for v in values if len(v) != RECORD_SIZE]
-    if bad:
-        raise ValueError(f"sample of {bad[0]} bytes, expected {RECORD_SIZE}: not a kale sample topic?")
-    return np.frombuffer(b"".join(values), dtype=RECORD)
+        return np.empty(0, dtype=RECORD), np.empty(0, dtype=np.int64)
+    lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+    bad = lengths[(lengths % RECORD_SIZE != 0) | (lengths == 0)]
+    if len(bad):
+        raise ValueError(f"record of {bad[0]} bytes, expected a multiple of {RECORD_SIZE}: not a kale sample topic?")
+    return np.frombuffer(b"".join(values), dtype=RECORD), lengths // RECORD_SIZE
 
 
 def partition_weights(partitions: int, hot_share: float = 0.0) -> np.ndarray:

@@ -1,8 +1,13 @@
 """Stream telemetry: what Kale sees of a topic and the trainer's consumer group.
 
-Per partition and in total: end offset, committed offset, message lag,
-arrival and consumption rates, and time lag (the paper's definition: now
-minus the time the oldest unconsumed sample entered the topic).
+Per partition and in total: end offset, committed offset, lag, arrival and
+consumption rates, and time lag (the paper's definition: now minus the time
+the oldest unconsumed sample entered the topic).
+
+Lag and rates are in samples: offset differences times ``samples_per_record``
+(1 unless the producer packs micro-batches of samples into each record, which
+high-rate topics do because a Python consumer parses records, not bytes, at a
+bounded rate).  Offsets themselves stay offsets.
 
 How each figure is measured, so that it is right on Apache Kafka and on the
 embedded Tansu broker alike:
@@ -53,8 +58,8 @@ class PartitionStats:
     partition: int
     end_offset: int
     committed: Optional[int]
-    lag: int
-    arrival_rate: Optional[float]
+    lag: int  # samples
+    arrival_rate: Optional[float]  # samples per second
     consumption_rate: Optional[float]
     time_lag_s: float
 
@@ -67,7 +72,7 @@ class StreamSnapshot:
     partitions: tuple[PartitionStats, ...]
     end_offset_total: int
     committed_total: int
-    message_lag: int
+    sample_lag: int
     arrival_rate: Optional[float]
     consumption_rate: Optional[float]
     time_lag_s: float
@@ -84,7 +89,7 @@ class StreamSnapshot:
         return {
             "arrival_rate": self.arrival_rate,
             "consumption_rate": self.consumption_rate,
-            "message_lag": self.message_lag,
+            "sample_lag": self.sample_lag,
             "time_lag_s": self.time_lag_s,
             "end_offset_total": self.end_offset_total,
             "committed_total": self.committed_total,
@@ -107,22 +112,23 @@ def partition_lag(p: PartitionOffsets) -> int:
     return max(p.end_offset - p.committed, 0)
 
 
-def build_snapshot(raw: RawOffsets, previous: Optional[PreviousOffsets] = None) -> StreamSnapshot:
+def build_snapshot(raw: RawOffsets, previous: Optional[PreviousOffsets] = None, samples_per_record: int = 1) -> StreamSnapshot:
     """Pure arithmetic from raw offsets (and an earlier snapshot) to a snapshot."""
     dt = raw.time - previous.time if previous is not None else 0.0
+    k = samples_per_record
     stats = []
     for p, topic, oldest_ms in zip(raw.partitions, raw.topic_of, raw.oldest_unconsumed_ms):
-        lag = partition_lag(p)
+        lag = partition_lag(p) * k
         arrival = consumption = None
         before = previous.offsets.get(topic, {}).get(str(p.partition)) if previous is not None else None
         # An end offset that went backwards means the topic was recreated
         # (or an in-memory broker restarted): no rate rather than a false one.
         if before is not None and dt > 0 and p.end_offset >= before[0]:
-            arrival = max(p.end_offset - before[0], 0) / dt
+            arrival = max(p.end_offset - before[0], 0) * k / dt
             if p.committed is not None:
                 # No earlier commit: the group started from the earliest offset.
                 was = before[1] if before[1] is not None else p.earliest_offset
-                consumption = max(p.committed - was, 0) / dt
+                consumption = max(p.committed - was, 0) * k / dt
         time_lag = max(raw.time - oldest_ms / 1000.0, 0.0) if (lag > 0 and oldest_ms is not None) else 0.0
         stats.append(PartitionStats(topic, p.partition, p.end_offset, p.committed, lag, arrival, consumption, time_lag))
     incomplete = any(s.lag > 0 and o is None for s, o in zip(stats, raw.oldest_unconsumed_ms))
@@ -136,7 +142,7 @@ def build_snapshot(raw: RawOffsets, previous: Optional[PreviousOffsets] = None) 
         partitions=tuple(stats),
         end_offset_total=sum(s.end_offset for s in stats),
         committed_total=sum(s.committed or 0 for s in stats),
-        message_lag=sum(s.lag for s in stats),
+        sample_lag=sum(s.lag for s in stats),
         arrival_rate=total(s.arrival_rate for s in stats),
         consumption_rate=total(s.consumption_rate for s in stats),
         time_lag_s=max((s.time_lag_s for s in stats), default=0.0),

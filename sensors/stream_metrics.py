@@ -68,7 +68,7 @@ def snapshot_metadata(snap: StreamSnapshot) -> dict:
     return {
         "arrival_rate": num(snap.arrival_rate),
         "consumption_rate": num(snap.consumption_rate),
-        "message_lag": MetadataValue.int(int(snap.message_lag)),
+        "sample_lag": MetadataValue.int(int(snap.sample_lag)),
         "time_lag_s": MetadataValue.float(float(snap.time_lag_s)),
         "time_lag_complete": MetadataValue.bool(snap.time_lag_complete),
         "end_offset_total": MetadataValue.int(int(snap.end_offset_total)),

@@ -15,7 +15,7 @@ class FakeStream:
 
     def snapshot(self, previous=None, fetch_timeout_s=1.0):
         return StreamSnapshot(time=1_800_000_000.0, partitions=(), end_offset_total=0, committed_total=0,
-                              message_lag=self.lag, arrival_rate=self.rate, consumption_rate=self.rate, time_lag_s=30.0)
+                              sample_lag=self.lag, arrival_rate=self.rate, consumption_rate=self.rate, time_lag_s=30.0)
 
 
 class FakeLauncher:

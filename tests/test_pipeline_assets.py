@@ -55,8 +55,8 @@ def test_plan_job_materializes_forecast_and_allocation(kafka_broker, tmp_path):
     now = time.time()
     stamps = now - (len(trace) - 1 - np.arange(len(trace))) * 300
     for ts, value in zip(stamps, trace.value):
-        history.append_stream("demo", float(ts), {"arrival_rate": value / 300, "message_lag": 0, "time_lag_s": 0.0})
-    history.append_stream("demo", now + 1, {"arrival_rate": float(trace.value.iloc[-1] / 300), "consumption_rate": 150.0, "message_lag": 9000, "time_lag_s": 60.0})
+        history.append_stream("demo", float(ts), {"arrival_rate": value / 300, "sample_lag": 0, "time_lag_s": 0.0})
+    history.append_stream("demo", now + 1, {"arrival_rate": float(trace.value.iloc[-1] / 300), "consumption_rate": 150.0, "sample_lag": 9000, "time_lag_s": 60.0})
 
     defs = build_definitions(p)
     with instance_for_test() as instance:

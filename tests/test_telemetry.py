@@ -73,7 +73,7 @@ def test_exact_lag_per_partition(kafka_broker):
     assert {k: v.end_offset for k, v in by_partition.items()} == {0: 120, 1: 45, 2: 0}
     assert {k: v.lag for k, v in by_partition.items()} == {0: 20, 1: 0, 2: 0}
     assert by_partition[2].committed is None
-    assert snap.message_lag == 20
+    assert snap.sample_lag == 20
     assert snap.arrival_rate is None  # first snapshot: no rate invented
 
 
@@ -81,7 +81,21 @@ def test_missing_commit_counts_from_the_earliest_offset(kafka_broker):
     servers = kafka_broker.bootstrap_servers
     _setup(servers, partitions=1)
     _produce(servers, {0: 30})
-    assert _resource(servers).snapshot().message_lag == 30
+    assert _resource(servers).snapshot().sample_lag == 30
+
+
+def test_packed_records_are_counted_in_samples(kafka_broker):
+    import pandas as pd
+
+    from kale_dagster.producer import ReplaySettings, replay
+
+    servers = kafka_broker.bootstrap_servers
+    trace = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 400.0})
+    sent = replay(servers, trace, ReplaySettings(topic=TOPIC, partitions=2, samples_per_record=4), max_wall_s=1.5)
+    assert sent > 0 and sent % 4 == 0
+    packed = KafkaStreamResource(bootstrap_servers=servers, topics=[TOPIC], group_id=GROUP, samples_per_record=4).snapshot()
+    assert packed.sample_lag == sent
+    assert _resource(servers).snapshot().sample_lag == sent // 4  # the same stream read as one sample per record
 
 
 def test_arrival_and_consumption_rates(kafka_broker):
@@ -126,6 +140,7 @@ def test_config_errors_name_the_field():
         (dict(bootstrap_servers="localhost:9092", topics=[""], group_id="g"), "topics"),
         (dict(bootstrap_servers="localhost:9092", topics=["t"], group_id="g", security_protocol="TLS"), "security_protocol"),
         (dict(bootstrap_servers="localhost:9092", topics=["t"], group_id="g", security_protocol="SASL_SSL"), "sasl_mechanism"),
+        (dict(bootstrap_servers="localhost:9092", topics=["t"], group_id="g", samples_per_record=0), "samples_per_record"),
     ]:
         with pytest.raises(ValidationError, match=field):
             KafkaStreamResource(**kwargs)
@@ -148,7 +163,6 @@ def test_sensor_records_skips_on_outage_and_resumes(tmp_path):
     try:
         servers = broker.bootstrap_servers
         _setup(servers, partitions=2)
-        _produce(servers, {0: 50, 1: 50})
         sensor = build_stream_metrics_sensor(
             name="demo_stream_metrics", pipeline="demo", history=history,
             emergency_lag_s=1.0, emergency_job=emergency_rescale, tick_timeout_s=8,
@@ -156,9 +170,10 @@ def test_sensor_records_skips_on_outage_and_resumes(tmp_path):
         resources = {"kale_stream": _resource(servers)}
         with instance_for_test() as instance:
             ctx = build_sensor_context(instance=instance, resources=resources)
+            _produce(servers, {0: 50, 1: 50})  # here: the time lag starts now, not while the instance is set up
             first = sensor(ctx)
-            assert isinstance(first, SensorResult)
-            assert first.asset_events[0].metadata["message_lag"].value == 100
+            assert isinstance(first, SensorResult) and first.run_requests == []
+            assert first.asset_events[0].metadata["sample_lag"].value == 100
             cursor = StreamMetricsCursor.from_json(first.cursor)
             assert cursor.offsets == {TOPIC: {"0": [50, None], "1": [50, None]}}
 
@@ -182,7 +197,7 @@ def test_sensor_records_skips_on_outage_and_resumes(tmp_path):
             _produce(servers, {0: 7, 1: 3})
             resumed = sensor(build_sensor_context(instance=instance, resources=resources, cursor=third.cursor))
             assert isinstance(resumed, SensorResult)
-            assert resumed.asset_events[0].metadata["message_lag"].value == 10
+            assert resumed.asset_events[0].metadata["sample_lag"].value == 10
             assert len(history.stream("demo")) == rows_before + 1
             assert run_key.startswith("demo-emergency-")
     finally:
@@ -194,10 +209,10 @@ def test_history_is_bounded_and_read_by_time_range(tmp_path):
     history = MetricsHistory(f"sqlite:///{tmp_path / 'm.db'}", retention_days=1)
     base = 1_800_000_000.0
     for i in range(5):
-        history.append_stream("p", base + i * 43_200, {"arrival_rate": float(i), "message_lag": i})
+        history.append_stream("p", base + i * 43_200, {"arrival_rate": float(i), "sample_lag": i})
     frame = history.stream("p")
     assert list(frame["arrival_rate"]) == [2.0, 3.0, 4.0]  # older than one day: deleted
-    assert list(history.stream("p", start=base + 3 * 43_200)["message_lag"]) == [3, 4]
+    assert list(history.stream("p", start=base + 3 * 43_200)["sample_lag"]) == [3, 4]
     reopened = MetricsHistory(history.url, retention_days=1)  # survives a restart
     assert len(reopened.arrival_history("p")) == 3
 
@@ -227,7 +242,7 @@ def test_request_count_does_not_grow_with_partitions(kafka_broker, monkeypatch):
         producer.close()
         sent.clear()
         snap = KafkaStreamResource(bootstrap_servers=servers, topics=[topic], group_id="g").snapshot()
-        assert snap.message_lag == partitions
+        assert snap.sample_lag == partitions
         counts[partitions] = {name: sent.count(name) for name in set(sent) if "Heartbeat" not in name}
     admin.close()
     # Same requests of each kind for 4 and 64 partitions (Fetch may take an extra round).

@@ -100,7 +100,7 @@ def test_dagster_ui_shows_kale_and_a_sensor_triggered_rescale(kafka_broker, tmp_
     trace = synth_trace(days=3, seed=5, step_s=300, peak_rate=600)
     now = time.time()
     for i, value in enumerate(trace.value):
-        history.append_stream("demo", now - (len(trace) - 1 - i) * 300, {"arrival_rate": value / 300, "message_lag": 0, "time_lag_s": 20.0}, workers=1)
+        history.append_stream("demo", now - (len(trace) - 1 - i) * 300, {"arrival_rate": value / 300, "sample_lag": 0, "time_lag_s": 20.0}, workers=1)
     history.dispose()
 
     launcher = RecordingLauncher(workers=1)

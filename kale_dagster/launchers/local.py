@@ -85,6 +85,7 @@ class WorkerProcess:
         self.latest_metrics: Optional[dict] = None
         self.rank: Optional[int] = None
         self.released = False
+        self.ready = threading.Event()  # torch imported, model built: can join a group at once
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kale_dagster.trainer.worker", *settings.argv(), "--standby"],
@@ -102,7 +103,17 @@ class WorkerProcess:
                 continue
             if event.get("event") == "metrics":
                 self.latest_metrics = event
+            elif event.get("event") == "ready":
+                self.ready.set()
             self.events.put(event)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(0.2):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with code {self.proc.returncode} before 'ready'; see {self.log_path}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker did not report 'ready' within {timeout:.0f} s; see {self.log_path}")
 
     def wait_for(self, name: str, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
@@ -182,6 +193,21 @@ class LocalLauncher:
                 _reap(w, 10.0)
             self._pool.clear()
 
+    def wait_warm(self, timeout: float = 120.0) -> None:
+        """Block until the standby pool is ready.  A standby starting up (a Python
+        process importing torch) takes CPU from the group, so measurements wait."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                pool = list(self._pool)
+            if len(pool) >= self.pool_size:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"standby pool not refilled within {timeout:.0f} s")
+            time.sleep(0.05)
+        for w in pool:
+            w.wait_ready(max(deadline - time.monotonic(), 0.1))
+
     def supervise_once(self) -> Optional[RescaleRecord]:
         """Restart the group from its last checkpoint if a worker died; None when all is well."""
         with self._lock:
@@ -191,9 +217,13 @@ class LocalLauncher:
             return self._restart(self.workers, f"crash-restart (worker rank {dead[0].rank} exited {dead[0].proc.returncode})", decided_at=time.monotonic())
 
     def throughput(self) -> dict:
-        """Latest samples/s per rank and in total, from the workers' metrics events."""
+        """Latest samples/s per rank and in total, and the mean busy share (what GPU
+        utilization would read), from the workers' metrics events."""
+        latest = [w.latest_metrics for w in self._group if w.latest_metrics]
         per_rank = {w.rank: w.latest_metrics["samples_per_s"] for w in self._group if w.latest_metrics}
-        return {"workers": self.workers, "per_rank": per_rank, "total": sum(per_rank.values()), "emulated": self.settings.emulate_gpu_rate > 0}
+        busy = sum(m["busy_share"] for m in latest) / len(latest) if latest else None
+        return {"workers": self.workers, "per_rank": per_rank, "total": sum(per_rank.values()), "busy_share": busy,
+                "emulated": self.settings.emulate_gpu_rate > 0}
 
     def record_throughput(self, history, pipeline: str) -> Optional[dict]:
         """Append the group's measured samples/s to the metrics history (feeds the throughput model)."""
@@ -228,7 +258,7 @@ class LocalLauncher:
             self._fill_pool(n)
             group, self._pool = self._pool[:n], self._pool[n:]
             for w in group:
-                w.wait_for("ready", self.ready_timeout_s)  # instant for warm standbys
+                w.wait_ready(self.ready_timeout_s)  # instant for warm standbys
             marks.append(time.monotonic())
             port = free_loopback_port()
             for rank, w in enumerate(group):

@@ -117,6 +117,7 @@ class Worker:
         self.started_at = time.monotonic()
         self.trained_log = None
         self._committer = None
+        self.samples_per_record = 1  # as last seen: turns the queue's room into a record count
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -176,16 +177,22 @@ class Worker:
         room = self.args.max_queue - len(queue.own)
         if room <= 0 or not self.next_pos:
             return
-        # kafka-python drives its network I/O inside poll(), so a zero timeout
-        # could leave fetches unsent; 5 ms is enough and keeps steps flowing.
-        for tp, records in consumer.poll(timeout_ms=5, max_records=room).items():
+        # kafka-python drives its network I/O inside poll(): with a batch queued
+        # a zero timeout just collects what has arrived; a starving worker waits
+        # 5 ms, enough for a fetch to complete without stalling the collective.
+        wait_ms = 0 if len(queue) >= self.args.batch_size else 5
+        for tp, records in consumer.poll(timeout_ms=wait_ms, max_records=max(room // self.samples_per_record, 1)).items():
             if not records:
                 continue
-            items = np.empty(len(records), dtype=QITEM)
-            items["rec"] = decode([r.value for r in records])
+            samples, counts = decode([r.value for r in records])
+            items = np.empty(len(samples), dtype=QITEM)
+            items["rec"] = samples
             items["partition"] = tp.partition
-            items["offset"] = [r.offset for r in records]
+            # Every sample of a packed record carries the record's offset: a
+            # checkpoint taken mid-record resumes at that record (at least once).
+            items["offset"] = np.repeat([r.offset for r in records], counts)
             queue.add_own(items)
+            self.samples_per_record = int(counts[-1]) or 1
             self.next_pos[tp.partition] = records[-1].offset + 1
 
     def exchange(self, queue: LocalQueue, plan: list[tuple[int, int, int]]) -> None:
@@ -218,7 +225,7 @@ class Worker:
         emit("started", rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
         trained_log = self.trained_log = open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab") if args.trained_log else None
         last_ckpt = time.monotonic()
-        window_start, window_samples, idle_steps, steps = time.monotonic(), 0, 0, 0
+        window_start, window_samples, idle_steps, steps, busy_s = time.monotonic(), 0, 0, 0, 0.0
         first_step_done = False
         try:
             while True:
@@ -248,12 +255,13 @@ class Worker:
                 batch = queue.take(args.batch_size)
                 self.train_step(batch["rec"], global_n)
                 if trained_log is not None and len(batch):
-                    trained_log.write(np.stack([batch["partition"].astype(np.int64), batch["offset"]], axis=1).tobytes())
+                    trained_log.write(np.stack([batch["partition"].astype(np.int64), batch["offset"], batch["rec"]["seq"].astype(np.int64)], axis=1).tobytes())
                 if args.emulate_gpu_rate:
                     # EMULATION: one GPU's throughput, so scaling shows on a small CPU.
                     pause = len(batch) / args.emulate_gpu_rate - (time.monotonic() - started)
                     if pause > 0:
                         time.sleep(pause)
+                busy_s += time.monotonic() - started  # the (emulated) GPU is busy for the whole step
                 step += 1
                 steps += 1
                 trained_total += len(batch)
@@ -264,9 +272,11 @@ class Worker:
                     emit("step", rank=self.rank, step=step, first=True)
                 if time.monotonic() - window_start >= args.metrics_every_s:
                     elapsed = time.monotonic() - window_start
+                    # busy_share is what GPU utilization reports (HPA's metric); idle_share
+                    # counts steps this rank sat out while others trained (imbalance).
                     emit("metrics", rank=self.rank, world=self.world, samples_per_s=window_samples / elapsed, idle_share=idle_steps / max(steps, 1),
-                         auc=self.auc.value(), step=step, emulated=bool(args.emulate_gpu_rate))
-                    window_start, window_samples, idle_steps, steps = time.monotonic(), 0, 0, 0
+                         busy_share=min(busy_s / elapsed, 1.0), auc=self.auc.value(), step=step, emulated=bool(args.emulate_gpu_rate))
+                    window_start, window_samples, idle_steps, steps, busy_s = time.monotonic(), 0, 0, 0, 0.0
                 if checkpoint_now:
                     self.checkpoint(step, trained_total, queue)
                     last_ckpt = time.monotonic()
@@ -345,7 +355,7 @@ def parse_args(argv=None):
     parser.add_argument("--metrics-every-s", type=float, default=2.0)
     parser.add_argument("--keep", type=int, default=3)
     parser.add_argument("--collective-timeout-s", type=float, default=60.0)
-    parser.add_argument("--trained-log", default=None, help="directory for per-rank logs of trained (partition, offset) pairs")
+    parser.add_argument("--trained-log", default=None, help="directory for per-rank logs of trained (partition, offset, sample seq) as int64 triples")
     parser.add_argument("--standby", action="store_true", help="wait for rank/world on stdin (warm standby)")
     return parser.parse_args(argv)
 
