@@ -8,7 +8,8 @@ the forecaster's horizon and half-life, and the trainer's checkpoint interval (o
 committed at checkpoints, so a 5 s interval would read as 10 trace minutes of lag).  The
 restart time is what the launcher measures.  The loop and both policies act once a trace
 minute (HPA's sync period is 15 s by default; a minute here, in the simulator too).  Workers
-start before the producer, so no start-up backlog is scored.  Metrics are the paper's,
+start (from warm standbys) as the producer does, and the first WARMUP_MIN trace minutes (their start-up
+backlog) are not scored, in the simulator neither.  Metrics are the paper's,
 computed from the time lag measured each trace minute (record timestamps), in trace units.
 
 The simulator runs the same policies on the same trace with the restart time and the
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -35,16 +37,18 @@ from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.live import LiveController
 from kale_dagster.policies import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules, KaleConfig, KalePolicy
 from kale_dagster.forecast import make_forecaster
-from kale_dagster.producer import ReplaySettings, ensure_topic, replay
+from kale_dagster.producer import ReplaySettings, replay
 from kale_dagster.resources import KafkaStreamResource
 from kale_dagster.simulate import SimConfig, simulate
 from kale_dagster.throughput import ThroughputModel
 from kale_dagster.trace import synth_trace
 
 WORKER_RATE = 150.0  # EMULATED samples per wall second per worker
-MAX_WORKERS = 5
+MAX_WORKERS = 6
 PEAK_WALL_RATE = 600.0
 SLO_MIN = 20.0
+WARMUP_MIN = 30
+CHECKPOINT_TRACE_S = 120.0  # offsets are committed at checkpoints; 1 wall second at 120x
 
 
 def segment(hours: float) -> pd.DataFrame:
@@ -83,15 +87,16 @@ def metrics(lags_min, workers, tick_trace_min: float, downtime_trace_min: float,
     }
 
 
-def run_live(name: str, shape: pd.DataFrame, speed: float) -> tuple[dict, float, float]:
+def run_live(name: str, shape: pd.DataFrame, speed: float, timeline_csv: str) -> tuple[dict, float, float]:
     """Measured metrics, median restart (wall s) and per-worker rate (samples per wall s) of one live run."""
     history_in = shape.assign(rate=shape["rate"] * PEAK_WALL_RATE / speed)
     tick_wall = 60.0 / speed  # one trace minute
     with embedded_broker() as broker:
         servers = broker.bootstrap_servers
         home = tempfile.mkdtemp(prefix="kale-e2e-")
-        launcher = LocalLauncher(TrainerSettings(servers, "samples", "trainer", f"{home}/ckpt", batch_size=32, emulate_gpu_rate=WORKER_RATE,
-                                                 checkpoint_every_s=60 / speed), pool_size=2)
+        # A standby for every worker: a scale-up by several workers is as warm as one by a single worker.
+        launcher = LocalLauncher(TrainerSettings(servers, "samples", "trainer", f"{home}/ckpt", batch_size=64, emulate_gpu_rate=WORKER_RATE,
+                                                 checkpoint_every_s=CHECKPOINT_TRACE_S / speed), pool_size=MAX_WORKERS)
         model = ThroughputModel.linear(WORKER_RATE)
         policy = kale(speed, 3.0) if name == "kale" else hpa(speed)
         history = MetricsHistory(f"sqlite:///{home}/m.db")
@@ -106,25 +111,31 @@ def run_live(name: str, shape: pd.DataFrame, speed: float) -> tuple[dict, float,
         stop = threading.Event()
         producer = threading.Thread(target=replay, args=(servers, history_in, ReplaySettings(topic="samples", speedup=speed, partitions=4)),
                                     kwargs=dict(stop=stop), daemon=True)
-        lags, workers, downs = [], [], []
+        lags, workers, downs, rows = [], [], [], []
         try:
-            ensure_topic(servers, "samples", 4)
-            launcher.start(model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, MAX_WORKERS))
-            launcher.wait_warm()
+            launcher.wait_warm()  # standbys importing torch would slow the first minutes
             producer.start()
+            t0 = time.monotonic()
+            launcher.start(model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, MAX_WORKERS))
             while producer.is_alive():
                 started = time.monotonic()
                 tick = loop.tick()
-                if tick.record is not None:
+                trace_min = (started - t0) * speed / 60
+                scored = trace_min >= WARMUP_MIN
+                rows.append((round(trace_min, 2), round(tick.arrival_rate, 1), round(tick.time_lag_s * speed / 60, 2), tick.sample_lag,
+                             tick.workers, tick.decision.workers, tick.decision.reason[:160]))
+                if tick.record is not None and scored:
                     downs.append(tick.record.downtime_s)
-                lags.append(tick.time_lag_s * speed / 60)
-                workers.append(tick.workers)
+                if scored:
+                    lags.append(tick.time_lag_s * speed / 60)
+                    workers.append(tick.workers)
                 time.sleep(max(tick_wall - (time.monotonic() - started), 0.0))
         finally:
             stop.set()
             launcher.stop()
             history.dispose()
-    measured_tick_trace_min = len(history_in) / max(len(lags), 1)  # slow ticks cover more trace time
+            pd.DataFrame(rows, columns=["trace_min", "arrival_per_s", "lag_min", "sample_lag", "workers", "decided", "reason"]).to_csv(timeline_csv, index=False)
+    measured_tick_trace_min = (len(history_in) - WARMUP_MIN) / max(len(lags), 1)  # slow ticks cover more trace time
     result = metrics(lags, workers, measured_tick_trace_min, sum(downs) * speed / 60, len(downs))
     return result, statistics.median(downs) if downs else 3.0, loop.per_worker_rate or WORKER_RATE
 
@@ -134,7 +145,7 @@ def run_sim(name: str, shape: pd.DataFrame, speed: float, restart_wall_s: float,
     rates = (shape["rate"] * PEAK_WALL_RATE / speed).to_numpy()
     policy = kale(speed, restart_wall_s * speed, trace_units=True, worker_rate=worker_rate) if name == "kale" else hpa(speed, trace_units=True)
     model = ThroughputModel.linear(worker_rate / speed)
-    cfg = SimConfig(restart_s=restart_wall_s * speed, slo_s=SLO_MIN * 60, max_workers=MAX_WORKERS,
+    cfg = SimConfig(restart_s=restart_wall_s * speed, slo_s=SLO_MIN * 60, max_workers=MAX_WORKERS, warmup_steps=WARMUP_MIN,
                     forecast_every_s=60, refit_every_s=60, forecast_horizon_s=7200)
     factory = (lambda: make_forecaster("ewma", halflife_s=1800.0)) if name == "kale" else None
     return simulate(rates, pd.DatetimeIndex(shape["timestamp"]), policy, model, cfg, forecaster_factory=factory).metrics.to_json()
@@ -144,22 +155,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speedup", type=float, default=120.0)
     parser.add_argument("--hours", type=float, default=12.0)
+    parser.add_argument("--policies", default="kale,hpa")
+    parser.add_argument("--timeline-dir", default="artifacts/e2e", help="per-tick CSV of each live run")
     args = parser.parse_args()
     shape = segment(args.hours)
     keys = ("accumulated_lag_minutes", "slo_violation_rate", "downtime_minutes", "gpu_hours", "rescales", "max_lag_minutes")
     measured, simulated = {}, {}
-    for name in ("kale", "hpa"):
-        measured[name], restart, rate = run_live(name, shape, args.speedup)
+    names = args.policies.split(",")
+    for name in names:
+        Path(args.timeline_dir).mkdir(parents=True, exist_ok=True)
+        measured[name], restart, rate = run_live(name, shape, args.speedup, f"{args.timeline_dir}/{name}.csv")
         simulated[name] = run_sim(name, shape, args.speedup, restart, rate)
         print(f"{name}: median measured restart {restart:.2f} s wall = {restart * args.speedup / 60:.1f} trace min; "
               f"per-worker rate {rate:.0f} samples/s (EMULATED cap {WORKER_RATE:.0f})", flush=True)
     print(f"\n{'':<14}" + "".join(f"{k[:14]:>16}" for k in keys))
-    for name in ("kale", "hpa"):
+    for name in names:
         for label, m in (("measured", measured[name]), ("simulated", simulated[name])):
             print(f"{name + ' ' + label:<14}" + "".join(f"{m[k]:>16.3f}" if isinstance(m[k], float) else f"{m[k]:>16}" for k in keys))
+    if len(names) < 2:
+        return 0
     k, h = measured["kale"], measured["hpa"]
     print("\nmeasured Kale / HPA: " + ", ".join(f"{key} {k[key] / h[key]:.2f}x" for key in ("accumulated_lag_minutes", "downtime_minutes", "gpu_hours") if h[key]))
-    for name in ("kale", "hpa"):
+    for name in names:
         m, s = measured[name], simulated[name]
         print(f"{name}: simulated/measured " + ", ".join(f"{key} {s[key] / m[key]:.2f}" for key in ("accumulated_lag_minutes", "gpu_hours", "downtime_minutes") if m[key]))
     return 0

@@ -116,7 +116,9 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
         replay_settings = ReplaySettings(topic=TOPIC, speedup=speed, partitions=4, hot_share=0.4, seed=settings.seed)
         producer = threading.Thread(target=replay, args=(servers, history_in, replay_settings), kwargs=dict(stop=stop), daemon=True, name="producer")
         producer.start()
-        trainer = TrainerSettings(servers, TOPIC, GROUP, str(home / "checkpoints"), batch_size=64, emulate_gpu_rate=settings.worker_rate, checkpoint_every_s=5)
+        # Offsets are committed at checkpoints: one a trace minute, or lag would read up to the interval x speed-up.
+        trainer = TrainerSettings(servers, TOPIC, GROUP, str(home / "checkpoints"), batch_size=64, emulate_gpu_rate=settings.worker_rate,
+                                  checkpoint_every_s=max(60 / speed, 0.5))
         launcher = LocalLauncher(trainer, pool_size=2)
         service = LauncherService(launcher, port=0).start()  # Dagster's rescale runs reach the same workers
         first = model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, settings.max_workers)

@@ -31,7 +31,7 @@ import pandas as pd
 from .backlog import FifoBacklog
 from .errors import KaleConfigError
 from .forecast.base import Forecast
-from .forecast.evaluate import smape
+from .forecast.evaluate import accepts_history, smape
 from .policy import Observation, ScalingPolicy
 from .throughput import ThroughputModel
 
@@ -102,12 +102,13 @@ class _ForecastFeed:
         if minute < 2 or minute % max(int(self.cfg.forecast_every_s // MINUTE), 1):
             return self.forecast
         history = pd.DataFrame({"timestamp": self.times[:minute], "rate": self.rates[:minute]})
-        if self.model is None or minute >= self.next_refit:
+        steps = max(int(self.cfg.forecast_horizon_s // MINUTE), 1)
+        if self.model is None or minute >= self.next_refit or not accepts_history(self.model):
             self.model = self.factory().fit(history)
             self.next_refit = minute + int(self.cfg.refit_every_s // MINUTE)
-            fc = self.model.predict()
+            fc = self.model.predict(steps)
         else:
-            fc = self.model.predict(history=history)
+            fc = self.model.predict(steps, history=history)
         self.forecast = fc
         for k, value in enumerate(fc.point[: int(self.cfg.forecast_every_s // MINUTE)]):
             self.one_step[minute + k] = float(value)

@@ -19,14 +19,14 @@ class FakeStream:
 
 
 class FakeLauncher:
-    def __init__(self, workers, total):
-        self.workers, self.total, self.rescales = workers, total, []
+    def __init__(self, workers, total, busy_share=None):
+        self.workers, self.total, self.busy_share, self.rescales = workers, total, busy_share, []
 
     def supervise_once(self):
         return None
 
     def record_throughput(self, history, pipeline):
-        return {"workers": self.workers, "total": self.total, "per_rank": {}, "emulated": True}
+        return {"workers": self.workers, "total": self.total, "per_rank": {}, "busy_share": self.busy_share, "emulated": True}
 
     def rescale(self, m, reason=""):
         self.rescales.append(m)
@@ -54,3 +54,23 @@ def test_capacity_is_learned_only_while_busy(tmp_path):
     busy.tick()
     assert busy.per_worker_rate == 90.0
     assert policy.model.predict(1) == 90.0  # Kale now plans with what a worker really does
+
+
+class RecordingPolicy(StaticPolicy):
+    def decide(self, obs):
+        self.seen = obs
+        return super().decide(obs)
+
+
+def test_hpa_sees_the_workers_busy_share_when_reported(tmp_path):
+    """GPU utilization is what HPA scales on: the workers' busy share, not a guess from lag."""
+    history = MetricsHistory(f"sqlite:///{tmp_path / 'm.db'}")
+    reported = RecordingPolicy(2)
+    LiveController(FakeStream(400, 100.0), FakeLauncher(2, 100.0, busy_share=0.55), reported, ThroughputModel.linear(150.0), history, "p", 600).tick()
+    assert reported.seen.utilization == 0.55
+    guessed = RecordingPolicy(2)  # no busy share (e.g. older workers): a waiting backlog means all busy
+    LiveController(FakeStream(400, 100.0), FakeLauncher(2, 100.0), guessed, ThroughputModel.linear(150.0), history, "p", 600).tick()
+    assert guessed.seen.utilization == 1.0
+    idle = RecordingPolicy(2)
+    LiveController(FakeStream(0, 100.0), FakeLauncher(2, 100.0), idle, ThroughputModel.linear(150.0), history, "p", 600).tick()
+    assert abs(idle.seen.utilization - 100.0 / 300.0) < 1e-9

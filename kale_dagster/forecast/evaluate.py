@@ -101,7 +101,7 @@ def rolling_origin(
     for k, origin in enumerate(origins):
         if origin >= next_refit:
             model = factory().fit(history.iloc[:origin])
-            takes_history = _accepts_history(model)  # once per fit, not per origin
+            takes_history = accepts_history(model)  # once per fit, not per origin
             refits += 1
             next_refit = origin + refit_steps
         past = history.iloc[:origin]
@@ -142,7 +142,8 @@ def rolling_origin(
     )
 
 
-def _accepts_history(model) -> bool:
+def accepts_history(model) -> bool:
+    """Whether a fitted forecaster re-predicts from fresher history without a refit (Prophet does)."""
     import inspect
 
     return "history" in inspect.signature(model.predict).parameters

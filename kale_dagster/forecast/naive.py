@@ -24,9 +24,12 @@ def empirical_band(errors: np.ndarray, width: float) -> tuple[np.ndarray, np.nda
     if errors.size == 0 or np.all(np.isnan(errors)):
         zeros = np.zeros(errors.shape[1] if errors.ndim == 2 else 0)
         return zeros, zeros
-    lower = np.nanquantile(errors, lo_q, axis=0)
-    upper = np.nanquantile(errors, hi_q, axis=0)
-    return np.nan_to_num(lower), np.nan_to_num(upper)
+    # Steps no origin reached yet (short history, long horizon) get a zero band.
+    seen = ~np.all(np.isnan(errors), axis=0)
+    lower, upper = np.zeros(errors.shape[1]), np.zeros(errors.shape[1])
+    lower[seen] = np.nanquantile(errors[:, seen], lo_q, axis=0)
+    upper[seen] = np.nanquantile(errors[:, seen], hi_q, axis=0)
+    return lower, upper
 
 
 def horizon_errors(log_actual: np.ndarray, log_pred_fn, origins: np.ndarray, horizon: int) -> np.ndarray:
