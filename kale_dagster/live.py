@@ -71,7 +71,7 @@ class LiveController:
             steps = max(int(round(self.forecast_horizon_s / step_s)), 1)
             forecast = make_forecaster("ewma", halflife_s=self.forecast_halflife_s).fit(recent).predict(steps)
         consumption = snap.consumption_rate or 0.0
-        utilization = measured["busy_share"] if measured is not None and measured.get("busy_share") is not None else self._utilization(snap, workers)
+        utilization = self._utilization(snap, workers, measured)
         obs = Observation(
             time=snap.time, workers=workers, arrival_rate=snap.arrival_rate or 0.0, consumption_rate=consumption,
             backlog=snap.sample_lag, time_lag_s=snap.time_lag_s, utilization=utilization, forecast=forecast,
@@ -84,12 +84,14 @@ class LiveController:
                 self.on_rescale(record)
         return LiveTick(snap.time, snap.arrival_rate or 0.0, snap.time_lag_s, snap.sample_lag, self.launcher.workers, decision, record)
 
-    def _utilization(self, snap, workers: int) -> float:
-        """HPA's metric when the workers do not report a busy share: all busy while
-        a backlog waits, else consumption over capacity."""
-        capacity = float(self.model.predict(workers))
+    def _utilization(self, snap, workers: int, measured: Optional[dict]) -> float:
+        """HPA's metric: the workers' busy share where they report it; otherwise all
+        busy while a backlog waits, else consumption over capacity."""
+        if measured is not None and measured.get("busy_share") is not None:
+            return measured["busy_share"]
         if snap.sample_lag > 0:
             return 1.0
+        capacity = float(self.model.predict(workers))
         return min((snap.consumption_rate or 0.0) / capacity, 1.0) if capacity else 0.0
 
     def _learn_capacity(self, per_worker: float) -> None:

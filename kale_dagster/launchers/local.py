@@ -108,12 +108,9 @@ class WorkerProcess:
             self.events.put(event)
 
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.ready.wait(0.2):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with code {self.proc.returncode} before 'ready'; see {self.log_path}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker did not report 'ready' within {timeout:.0f} s; see {self.log_path}")
+        """Like ``wait_for("ready")``, but any number of times: the flag outlives the consumed event."""
+        if not self.ready.is_set():
+            self.wait_for("ready", timeout)
 
     def wait_for(self, name: str, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
@@ -219,9 +216,9 @@ class LocalLauncher:
     def throughput(self) -> dict:
         """Latest samples/s per rank and in total, and the mean busy share (what GPU
         utilization would read), from the workers' metrics events."""
-        latest = [w.latest_metrics for w in self._group if w.latest_metrics]
-        per_rank = {w.rank: w.latest_metrics["samples_per_s"] for w in self._group if w.latest_metrics}
-        busy = sum(m["busy_share"] for m in latest) / len(latest) if latest else None
+        latest = {w.rank: w.latest_metrics for w in self._group if w.latest_metrics}
+        per_rank = {rank: m["samples_per_s"] for rank, m in latest.items()}
+        busy = sum(m["busy_share"] for m in latest.values()) / len(latest) if latest else None
         return {"workers": self.workers, "per_rank": per_rank, "total": sum(per_rank.values()), "busy_share": busy,
                 "emulated": self.settings.emulate_gpu_rate > 0}
 
