@@ -222,3 +222,30 @@ def test_worker_runs_under_torchrun_and_stops_cleanly_on_sigterm(kafka_broker, t
     assert out.count('"event": "stopped"') == 2, err[-2000:]
     state = load_latest(tmp_path)
     assert state["world"] == 2 and sum(state["offsets"].values()) > 0
+
+
+@pytest.mark.integration
+def test_stopped_workers_return_to_the_pool_and_are_reused(kafka_broker, tmp_path):
+    """A rescale reuses the stopped processes (no torch import, no teardown on the critical path);
+    the pool keeps at most pool_size standbys, and stop() leaves no process behind."""
+    servers = kafka_broker.bootstrap_servers
+    replay(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 200.0}),
+           ReplaySettings(topic="reuse", partitions=2), max_wall_s=1)
+    launcher = LocalLauncher(TrainerSettings(servers, "reuse", "g", str(tmp_path / "ckpt"), batch_size=32, emulate_gpu_rate=500), pool_size=1)
+    seen = set()
+    try:
+        launcher.start(2)
+        first = {w.proc.pid for w in launcher._group}
+        seen |= set(launcher._group + launcher._pool)
+        launcher.rescale(3)
+        assert first <= {w.proc.pid for w in launcher._group}
+        assert load_latest(tmp_path / "ckpt")["world"] == 2  # the stopped group checkpointed
+        seen |= set(launcher._group + launcher._pool)
+        launcher.rescale(1)
+        assert len(launcher._pool) <= 1 and all(w.alive() for w in launcher._group + launcher._pool)
+        seen |= set(launcher._group + launcher._pool)
+        assert all(r.downtime_s < 30 for r in launcher.records)
+    finally:
+        launcher.stop()
+    for w in seen:
+        w.proc.wait(15)  # released extras and the final group all exit

@@ -8,7 +8,8 @@ from typing import Optional, Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class RescaleRecord:
-    """One restart of the worker group; ``downtime_s`` runs from the decision to the first step at the new size."""
+    """One restart of the worker group; ``downtime_s`` runs from the decision to the first step at the new size
+    (or, on an idle stream, until every worker has read its partitions to the end)."""
 
     time: float
     from_workers: int

@@ -6,11 +6,13 @@ measured from the decision to the first completed training step at the
 new size.
 
 Why it is fast: a cold torchrun start spends seconds importing torch and
-building the model before the first step.  This launcher keeps a pool of
-warm standby workers (torch imported, model built, waiting on stdin), so a
-rescale costs the graceful stop (finish the step, checkpoint, commit), the
-rendezvous and the checkpoint load.  The pool is refilled in the
-background after each rescale.
+building the model before the first step, and a torch process takes
+seconds more to tear down on a busy machine.  This launcher keeps a pool of
+warm standby workers (torch imported, model built, waiting on stdin), and a
+stopped worker goes back to that pool instead of exiting, so a rescale costs
+the graceful stop (finish the step, checkpoint, commit), the rendezvous and
+the checkpoint load.  New processes are started (in the background) only
+when the pool is short.
 
 Supervision: a worker that exits unexpectedly (crash, SIGKILL) takes the
 group down; the launcher stops the survivors and restarts the group at the
@@ -127,6 +129,8 @@ class WorkerProcess:
 
     def assign(self, rank: int, world: int, port: int) -> None:
         self.rank = rank
+        self.ready.clear()  # set again when it is back in standby
+        self.latest_metrics = None
         self.proc.stdin.write(json.dumps({"rank": rank, "world": world, "addr": "127.0.0.1", "port": port}) + "\n")
         self.proc.stdin.flush()
 
@@ -159,6 +163,7 @@ class LocalLauncher:
     _group: list = field(default_factory=list)
     _pool: list = field(default_factory=list)
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _stopped: bool = False
 
     def __post_init__(self):
         self._log_dir = Path(self.log_dir or Path(self.settings.checkpoint_dir) / "logs")
@@ -183,7 +188,8 @@ class LocalLauncher:
 
     def stop(self) -> None:
         with self._lock:
-            self._stop_group()
+            self._stopped = True  # a background refill after this would leave a process behind
+            self._pool.extend(self._stop_group())
             for w in self._pool:
                 w.release()
             for w in self._pool:
@@ -236,13 +242,24 @@ class LocalLauncher:
         while len(self._pool) < size:
             self._pool.append(WorkerProcess(self.settings, self._log_dir))
 
-    def _stop_group(self) -> None:
+    def _stop_group(self) -> list:
+        """SIGTERM the group; returns the workers that checkpointed and are standbys again.
+
+        A worker that does not come back (crashed, or stuck past the stop
+        timeout) is killed: only a clean stop is trusted to be reused.
+        """
         for w in self._group:
             w.signal(signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout_s
+        back = []
         for w in self._group:
-            _reap(w, max(deadline - time.monotonic(), 0.1))
+            try:
+                w.wait_for("ready", max(deadline - time.monotonic(), 0.1))
+                back.append(w)
+            except (TimeoutError, RuntimeError):
+                _reap(w, 0.1)
         self._group = []
+        return back
 
     def _restart(self, n: int, reason: str, decided_at: float) -> RescaleRecord:
         if n < 1:
@@ -250,10 +267,16 @@ class LocalLauncher:
         with self._lock:
             previous = self.workers
             marks = [decided_at]
-            self._stop_group()  # each worker finishes its step, checkpoints, commits
+            back = self._stop_group()  # each worker finishes its step, checkpoints, commits
             marks.append(time.monotonic())
+            # Warm processes first: the ones just stopped, then ready standbys.
+            self._pool = back + sorted(self._pool, key=lambda w: not w.ready.is_set())
             self._fill_pool(n)
             group, self._pool = self._pool[:n], self._pool[n:]
+            for w in self._pool[self.pool_size :]:
+                w.release()  # more standbys than the pool keeps
+                _reap_later(w)
+            self._pool = self._pool[: self.pool_size]
             for w in group:
                 w.wait_ready(self.ready_timeout_s)  # instant for warm standbys
             marks.append(time.monotonic())
@@ -277,7 +300,12 @@ class LocalLauncher:
 
     def _refill(self) -> None:
         with self._lock:
-            self._fill_pool(self.pool_size)
+            if not self._stopped:
+                self._fill_pool(self.pool_size)
+
+
+def _reap_later(w: WorkerProcess) -> None:
+    threading.Thread(target=_reap, args=(w, 10.0), daemon=True).start()
 
 
 def _reap(w: WorkerProcess, timeout: float) -> None:

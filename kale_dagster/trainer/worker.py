@@ -2,10 +2,10 @@
 
 Run under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the
 environment) or as a warm standby for the local launcher (``--standby``:
-torch is imported and the model built, then the process waits for one JSON
-line on stdin with rank, world size and rendezvous address).  Events go to
-stdout as JSON lines for the launcher: ready, started, step, metrics,
-checkpoint, stopped.
+torch is imported and the model built, then the process waits for a JSON
+line on stdin with rank, world size and rendezvous address; after the group
+stops it is a standby again).  Events go to stdout as JSON lines for the
+launcher: ready, started, step, metrics, checkpoint, stopped.
 
 Each step every rank all-gathers a small status vector (own and total
 queue lengths, accepting, stop and checkpoint-due flags).  From it, identically on every
@@ -109,17 +109,35 @@ class Worker:
     def __init__(self, args):
         self.args = args
         self.stop_requested = False
+        self.serving = False
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
-        torch.manual_seed(0)
-        self.model = CTRModel().to(self.device)
-        self.optimizer = torch.optim.Adagrad(self.model.parameters(), lr=0.05)
-        self.auc = RollingAUC()
+        self._build_model()
         self.started_at = time.monotonic()
         self.trained_log = None
         self._committer = None
         self.samples_per_record = 1  # as last seen: turns the queue's room into a record count
 
     # --- lifecycle -------------------------------------------------------------
+
+    def _build_model(self) -> None:
+        torch.manual_seed(0)
+        self.model = CTRModel().to(self.device)
+        self.optimizer = torch.optim.Adagrad(self.model.parameters(), lr=0.05)
+        self.auc = RollingAUC()
+
+    def serve(self, rank: int, world: int, addr: str, port: int) -> int:
+        """Join a group, train until stopped, leave it.  A standby can serve again."""
+        self.stop_requested, self.serving = False, True
+        self.started_at = time.monotonic()  # rates in the checkpoint count from the join
+        self.join(rank, world, addr, port)
+        try:
+            return self.run()
+        finally:
+            self.serving = False
+            dist.destroy_process_group()
+            # DDP's hooks belong to one process group: the next group gets a
+            # fresh model, loaded from the checkpoint this one just wrote.
+            self._build_model()
 
     def join(self, rank: int, world: int, addr: str, port: int) -> None:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -195,6 +213,10 @@ class Worker:
             self.samples_per_record = int(counts[-1]) or 1
             self.next_pos[tp.partition] = records[-1].offset + 1
 
+    def caught_up(self, consumer) -> bool:
+        """Every partition of this rank has reported its high watermark and been read up to it."""
+        return all((hw := consumer.highwater(tp)) is not None and self.next_pos[tp.partition] >= hw for tp in consumer.assignment())
+
     def exchange(self, queue: LocalQueue, plan: list[tuple[int, int, int]]) -> None:
         """Carry out this rank's part of the forwarding plan with point-to-point transfers."""
         ops, received = [], []
@@ -246,6 +268,10 @@ class Worker:
                 # Checkpoints are collective: all ranks take one at the same step.
                 checkpoint_now = any(row[4] for row in table)
                 if global_n == 0:
+                    if not first_step_done and self.caught_up(consumer):
+                        # Nothing to train: the rank is ready, and an idle stream must not stall a rescale.
+                        first_step_done = True
+                        emit("step", rank=self.rank, step=step, first=True, caught_up=True)
                     if checkpoint_now:
                         self.checkpoint(step, trained_total, queue)
                         last_ckpt = time.monotonic()
@@ -287,8 +313,6 @@ class Worker:
             if trained_log is not None:
                 trained_log.close()
             consumer.close()
-            if self._committer is not None:
-                self._committer.close()
 
     def train_step(self, records: np.ndarray, global_n: int) -> None:
         users, items, dense, labels = batch_tensors(records, self.device)
@@ -363,25 +387,39 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     worker = Worker(args)
-    signal.signal(signal.SIGTERM, lambda *_: setattr(worker, "stop_requested", True))
-    signal.signal(signal.SIGINT, lambda *_: setattr(worker, "stop_requested", True))
-    if args.standby:
-        emit("ready", pid=os.getpid())
-        line = sys.stdin.readline()
-        if not line.strip():
-            return 0  # released without work
-        job = json.loads(line)
-        rank, world, addr, port = job["rank"], job["world"], job["addr"], job["port"]
-    else:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    worker.started_at = time.monotonic()  # rates in the checkpoint count from the join
-    worker.join(rank, world, addr, port)
+
+    def on_stop(*_):
+        if not worker.serving:
+            sys.exit(0)  # a standby has nothing to save
+        worker.stop_requested = True
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
     try:
-        return worker.run()
+        if not args.standby:
+            return worker.serve(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        # Standby: serve one group after another.  A worker stopped by a rescale
+        # comes back here warm (torch imported, broker connection open), so the
+        # next group starts without a new process; an empty line ends it.
+        while True:
+            emit("ready", pid=os.getpid())
+            line = sys.stdin.readline()
+            if not line.strip():
+                return 0
+            job = json.loads(line)
+            code = worker.serve(job["rank"], job["world"], job["addr"], job["port"])
+            if code:
+                return code
     finally:
-        dist.destroy_process_group()
+        if worker._committer is not None:
+            worker._committer.close()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything durable is done (checkpoint fsynced, offsets committed, logs
+    # closed).  Interpreter teardown of torch and gloo takes seconds on a busy
+    # machine, and a rescale waits for the old group to exit: skip it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
