@@ -1,21 +1,25 @@
 """End-to-end: the running system (broker, producer, torch workers on EMULATED GPUs, telemetry,
 policy, pause-and-restart launcher) under Kale and under HPA, on the same compressed trace,
-against the simulator's prediction for the same settings.
+against the simulator's prediction made before the runs.
 
-Twelve hours of the synthetic day (06:00-18:00, the morning ramp) are replayed 120x faster
-(6 wall minutes per policy).  Every duration is divided by the speed-up: the policies' windows,
-the forecaster's horizon and half-life, and the trainer's checkpoint interval (offsets are
-committed at checkpoints, so a 5 s interval would read as 10 trace minutes of lag).  The
-restart time is what the launcher measures.  The loop and both policies act once a trace
-minute (HPA's sync period is 15 s by default; a minute here, in the simulator too).  Workers
-start (from warm standbys) as the producer does, and the first WARMUP_MIN trace minutes (their start-up
-backlog) are not scored, in the simulator neither.  Metrics are the paper's,
-computed from the time lag measured each trace minute (record timestamps), in trace units.
+1. Calibration, as Kale's throughput model is fitted (the paper's section 3.3): the trainer is
+   run saturated at 1, 2, 4 and 6 workers (F(w) fitted on what they deliver), and at 40% of
+   the emulated cap (the trainer's latency before a sample can be committed: queueing and a
+   synchronous step, which grow with the group on this 2-core host); the rescales in between
+   give the restart time.
+2. The simulator predicts both policies' metrics from the calibration alone.
+3. Live runs: twelve hours of the synthetic day (06:00-18:00, the morning ramp) replayed 120x
+   faster (6 wall minutes per policy).  Every duration is divided by the speed-up: the
+   policies' windows, the forecaster's horizon and half-life, and the trainer's checkpoint
+   interval (offsets are committed at checkpoints; the simulator models that cadence).  The
+   loop and both policies act once a trace minute (HPA's sync period is 15 s by default; a
+   minute here, in the simulator too).  Workers start (from warm standbys) as the producer
+   does, and the first WARMUP_MIN trace minutes are not scored, in the simulator neither.
+   Metrics are the paper's, in trace units, from the time lag (record timestamps) read at
+   every tick, restarts included (a rescale runs in the background, as a Dagster run does),
+   each reading weighted by the time until the next.
 
-The simulator runs the same policies on the same trace with the restart time and the
-per-worker rate measured in the live run.
-
-    python bench/end_to_end.py [--speedup 120] [--hours 12]
+    python bench/end_to_end.py [--speedup 120] [--hours 12] [--policies kale,hpa]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +42,7 @@ from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.live import LiveController
 from kale_dagster.policies import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules, KaleConfig, KalePolicy
 from kale_dagster.forecast import make_forecaster
-from kale_dagster.producer import ReplaySettings, replay
+from kale_dagster.producer import ReplaySettings, ensure_topic, replay
 from kale_dagster.resources import KafkaStreamResource
 from kale_dagster.simulate import SimConfig, simulate
 from kale_dagster.throughput import ThroughputModel
@@ -45,7 +50,8 @@ from kale_dagster.trace import synth_trace
 
 WORKER_RATE = 150.0  # EMULATED samples per wall second per worker
 MAX_WORKERS = 6
-PEAK_WALL_RATE = 600.0
+PARTITIONS = 12  # every worker count up to MAX_WORKERS owns partitions (a worker without one trains only forwarded samples)
+PEAK_WALL_RATE = 500.0  # the peak needs 5 of the 6 workers the host can feed (calibration)
 SLO_MIN = 20.0
 WARMUP_MIN = 30
 CHECKPOINT_TRACE_S = 120.0  # offsets are committed at checkpoints; 1 wall second at 120x
@@ -58,12 +64,79 @@ def segment(hours: float) -> pd.DataFrame:
     return pd.DataFrame({"timestamp": pd.to_datetime(part["timestamp"], utc=True), "rate": rate / rate.max()})
 
 
-def kale(speed: float, restart_s: float, trace_units: bool = False, worker_rate: float = WORKER_RATE) -> KalePolicy:
+@dataclass(frozen=True)
+class Calibration:
+    """What profiling the running system measured (wall units): Kale's throughput model and the simulator's inputs."""
+
+    model: ThroughputModel  # F(w) in samples per wall second, fitted on saturated runs (the paper's section 3.3)
+    restart_s: float  # median downtime of the profiling rescales
+    latency_s: float  # the trainer's latency before a sample can be committed: latency_s + latency_per_worker_s * w
+    latency_per_worker_s: float
+    points: tuple  # (workers, samples/s, latency s) as measured
+
+
+def trainer_settings(servers: str, home: str, speed: float) -> TrainerSettings:
+    return TrainerSettings(servers, "samples", "trainer", f"{home}/ckpt", batch_size=64, emulate_gpu_rate=WORKER_RATE,
+                           checkpoint_every_s=CHECKPOINT_TRACE_S / speed, metrics_every_s=60 / speed)
+
+
+def _produce(servers: str, rate: float, seconds: float) -> threading.Thread:
+    history = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": rate})
+    thread = threading.Thread(target=replay, args=(servers, history, ReplaySettings(topic="samples", partitions=PARTITIONS)), kwargs=dict(max_wall_s=seconds), daemon=True)
+    thread.start()
+    return thread
+
+
+def _sample_while(thread: threading.Thread, read, skip_s: float) -> list:
+    readings, start = [], time.monotonic()
+    while thread.is_alive():
+        if time.monotonic() - start >= skip_s:
+            readings.append(read())
+        time.sleep(0.25)
+    return readings
+
+
+def calibrate(speed: float, counts=(1, 2, 4, MAX_WORKERS)) -> Calibration:
+    """Profile the system at each worker count: latency while keeping up (at 40% of the EMULATED
+    cap), throughput while saturated (arrivals at twice the cap), and the restarts in between."""
+    points, restarts = [], []
+    with embedded_broker() as broker:
+        servers = broker.bootstrap_servers
+        ensure_topic(servers, "samples", PARTITIONS)
+        launcher = LocalLauncher(trainer_settings(servers, tempfile.mkdtemp(prefix="kale-cal-"), speed), pool_size=MAX_WORKERS)
+        stream = KafkaStreamResource(bootstrap_servers=servers, topics=["samples"], group_id="trainer", request_timeout_ms=3000)
+        try:
+            launcher.wait_warm()
+            for w in counts:
+                record = launcher.rescale(w) if launcher.workers else launcher.start(w)
+                if len(launcher.records) > 1:
+                    restarts.append(record.downtime_s)
+                launcher.wait_warm()
+                lags = _sample_while(_produce(servers, 0.4 * WORKER_RATE * w, 10.0), lambda: stream.snapshot(fetch_timeout_s=1.0).time_lag_s, 4.0)
+                rates = _sample_while(_produce(servers, 2.0 * WORKER_RATE * w, 8.0), lambda: launcher.throughput()["total"], 3.0)
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and stream.snapshot(fetch_timeout_s=1.0).sample_lag > 0.2 * WORKER_RATE * w:
+                    time.sleep(0.5)  # drain before the next count
+                # The sawtooth of commits at checkpoints is modelled on its own: half an interval on average.
+                points.append((w, float(np.median(rates)), max(float(np.median(lags)) - CHECKPOINT_TRACE_S / speed / 2, 0.0)))
+                print(f"calibration: {w} workers: {points[-1][1]:.0f} samples/s saturated, latency {points[-1][2]:.2f} s", flush=True)
+        finally:
+            launcher.stop()
+    ws, rates, latencies = (np.array(x, dtype=float) for x in zip(*points))
+    per_worker, fixed = np.polyfit(ws, latencies, 1)
+    return Calibration(ThroughputModel.fit(ws, rates, form="async"), float(np.median(restarts)), max(float(fixed), 0.0), max(float(per_worker), 0.0), tuple(points))
+
+
+def in_trace_units(model: ThroughputModel, speed: float) -> ThroughputModel:
+    """F(w) in samples per trace second: an async model's rate divides by the speed-up when theta is multiplied by it."""
+    return ThroughputModel.asynchronous(tuple(t * speed for t in model.theta))
+
+
+def kale(speed: float, model: ThroughputModel, restart_s: float, trace_units: bool = False) -> KalePolicy:
     k = 1.0 if trace_units else speed
-    model = ThroughputModel.linear(worker_rate / (speed if trace_units else 1.0))
     cfg = KaleConfig(min_workers=1, max_workers=MAX_WORKERS, slo_s=SLO_MIN * 60 / k, restart_s=restart_s, plan_step_s=600 / k,
                      tau_s=600 / k, sync_period_s=60 / k, projection_tick_s=300 / k, lag_weight=KaleConfig.lag_weight * k)
-    return KalePolicy(model, cfg)
+    return KalePolicy(in_trace_units(model, speed) if trace_units else model, cfg)
 
 
 def hpa(speed: float, trace_units: bool = False) -> HPAPolicy:
@@ -75,80 +148,83 @@ def hpa(speed: float, trace_units: bool = False) -> HPAPolicy:
     return HPAPolicy(min_replicas=1, max_replicas=MAX_WORKERS, target_utilization=80, behavior=behavior, sync_period_s=60 / k)
 
 
-def metrics(lags_min, workers, tick_trace_min: float, downtime_trace_min: float, rescales: int) -> dict:
-    lags = np.asarray(lags_min)
+def metrics(trace_min, lags_min, workers, end_trace_min: float, downtime_trace_min: float, rescales: int) -> dict:
+    """The paper's metrics from samples at irregular times: each sample holds until the next one."""
+    t, lags = np.asarray(trace_min), np.asarray(lags_min)
+    dt = np.diff(np.append(t, end_trace_min))
     return {
-        "accumulated_lag_minutes": float(lags.sum() * tick_trace_min),
-        "slo_violation_rate": float(np.mean(lags > SLO_MIN)) if len(lags) else 0.0,
+        "accumulated_lag_minutes": float(np.sum(lags * dt)),
+        "slo_violation_rate": float(np.sum(dt[lags > SLO_MIN]) / np.sum(dt)) if len(t) else 0.0,
         "downtime_minutes": downtime_trace_min,
-        "gpu_hours": float(np.sum(workers) * tick_trace_min / 60),
+        "gpu_hours": float(np.sum(np.asarray(workers) * dt) / 60),
         "rescales": rescales,
         "max_lag_minutes": float(lags.max()) if len(lags) else 0.0,
     }
 
 
-def run_live(name: str, shape: pd.DataFrame, speed: float, timeline_csv: str) -> tuple[dict, float, float]:
-    """Measured metrics, median restart (wall s) and per-worker rate (samples per wall s) of one live run."""
+def run_live(name: str, shape: pd.DataFrame, speed: float, cal: Calibration, timeline_csv: str) -> tuple[dict, float]:
+    """Measured metrics and median restart (wall s) of one live run."""
     history_in = shape.assign(rate=shape["rate"] * PEAK_WALL_RATE / speed)
     tick_wall = 60.0 / speed  # one trace minute
     with embedded_broker() as broker:
         servers = broker.bootstrap_servers
         home = tempfile.mkdtemp(prefix="kale-e2e-")
         # A standby for every worker: a scale-up by several workers is as warm as one by a single worker.
-        launcher = LocalLauncher(TrainerSettings(servers, "samples", "trainer", f"{home}/ckpt", batch_size=64, emulate_gpu_rate=WORKER_RATE,
-                                                 checkpoint_every_s=CHECKPOINT_TRACE_S / speed), pool_size=MAX_WORKERS)
-        model = ThroughputModel.linear(WORKER_RATE)
-        policy = kale(speed, 3.0) if name == "kale" else hpa(speed)
+        launcher = LocalLauncher(trainer_settings(servers, home, speed), pool_size=MAX_WORKERS)
+        policy = kale(speed, cal.model, cal.restart_s) if name == "kale" else hpa(speed)
         history = MetricsHistory(f"sqlite:///{home}/m.db")
 
         def replan(record):
             if name == "kale":
-                policy.config = kale(speed, record.downtime_s).config
+                policy.config = kale(speed, cal.model, record.downtime_s).config
 
         loop = LiveController(KafkaStreamResource(bootstrap_servers=servers, topics=["samples"], group_id="trainer", request_timeout_ms=3000),
-                              launcher, policy, model, history, "e2e", forecast_horizon_s=7200 / speed, forecast_halflife_s=1800 / speed,
-                              on_rescale=replan)
+                              launcher, policy, cal.model, history, "e2e", forecast_horizon_s=7200 / speed, forecast_halflife_s=1800 / speed,
+                              on_rescale=replan, learn_capacity=False)  # Kale plans with the profiled model, as the simulator does
         stop = threading.Event()
-        producer = threading.Thread(target=replay, args=(servers, history_in, ReplaySettings(topic="samples", speedup=speed, partitions=4)),
+        producer = threading.Thread(target=replay, args=(servers, history_in, ReplaySettings(topic="samples", speedup=speed, partitions=PARTITIONS)),
                                     kwargs=dict(stop=stop), daemon=True)
-        lags, workers, downs, rows = [], [], [], []
+        times, lags, workers, downs, rows = [], [], [], [], []
         try:
+            ensure_topic(servers, "samples", PARTITIONS)
             launcher.wait_warm()  # standbys importing torch would slow the first minutes
             producer.start()
             t0 = time.monotonic()
-            launcher.start(model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, MAX_WORKERS))
+            launcher.start(cal.model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, MAX_WORKERS))
             while producer.is_alive():
                 started = time.monotonic()
                 tick = loop.tick()
                 trace_min = (started - t0) * speed / 60
-                scored = trace_min >= WARMUP_MIN
                 rows.append((round(trace_min, 2), round(tick.arrival_rate, 1), round(tick.time_lag_s * speed / 60, 2), tick.sample_lag,
-                             tick.workers, tick.decision.workers, tick.decision.reason[:160]))
-                if tick.record is not None and scored:
-                    downs.append(tick.record.downtime_s)
-                if scored:
+                             tick.workers, tick.restarting, tick.decision.workers, tick.decision.reason[:160]))
+                if trace_min >= WARMUP_MIN:
+                    if tick.record is not None:
+                        downs.append(tick.record.downtime_s)  # a restart that ended since the last tick
+                    times.append(trace_min)
                     lags.append(tick.time_lag_s * speed / 60)
                     workers.append(tick.workers)
                 time.sleep(max(tick_wall - (time.monotonic() - started), 0.0))
+            end_trace_min = (time.monotonic() - t0) * speed / 60
         finally:
             stop.set()
+            loop.wait_idle(120)
+            loop.close()
             launcher.stop()
             history.dispose()
-            pd.DataFrame(rows, columns=["trace_min", "arrival_per_s", "lag_min", "sample_lag", "workers", "decided", "reason"]).to_csv(timeline_csv, index=False)
-    measured_tick_trace_min = (len(history_in) - WARMUP_MIN) / max(len(lags), 1)  # slow ticks cover more trace time
-    result = metrics(lags, workers, measured_tick_trace_min, sum(downs) * speed / 60, len(downs))
-    return result, statistics.median(downs) if downs else 3.0, loop.per_worker_rate or WORKER_RATE
+            pd.DataFrame(rows, columns=["trace_min", "arrival_per_s", "lag_min", "sample_lag", "workers", "restarting", "decided", "reason"]).to_csv(timeline_csv, index=False)
+    result = metrics(times, lags, workers, end_trace_min, sum(downs) * speed / 60, len(downs))
+    return result, statistics.median(downs) if downs else float("nan")
 
 
-def run_sim(name: str, shape: pd.DataFrame, speed: float, restart_wall_s: float, worker_rate: float) -> dict:
-    """The simulator on the same trace, in trace units, with what the live run measured."""
+def run_sim(name: str, shape: pd.DataFrame, speed: float, cal: Calibration) -> dict:
+    """The simulator's prediction for the same run, in trace units, from the calibration alone."""
     rates = (shape["rate"] * PEAK_WALL_RATE / speed).to_numpy()
-    policy = kale(speed, restart_wall_s * speed, trace_units=True, worker_rate=worker_rate) if name == "kale" else hpa(speed, trace_units=True)
-    model = ThroughputModel.linear(worker_rate / speed)
-    cfg = SimConfig(restart_s=restart_wall_s * speed, slo_s=SLO_MIN * 60, max_workers=MAX_WORKERS, warmup_steps=WARMUP_MIN,
-                    forecast_every_s=60, refit_every_s=60, forecast_horizon_s=7200)
+    policy = kale(speed, cal.model, cal.restart_s * speed, trace_units=True) if name == "kale" else hpa(speed, trace_units=True)
+    cfg = SimConfig(restart_s=cal.restart_s * speed, slo_s=SLO_MIN * 60, max_workers=MAX_WORKERS, warmup_steps=WARMUP_MIN,
+                    forecast_every_s=60, refit_every_s=60, forecast_horizon_s=7200, commit_interval_s=CHECKPOINT_TRACE_S,
+                    pipeline_latency_s=cal.latency_s * speed, pipeline_latency_per_worker_s=cal.latency_per_worker_s * speed)
     factory = (lambda: make_forecaster("ewma", halflife_s=1800.0)) if name == "kale" else None
-    return simulate(rates, pd.DatetimeIndex(shape["timestamp"]), policy, model, cfg, forecaster_factory=factory).metrics.to_json()
+    return simulate(rates, pd.DatetimeIndex(shape["timestamp"]), policy, in_trace_units(cal.model, speed), cfg, forecaster_factory=factory).metrics.to_json()
 
 
 def main() -> int:
@@ -160,14 +236,17 @@ def main() -> int:
     args = parser.parse_args()
     shape = segment(args.hours)
     keys = ("accumulated_lag_minutes", "slo_violation_rate", "downtime_minutes", "gpu_hours", "rescales", "max_lag_minutes")
-    measured, simulated = {}, {}
     names = args.policies.split(",")
+    cal = calibrate(args.speedup)
+    print(f"calibration: F(w) = w / ({' + '.join(f'{t:.3g}' + x for t, x in zip(cal.model.theta, ('', '/w', '*w')))}) "
+          f"(fit MAPE {cal.model.fit_mape:.1f}%); restart median {cal.restart_s:.2f} s; "
+          f"latency {cal.latency_s:.2f} s + {cal.latency_per_worker_s:.2f} s per worker", flush=True)
+    measured, simulated = {}, {}
     for name in names:
         Path(args.timeline_dir).mkdir(parents=True, exist_ok=True)
-        measured[name], restart, rate = run_live(name, shape, args.speedup, f"{args.timeline_dir}/{name}.csv")
-        simulated[name] = run_sim(name, shape, args.speedup, restart, rate)
-        print(f"{name}: median measured restart {restart:.2f} s wall = {restart * args.speedup / 60:.1f} trace min; "
-              f"per-worker rate {rate:.0f} samples/s (EMULATED cap {WORKER_RATE:.0f})", flush=True)
+        simulated[name] = run_sim(name, shape, args.speedup, cal)
+        measured[name], restart = run_live(name, shape, args.speedup, cal, f"{args.timeline_dir}/{name}.csv")
+        print(f"{name}: median measured restart {restart:.2f} s wall = {restart * args.speedup / 60:.1f} trace min", flush=True)
     print(f"\n{'':<14}" + "".join(f"{k[:14]:>16}" for k in keys))
     for name in names:
         for label, m in (("measured", measured[name]), ("simulated", simulated[name])):

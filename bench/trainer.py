@@ -1,8 +1,10 @@
 """Trainer benchmarks on the embedded broker with real torch processes.
 
 1. Rescale downtime (decision -> first step at the new size), median over
-   several rescales with warm standby workers, against cold starts (a fresh
-   Python + torch import per worker, as torchrun does) in the same run.
+   several rescales: stopped workers reused (the default), warm standbys
+   with every stopped worker exiting (the launcher before reuse), and cold
+   starts (a fresh Python + torch import per worker, as torchrun does), in
+   the same run.
 2. Data-path overhead: samples/s of one worker consuming from Kafka and
    training, against training the same model on in-memory batches.
 3. Balancing: one hot partition carrying half the traffic, 4 EMULATED GPU
@@ -63,7 +65,16 @@ def rescale_downtime(servers: str, rescales: int) -> None:
             phases.append(record.phases)
     finally:
         warm.stop()
-    cold = LocalLauncher(settings, pool_size=0)
+    fresh = LocalLauncher(settings, pool_size=3, reuse_workers=False)  # standbys, but every stopped worker exits
+    freshs = []
+    try:
+        fresh.start(1)
+        for t in targets:
+            time.sleep(3)
+            freshs.append(fresh.rescale(t).downtime_s)
+    finally:
+        fresh.stop()
+    cold = LocalLauncher(settings, pool_size=0, reuse_workers=False)
     colds = []
     try:
         for t in (1, 2, 1):
@@ -73,9 +84,10 @@ def rescale_downtime(servers: str, rescales: int) -> None:
         cold.stop()
         stop.set()
         producer.join()
-    print(f"rescale downtime, warm standby: median {statistics.median(downs):.2f} s over {len(downs)} rescales ({', '.join(f'{d:.2f}' for d in downs)})")
+    print(f"rescale downtime, stopped workers reused: median {statistics.median(downs):.2f} s over {len(downs)} rescales ({', '.join(f'{d:.2f}' for d in downs)})")
     print("  median phases: " + ", ".join(f"{k} {statistics.median(p[k] for p in phases):.2f} s" for k in phases[0]))
-    print(f"rescale downtime, cold start:   median {statistics.median(colds):.2f} s over {len(colds)} ({', '.join(f'{d:.2f}' for d in colds)}); "
+    print(f"rescale downtime, standbys, stopped workers exit: median {statistics.median(freshs):.2f} s ({', '.join(f'{d:.2f}' for d in freshs)})")
+    print(f"rescale downtime, cold start: median {statistics.median(colds):.2f} s over {len(colds)} ({', '.join(f'{d:.2f}' for d in colds)}); "
           f"warm/cold {statistics.median(downs) / statistics.median(colds):.2f}x")
 
 

@@ -47,7 +47,10 @@ class FifoBacklog:
             self.backlog += arrivals
             self.arrived_total += arrivals
         self.now += seconds
-        budget = max(capacity_per_s, 0.0) * seconds
+        return self.take(max(capacity_per_s, 0.0) * seconds)
+
+    def take(self, budget: float) -> float:
+        """Consume up to ``budget`` of the oldest samples now; returns the number consumed."""
         consumed = 0.0
         while budget > 0 and self._cohorts:
             head = self._cohorts[0]

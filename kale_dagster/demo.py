@@ -18,6 +18,7 @@ simulated: it is the launcher's measured rescale downtime.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from .launchers.service import LauncherService
 from .live import LiveController
 from .policies import KaleConfig, KalePolicy
 from .processes import stop_process_group
-from .producer import ReplaySettings, replay
+from .producer import ReplaySettings, ensure_topic, replay
 from .resources import KafkaStreamResource
 from .throughput import ThroughputModel
 from .trace import synth_trace
@@ -109,17 +110,15 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
     # The same file Dagster's default history uses under this DAGSTER_HOME.
     history = MetricsHistory(f"sqlite:///{home / 'kale' / 'metrics.db'}")
     broker = start_broker(port=settings.port)
-    dagster_proc = launcher = producer = service = None
+    dagster_proc = launcher = producer = service = loop = None
     summary: dict = {}
     try:
         servers = broker.bootstrap_servers
-        replay_settings = ReplaySettings(topic=TOPIC, speedup=speed, partitions=4, hot_share=0.4, seed=settings.seed)
-        producer = threading.Thread(target=replay, args=(servers, history_in, replay_settings), kwargs=dict(stop=stop), daemon=True, name="producer")
-        producer.start()
         # Offsets are committed at checkpoints: one a trace minute, or lag would read up to the interval x speed-up.
         trainer = TrainerSettings(servers, TOPIC, GROUP, str(home / "checkpoints"), batch_size=64, emulate_gpu_rate=settings.worker_rate,
                                   checkpoint_every_s=max(60 / speed, 0.5))
-        launcher = LocalLauncher(trainer, pool_size=2)
+        # A standby for every worker the policy may add; stopped workers rejoin the pool.
+        launcher = LocalLauncher(trainer, pool_size=settings.max_workers)
         service = LauncherService(launcher, port=0).start()  # Dagster's rescale runs reach the same workers
         first = model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, settings.max_workers)
         if settings.dagster:
@@ -127,6 +126,14 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
             print(f"Dagster UI: http://127.0.0.1:{settings.ui_port}  (pipeline 'demo'; log in {home / 'dagster-dev.log'})", file=out)
         print(f"broker {servers}; one day in {settings.day_minutes:g} min ({speed:.0f}x); starting {first} trainer workers, "
               f"each EMULATING one GPU at {settings.worker_rate:g} samples/s", file=out, flush=True)
+        # Standbys importing torch would slow the first trace hour into a backlog: the day starts when they are warm.
+        launcher.wait_warm()
+        # Two partitions per worker at most: a worker that owns none trains only forwarded samples.
+        partitions = 2 * settings.max_workers
+        ensure_topic(servers, TOPIC, partitions=partitions)  # before the workers look for its partitions
+        replay_settings = ReplaySettings(topic=TOPIC, speedup=speed, partitions=partitions, hot_share=0.4, seed=settings.seed)
+        producer = threading.Thread(target=replay, args=(servers, history_in, replay_settings), kwargs=dict(stop=stop), daemon=True, name="producer")
+        producer.start()
         launcher.start(first)
         stream = KafkaStreamResource(bootstrap_servers=servers, topics=[TOPIC], group_id=GROUP, request_timeout_ms=3000)
 
@@ -148,7 +155,7 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
                 stop.wait(policy.sync_period_s)
                 continue
             if tick.record is not None:
-                last_decision = f"{tick.record.from_workers}->{tick.record.to_workers} in {tick.record.downtime_s:.1f} s: {tick.decision.reason[:60]}"
+                last_decision = f"{tick.record.from_workers}->{tick.record.to_workers} in {tick.record.downtime_s:.1f} s: {tick.record.reason[:60]}"
             lag_samples.append(tick.time_lag_s * speed / 60)
             worker_samples.append(tick.workers)
             rate = launcher.throughput()["total"]
@@ -170,6 +177,10 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
         stop.set()
         if service is not None:
             service.close()
+        if loop is not None:
+            with contextlib.suppress(Exception):  # a failed last rescale is already reported
+                loop.wait_idle(120)
+            loop.close()
         if launcher is not None:
             launcher.stop()
         if producer is not None:

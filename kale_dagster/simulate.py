@@ -9,14 +9,26 @@ around them is simulated:
 * a rescale pauses consumption for ``restart_s`` (pause-and-restart, the
   paper's 10 minutes for a 1B-parameter model);
 * policies are called every ``sync_period_s`` of their own (HPA 15 s, KEDA
-  15 s, Kale 60 s) with what telemetry would report;
+  15 s, Kale 60 s) with what telemetry would report (utilization is the
+  workers' busy share since the last sync, what GPU utilization reads);
 * Kale's forecaster is refitted every ``refit_every_s`` and re-predicted
   from the latest observations every ``forecast_every_s`` (the paper's
-  10 minutes).
+  10 minutes);
+* with ``commit_interval_s``, offsets are committed only that often (and at
+  each rescale's graceful stop), as a trainer that commits at checkpoints
+  does: telemetry, and so the policies and the metrics, see the age of the
+  oldest *uncommitted* sample, which lags the consumed one by up to the
+  interval;
+* ``pipeline_latency_s`` (plus ``pipeline_latency_per_worker_s`` per
+  worker: a synchronous step's collectives grow with the group) is the time
+  a sample spends inside the trainer (fetched, queued, in a step) before it
+  can be committed; it adds to the lag telemetry reads while samples flow
+  (the fluid queue consumes at once).
 
 Metrics follow the paper (see :class:`SimMetrics`); the lag of a minute is
-the age of the oldest unconsumed sample at its end, which is the lag the
-next consumed sample has under FIFO.
+the age of the oldest unconsumed (uncommitted, with ``commit_interval_s``)
+sample at its end, which is the lag the next consumed sample has under FIFO,
+plus ``pipeline_latency_s``.
 """
 
 from __future__ import annotations
@@ -73,10 +85,14 @@ class SimConfig:
     forecast_horizon_s: float = 7200.0
     rate_window_s: float = 300.0  # telemetry's averaging window for rates
     error_window_s: float = 3600.0  # window of the recent forecast error fed to Kale's fallback
+    commit_interval_s: float = 0.0  # offsets committed this often (checkpoints); 0 = as consumed
+    pipeline_latency_s: float = 0.0  # a sample's time inside the trainer before it can be committed...
+    pipeline_latency_per_worker_s: float = 0.0  # ...plus this per worker
 
     def __post_init__(self):
-        for name in ("restart_s", "refit_every_s", "forecast_every_s", "forecast_horizon_s", "rate_window_s", "error_window_s"):
-            if getattr(self, name) < 0 or (name != "restart_s" and getattr(self, name) == 0):
+        may_be_zero = ("restart_s", "commit_interval_s", "pipeline_latency_s", "pipeline_latency_per_worker_s")
+        for name in (*may_be_zero, "refit_every_s", "forecast_every_s", "forecast_horizon_s", "rate_window_s", "error_window_s"):
+            if getattr(self, name) < 0 or (name not in may_be_zero and getattr(self, name) == 0):
                 raise KaleConfigError(name, f"must be > 0, got {getattr(self, name)}")
         if self.slo_s <= 0:
             raise KaleConfigError("slo_s", f"must be > 0, got {self.slo_s}")
@@ -141,7 +157,17 @@ def simulate(
     epoch = times[0].timestamp()
     workers = config.initial_workers if config.initial_workers is not None else model.min_workers_for(rates[0], config.max_workers)
     queue = FifoBacklog(now=epoch)
+    # What telemetry reads: committed offsets.  Same arrivals, consumed only at commits.
+    committed = FifoBacklog(now=epoch) if config.commit_interval_s > 0 else None
+    seen = committed or queue
+    next_commit = epoch + config.commit_interval_s
     restart_until = -math.inf
+    busy_consumed = busy_capacity = 0.0  # since the last sync
+
+    def reported_lag(minute: int) -> float:
+        lag = seen.time_lag()
+        latency = config.pipeline_latency_s + config.pipeline_latency_per_worker_s * workers
+        return lag + latency if lag > 0 or rates[minute] > 0 else 0.0
     feed = _ForecastFeed(forecaster_factory, times, rates, config) if forecaster_factory else None
     ticks_per_min = int(MINUTE // TICK_S)
     sync_ticks = max(int(round(policy.sync_period_s / TICK_S)), 1)
@@ -164,10 +190,14 @@ def simulate(
                 measured = float(np.mean(rates[lo:minute])) if minute > 0 else rates[0]
                 consumption = float(np.mean(consumed_log[-window:])) / MINUTE if consumed_log else 0.0
                 capacity_now = 0.0 if restarting else model.predict(workers)
-                utilization = 1.0 if queue.backlog > 1 else (min(measured / capacity_now, 1.0) if capacity_now > 0 else 0.0)
+                if busy_capacity > 0:  # the workers' busy share since the last sync: what GPU utilization reads
+                    utilization = min(busy_consumed / busy_capacity, 1.0)
+                else:
+                    utilization = 1.0 if queue.backlog > 1 else (min(measured / capacity_now, 1.0) if capacity_now > 0 else 0.0)
+                busy_consumed = busy_capacity = 0.0
                 obs = Observation(
                     time=now, workers=workers, arrival_rate=measured, consumption_rate=consumption,
-                    backlog=queue.backlog, time_lag_s=queue.time_lag(), utilization=utilization,
+                    backlog=seen.backlog, time_lag_s=reported_lag(minute), utilization=utilization,
                     forecast=forecast, forecast_error=feed.recent_error(minute) if feed else None,
                     restarting=restarting,
                 )
@@ -181,12 +211,23 @@ def simulate(
                     restart_until = now + config.restart_s
                     restarting = config.restart_s > 0
                     rescales_scored += minute >= config.warmup_steps
+                    if committed is not None:  # the graceful stop checkpoints and commits; the next group's clock starts after the restart
+                        committed.take(queue.consumed_total - committed.consumed_total)
+                        next_commit = restart_until + config.commit_interval_s
             capacity = 0.0 if restarting else model.predict(workers)
-            consumed_minute += queue.step(TICK_S, rates[minute] * TICK_S, capacity)
+            consumed = queue.step(TICK_S, rates[minute] * TICK_S, capacity)
+            consumed_minute += consumed
+            busy_consumed += consumed
+            busy_capacity += capacity * TICK_S
+            if committed is not None:
+                committed.step(TICK_S, rates[minute] * TICK_S, 0.0)
+                if now + TICK_S >= next_commit and not restarting:
+                    committed.take(queue.consumed_total - committed.consumed_total)
+                    next_commit += config.commit_interval_s
             restarting_ticks += restarting
         consumed_log.append(consumed_minute)
         restarting_share = restarting_ticks / ticks_per_min
-        rows[minute] = (workers, model.predict(workers) * (1 - restarting_share), queue.time_lag(), restarting_share, consumed_minute)
+        rows[minute] = (workers, model.predict(workers) * (1 - restarting_share), reported_lag(minute), restarting_share, consumed_minute)
         if progress:
             progress(minute + 1, n)
     timeline = pd.DataFrame(

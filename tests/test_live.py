@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
+import pytest
+
 from kale_dagster import KaleConfig, KalePolicy, StaticPolicy, ThroughputModel
 from kale_dagster.history import MetricsHistory
 from kale_dagster.launchers import RescaleRecord
@@ -40,8 +44,51 @@ def test_tick_applies_the_decision(tmp_path):
     loop = LiveController(FakeStream(0, 100.0), launcher, StaticPolicy(3), ThroughputModel.linear(100.0),
                           MetricsHistory(f"sqlite:///{tmp_path / 'm.db'}"), "p", forecast_horizon_s=600)
     tick = loop.tick()
-    assert launcher.rescales == [3] and tick.workers == 3 and tick.record.to_workers == 3
+    assert tick.restarting and tick.workers == 3  # allocated from the decision on
+    record = loop.wait_idle(10)
+    assert launcher.rescales == [3] and record.to_workers == 3 and launcher.workers == 3
     assert len(loop.history.stream("p")) == 1
+    loop.close()
+
+
+class SlowLauncher(FakeLauncher):
+    """A rescale that takes until released, or fails."""
+
+    def __init__(self, workers, total, fail=False):
+        super().__init__(workers, total)
+        self.release, self.fail = threading.Event(), fail
+
+    def rescale(self, m, reason=""):
+        self.release.wait(10)
+        if self.fail:
+            raise RuntimeError("worker exited with code 1 before 'started'")
+        return super().rescale(m, reason)
+
+
+def test_the_loop_keeps_observing_while_a_rescale_is_in_flight(tmp_path):
+    launcher = SlowLauncher(2, 100.0)
+    policy = RecordingPolicy(3)
+    loop = LiveController(FakeStream(500, 100.0), launcher, policy, ThroughputModel.linear(100.0),
+                          MetricsHistory(f"sqlite:///{tmp_path / 'm.db'}"), "p", forecast_horizon_s=600)
+    assert loop.tick().restarting
+    second = loop.tick()  # not blocked by the restart: lag during it is observed
+    assert second.restarting and second.record is None and policy.seen.restarting and launcher.rescales == []
+    launcher.release.set()
+    loop.wait_idle(10)
+    third = loop.tick()
+    assert not third.restarting and third.workers == 3 and launcher.rescales == [3]
+    loop.close()
+
+
+def test_a_failed_rescale_raises_in_the_loop(tmp_path):
+    launcher = SlowLauncher(2, 100.0, fail=True)
+    launcher.release.set()
+    loop = LiveController(FakeStream(0, 100.0), launcher, StaticPolicy(3), ThroughputModel.linear(100.0),
+                          MetricsHistory(f"sqlite:///{tmp_path / 'm.db'}"), "p", forecast_horizon_s=600)
+    loop.tick()
+    with pytest.raises(RuntimeError, match="before 'started'"):
+        loop.wait_idle(10)
+    loop.close()
 
 
 def test_capacity_is_learned_only_while_busy(tmp_path):

@@ -54,6 +54,38 @@ def test_step_in_arrivals_gives_known_lag_curve():
     assert m.rescales == 0 and m.downtime_minutes == 0
 
 
+@pytest.mark.parametrize("interval_s, latency_s, expected_lags", [
+    (0.0, 0.0, [0.0, 0.0, 0.0, 0.0]),
+    # Committed every 2 minutes: the oldest uncommitted sample is 60 s old at the end of
+    # a minute without a commit, and none is left right after one.
+    (120.0, 0.0, [60.0, 0.0, 60.0, 0.0]),
+    (0.0, 30.0, [30.0, 30.0, 30.0, 30.0]),  # the trainer's own latency, while samples flow
+    (120.0, 30.0, [90.0, 30.0, 90.0, 30.0]),
+    (0.0, (10.0, 20.0), [30.0, 30.0, 30.0, 30.0]),  # 10 s + 20 s per worker, one worker
+])
+def test_lag_counts_from_committed_offsets_and_the_trainer_latency(interval_s, latency_s, expected_lags):
+    """What telemetry reads: commits at checkpoints trail consumption by up to the interval, plus the trainer's latency."""
+    rates = np.full(4, 100.0)  # one worker keeps up exactly
+    fixed, per_worker = latency_s if isinstance(latency_s, tuple) else (latency_s, 0.0)
+    cfg = SimConfig(restart_s=0, commit_interval_s=interval_s, pipeline_latency_s=fixed, pipeline_latency_per_worker_s=per_worker)
+    res = simulate(rates, _times(4), StaticPolicy(1), LINEAR, cfg)
+    assert res.timeline["lag_s"].to_numpy() == pytest.approx(expected_lags, abs=1e-6)
+    assert res.timeline["consumed"].sum() == pytest.approx(4 * 6000)  # consumption itself is unchanged
+
+
+def test_policies_see_the_workers_busy_share_as_utilization():
+    """As GPU utilization reads: 2 workers (200/s) fed 100/s are half busy, whatever the backlog flicker."""
+    seen = []
+
+    class Recorder(StaticPolicy):
+        def decide(self, obs):
+            seen.append(obs.utilization)
+            return super().decide(obs)
+
+    simulate(np.full(10, 100.0), _times(10), Recorder(2), LINEAR, SimConfig(restart_s=0))
+    assert seen[1:] == pytest.approx([0.5] * (len(seen) - 1))
+
+
 def test_restart_downtime_and_rescale_are_counted():
     class OneChange:
         name, sync_period_s = "one", 60.0

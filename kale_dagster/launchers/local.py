@@ -155,6 +155,7 @@ class LocalLauncher:
 
     settings: TrainerSettings
     pool_size: int = 2
+    reuse_workers: bool = True  # False: every group gets fresh processes, as torchrun restarts them
     log_dir: Optional[str] = None
     stop_timeout_s: float = 60.0
     ready_timeout_s: float = 120.0
@@ -268,6 +269,12 @@ class LocalLauncher:
             previous = self.workers
             marks = [decided_at]
             back = self._stop_group()  # each worker finishes its step, checkpoints, commits
+            if not self.reuse_workers:
+                for w in back:
+                    w.release()
+                for w in back:
+                    _reap(w, 10.0)
+                back = []
             marks.append(time.monotonic())
             # Warm processes first: the ones just stopped, then ready standbys.
             self._pool = back + sorted(self._pool, key=lambda w: not w.ready.is_set())

@@ -287,7 +287,11 @@ class Worker:
                     pause = len(batch) / args.emulate_gpu_rate - (time.monotonic() - started)
                     if pause > 0:
                         time.sleep(pause)
-                busy_s += time.monotonic() - started  # the (emulated) GPU is busy for the whole step
+                    # The emulated GPU computes for the batch's share of its rate; the host's
+                    # own delays (a busy CPU, collectives among processes) are not GPU time.
+                    busy_s += len(batch) / args.emulate_gpu_rate
+                else:
+                    busy_s += time.monotonic() - started  # the GPU is busy for the whole step
                 step += 1
                 steps += 1
                 trained_total += len(batch)
@@ -296,6 +300,9 @@ class Worker:
                 if not first_step_done:
                     first_step_done = True
                     emit("step", rank=self.rank, step=step, first=True)
+                    # Metrics count from the first step: start-up is not idle time (HPA
+                    # likewise ignores pods that are still initializing).
+                    window_start, window_samples, idle_steps, steps, busy_s = time.monotonic(), 0, 0, 0, 0.0
                 if time.monotonic() - window_start >= args.metrics_every_s:
                     elapsed = time.monotonic() - window_start
                     # busy_share is what GPU utilization reports (HPA's metric); idle_share
