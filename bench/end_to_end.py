@@ -142,8 +142,9 @@ def kale(speed: float, model: ThroughputModel, restart_s: float, trace_units: bo
 def hpa(speed: float, trace_units: bool = False) -> HPAPolicy:
     k = 1.0 if trace_units else speed
     behavior = HPABehavior(
-        scale_up=HPAScalingRules(0, (HPAScalingPolicy("Pods", 4, max(int(15 / k), 1)), HPAScalingPolicy("Percent", 100, max(int(15 / k), 1)))),
-        scale_down=HPAScalingRules(int(300 / k), (HPAScalingPolicy("Percent", 100, max(int(15 / k), 1)),)),
+        # Upstream defaults, in the same trace time live and simulated (no rounding to whole wall seconds).
+        scale_up=HPAScalingRules(0, (HPAScalingPolicy("Pods", 4, 15 / k), HPAScalingPolicy("Percent", 100, 15 / k))),
+        scale_down=HPAScalingRules(300 / k, (HPAScalingPolicy("Percent", 100, 15 / k),)),
     )
     return HPAPolicy(min_replicas=1, max_replicas=MAX_WORKERS, target_utilization=80, behavior=behavior, sync_period_s=60 / k)
 

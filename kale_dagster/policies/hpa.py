@@ -30,12 +30,12 @@ from .hpa_replicas import DEFAULT_TOLERANCE, Pod, external_per_pod_replicas, res
 class HPAScalingPolicy:
     type: Literal["Pods", "Percent"]
     value: int
-    period_seconds: int
+    period_seconds: float  # upstream takes whole seconds; fractions serve compressed-time runs
 
 
 @dataclass(frozen=True)
 class HPAScalingRules:
-    stabilization_window_seconds: int
+    stabilization_window_seconds: float
     policies: tuple[HPAScalingPolicy, ...]
     select_policy: Literal["Max", "Min", "Disabled"] = "Max"
 
@@ -67,7 +67,7 @@ class TimestampedScaleEvent:
     outdated: bool = False
 
 
-def replicas_change_per_period(period_seconds: int, events: list[TimestampedScaleEvent], now: float) -> int:
+def replicas_change_per_period(period_seconds: float, events: list[TimestampedScaleEvent], now: float) -> int:
     """Sum of replica changes within the last ``period_seconds`` (getReplicasChangePerPeriod)."""
     cutoff = now - period_seconds
     return sum(e.replica_change for e in events if e.timestamp > cutoff)
