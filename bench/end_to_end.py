@@ -42,7 +42,7 @@ from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.live import LiveController
 from kale_dagster.policies import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules, KaleConfig, KalePolicy
 from kale_dagster.forecast import make_forecaster
-from kale_dagster.producer import ReplaySettings, ensure_topic, replay
+from kale_dagster.producer import ReplaySettings, ensure_topic, replay_in_background
 from kale_dagster.resources import KafkaStreamResource
 from kale_dagster.simulate import SimConfig, simulate
 from kale_dagster.throughput import ThroughputModel
@@ -82,9 +82,7 @@ def trainer_settings(servers: str, home: str, speed: float) -> TrainerSettings:
 
 def _produce(servers: str, rate: float, seconds: float) -> threading.Thread:
     history = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": rate})
-    thread = threading.Thread(target=replay, args=(servers, history, ReplaySettings(topic="samples", partitions=PARTITIONS)), kwargs=dict(max_wall_s=seconds), daemon=True)
-    thread.start()
-    return thread
+    return replay_in_background(servers, history, ReplaySettings(topic="samples", partitions=PARTITIONS), threading.Event(), max_wall_s=seconds)
 
 
 def _sample_while(thread: threading.Thread, read, skip_s: float) -> list:
@@ -183,13 +181,11 @@ def run_live(name: str, shape: pd.DataFrame, speed: float, cal: Calibration, tim
                               launcher, policy, cal.model, history, "e2e", forecast_horizon_s=7200 / speed, forecast_halflife_s=1800 / speed,
                               on_rescale=replan, learn_capacity=False)  # Kale plans with the profiled model, as the simulator does
         stop = threading.Event()
-        producer = threading.Thread(target=replay, args=(servers, history_in, ReplaySettings(topic="samples", speedup=speed, partitions=PARTITIONS)),
-                                    kwargs=dict(stop=stop), daemon=True)
         times, lags, workers, downs, rows = [], [], [], [], []
         try:
             ensure_topic(servers, "samples", PARTITIONS)
             launcher.wait_warm()  # standbys importing torch would slow the first minutes
-            producer.start()
+            producer = replay_in_background(servers, history_in, ReplaySettings(topic="samples", speedup=speed, partitions=PARTITIONS), stop)
             t0 = time.monotonic()
             launcher.start(cal.model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, MAX_WORKERS))
             while producer.is_alive():

@@ -31,7 +31,7 @@ import torch
 from kale_dagster.broker import embedded_broker
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.resources import KafkaStreamResource
-from kale_dagster.producer import ReplaySettings, replay
+from kale_dagster.producer import ReplaySettings, replay, replay_in_background
 from kale_dagster.samples import GroundTruth
 from kale_dagster.trainer.model import CTRModel, batch_tensors
 
@@ -42,10 +42,7 @@ def _flat(rate: float, minutes: int = 30) -> pd.DataFrame:
 
 def _produce_in_background(servers, topic, rate, hot_share, seconds, partitions=8):
     stop = threading.Event()
-    thread = threading.Thread(target=replay, args=(servers, _flat(rate), ReplaySettings(topic=topic, partitions=partitions, hot_share=hot_share)),
-                              kwargs=dict(stop=stop, max_wall_s=seconds), daemon=True)
-    thread.start()
-    return stop, thread
+    return stop, replay_in_background(servers, _flat(rate), ReplaySettings(topic=topic, partitions=partitions, hot_share=hot_share), stop, max_wall_s=seconds)
 
 
 def rescale_downtime(servers: str, rescales: int) -> None:

@@ -38,7 +38,7 @@ from .launchers.service import LauncherService
 from .live import LiveController
 from .policies import KaleConfig, KalePolicy
 from .processes import stop_process_group
-from .producer import ReplaySettings, ensure_topic, replay
+from .producer import ReplaySettings, ensure_topic, replay_in_background
 from .resources import KafkaStreamResource
 from .throughput import ThroughputModel
 from .trace import synth_trace
@@ -132,8 +132,7 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
         partitions = 2 * settings.max_workers
         ensure_topic(servers, TOPIC, partitions=partitions)  # before the workers look for its partitions
         replay_settings = ReplaySettings(topic=TOPIC, speedup=speed, partitions=partitions, hot_share=0.4, seed=settings.seed)
-        producer = threading.Thread(target=replay, args=(servers, history_in, replay_settings), kwargs=dict(stop=stop), daemon=True, name="producer")
-        producer.start()
+        producer = replay_in_background(servers, history_in, replay_settings, stop)
         launcher.start(first)
         stream = KafkaStreamResource(bootstrap_servers=servers, topics=[TOPIC], group_id=GROUP, request_timeout_ms=3000)
 

@@ -13,7 +13,7 @@ simulator tells it.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -110,7 +110,7 @@ class LiveController:
         """Wait for a rescale in flight (before stopping the launcher); its record, if one was."""
         if self._pending is None:
             return None
-        self._pending[1].result(timeout)
+        wait([self._pending[1]], timeout)
         return self._finished_rescale()
 
     def close(self) -> None:

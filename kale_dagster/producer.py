@@ -97,3 +97,10 @@ def replay(servers: str, history: pd.DataFrame, settings: ReplaySettings, stop: 
         producer.flush()
         producer.close()
     return sent
+
+
+def replay_in_background(servers: str, history: pd.DataFrame, settings: ReplaySettings, stop: threading.Event, max_wall_s: Optional[float] = None) -> threading.Thread:
+    """:func:`replay` in a started daemon thread; set ``stop`` to end it early."""
+    thread = threading.Thread(target=replay, args=(servers, history, settings), kwargs=dict(stop=stop, max_wall_s=max_wall_s), daemon=True, name="producer")
+    thread.start()
+    return thread

@@ -164,6 +164,9 @@ def simulate(
     restart_until = -math.inf
     busy_consumed = busy_capacity = 0.0  # since the last sync
 
+    def commit() -> None:
+        committed.take(queue.consumed_total - committed.consumed_total)
+
     def reported_lag(minute: int) -> float:
         lag = seen.time_lag()
         latency = config.pipeline_latency_s + config.pipeline_latency_per_worker_s * workers
@@ -212,7 +215,7 @@ def simulate(
                     restarting = config.restart_s > 0
                     rescales_scored += minute >= config.warmup_steps
                     if committed is not None:  # the graceful stop checkpoints and commits; the next group's clock starts after the restart
-                        committed.take(queue.consumed_total - committed.consumed_total)
+                        commit()
                         next_commit = restart_until + config.commit_interval_s
             capacity = 0.0 if restarting else model.predict(workers)
             consumed = queue.step(TICK_S, rates[minute] * TICK_S, capacity)
@@ -222,7 +225,7 @@ def simulate(
             if committed is not None:
                 committed.step(TICK_S, rates[minute] * TICK_S, 0.0)
                 if now + TICK_S >= next_commit and not restarting:
-                    committed.take(queue.consumed_total - committed.consumed_total)
+                    commit()
                     next_commit += config.commit_interval_s
             restarting_ticks += restarting
         consumed_log.append(consumed_minute)

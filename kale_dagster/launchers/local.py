@@ -191,10 +191,7 @@ class LocalLauncher:
         with self._lock:
             self._stopped = True  # a background refill after this would leave a process behind
             self._pool.extend(self._stop_group())
-            for w in self._pool:
-                w.release()
-            for w in self._pool:
-                _reap(w, 10.0)
+            _retire(self._pool, wait=True)
             self._pool.clear()
 
     def wait_warm(self, timeout: float = 120.0) -> None:
@@ -270,19 +267,14 @@ class LocalLauncher:
             marks = [decided_at]
             back = self._stop_group()  # each worker finishes its step, checkpoints, commits
             if not self.reuse_workers:
-                for w in back:
-                    w.release()
-                for w in back:
-                    _reap(w, 10.0)
+                _retire(back, wait=True)  # as torchrun does: the old processes exit before the new group forms
                 back = []
             marks.append(time.monotonic())
             # Warm processes first: the ones just stopped, then ready standbys.
             self._pool = back + sorted(self._pool, key=lambda w: not w.ready.is_set())
             self._fill_pool(n)
             group, self._pool = self._pool[:n], self._pool[n:]
-            for w in self._pool[self.pool_size :]:
-                w.release()  # more standbys than the pool keeps
-                _reap_later(w)
+            _retire(self._pool[self.pool_size :], wait=False)  # more standbys than the pool keeps
             self._pool = self._pool[: self.pool_size]
             for w in group:
                 w.wait_ready(self.ready_timeout_s)  # instant for warm standbys
@@ -311,8 +303,15 @@ class LocalLauncher:
                 self._fill_pool(self.pool_size)
 
 
-def _reap_later(w: WorkerProcess) -> None:
-    threading.Thread(target=_reap, args=(w, 10.0), daemon=True).start()
+def _retire(workers: list, wait: bool) -> None:
+    """Release standbys (they exit 0) and reap them, now or in the background."""
+    for w in workers:
+        w.release()
+    for w in workers:
+        if wait:
+            _reap(w, 10.0)
+        else:
+            threading.Thread(target=_reap, args=(w, 10.0), daemon=True).start()
 
 
 def _reap(w: WorkerProcess, timeout: float) -> None:

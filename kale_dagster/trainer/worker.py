@@ -105,6 +105,25 @@ class LocalQueue:
         return out
 
 
+class MetricsWindow:
+    """What one rank did since the window opened: the basis of its metrics event."""
+
+    def __init__(self):
+        self.start, self.samples, self.steps, self.idle_steps, self.busy_s = time.monotonic(), 0, 0, 0, 0.0
+
+    def add(self, samples: int, busy_s: float) -> None:
+        self.samples += samples
+        self.steps += 1
+        self.idle_steps += samples == 0
+        self.busy_s += busy_s
+
+    def fields(self) -> dict:
+        elapsed = time.monotonic() - self.start
+        # busy_share is what GPU utilization reports (HPA's metric); idle_share
+        # counts steps this rank sat out while others trained (imbalance).
+        return {"samples_per_s": self.samples / elapsed, "idle_share": self.idle_steps / max(self.steps, 1), "busy_share": min(self.busy_s / elapsed, 1.0)}
+
+
 class Worker:
     def __init__(self, args):
         self.args = args
@@ -247,7 +266,7 @@ class Worker:
         emit("started", rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
         trained_log = self.trained_log = open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab") if args.trained_log else None
         last_ckpt = time.monotonic()
-        window_start, window_samples, idle_steps, steps, busy_s = time.monotonic(), 0, 0, 0, 0.0
+        window = MetricsWindow()
         first_step_done = False
         try:
             while True:
@@ -289,27 +308,21 @@ class Worker:
                         time.sleep(pause)
                     # The emulated GPU computes for the batch's share of its rate; the host's
                     # own delays (a busy CPU, collectives among processes) are not GPU time.
-                    busy_s += len(batch) / args.emulate_gpu_rate
+                    busy_s = len(batch) / args.emulate_gpu_rate
                 else:
-                    busy_s += time.monotonic() - started  # the GPU is busy for the whole step
+                    busy_s = time.monotonic() - started  # the GPU is busy for the whole step
                 step += 1
-                steps += 1
                 trained_total += len(batch)
-                window_samples += len(batch)
-                idle_steps += len(batch) == 0
+                window.add(len(batch), busy_s)
                 if not first_step_done:
                     first_step_done = True
                     emit("step", rank=self.rank, step=step, first=True)
                     # Metrics count from the first step: start-up is not idle time (HPA
                     # likewise ignores pods that are still initializing).
-                    window_start, window_samples, idle_steps, steps, busy_s = time.monotonic(), 0, 0, 0, 0.0
-                if time.monotonic() - window_start >= args.metrics_every_s:
-                    elapsed = time.monotonic() - window_start
-                    # busy_share is what GPU utilization reports (HPA's metric); idle_share
-                    # counts steps this rank sat out while others trained (imbalance).
-                    emit("metrics", rank=self.rank, world=self.world, samples_per_s=window_samples / elapsed, idle_share=idle_steps / max(steps, 1),
-                         busy_share=min(busy_s / elapsed, 1.0), auc=self.auc.value(), step=step, emulated=bool(args.emulate_gpu_rate))
-                    window_start, window_samples, idle_steps, steps, busy_s = time.monotonic(), 0, 0, 0, 0.0
+                    window = MetricsWindow()
+                if time.monotonic() - window.start >= args.metrics_every_s:
+                    emit("metrics", rank=self.rank, world=self.world, **window.fields(), auc=self.auc.value(), step=step, emulated=bool(args.emulate_gpu_rate))
+                    window = MetricsWindow()
                 if checkpoint_now:
                     self.checkpoint(step, trained_total, queue)
                     last_ckpt = time.monotonic()
