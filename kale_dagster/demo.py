@@ -118,7 +118,7 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
         trainer = TrainerSettings(servers, TOPIC, GROUP, str(home / "checkpoints"), batch_size=64, emulate_gpu_rate=settings.worker_rate,
                                   checkpoint_every_s=max(60 / speed, 0.5))
         # A standby for every worker the policy may add; stopped workers rejoin the pool.
-        launcher = LocalLauncher(trainer, pool_size=settings.max_workers)
+        launcher = LocalLauncher(trainer, pool_size=settings.max_workers, max_workers=settings.max_workers)
         service = LauncherService(launcher, port=0).start()  # Dagster's rescale runs reach the same workers
         first = model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, settings.max_workers)
         if settings.dagster:

@@ -19,6 +19,10 @@ around them is simulated:
   does: telemetry, and so the policies and the metrics, see the age of the
   oldest *uncommitted* sample, which lags the consumed one by up to the
   interval;
+* with ``metrics_window_s``, a restarted group reports no metrics until it
+  has worked one full window (HPA likewise ignores a pod's metric until a
+  window after it became ready): until then the policies are told it is
+  still restarting;
 * ``pipeline_latency_s`` (plus ``pipeline_latency_per_worker_s`` per
   worker: a synchronous step's collectives grow with the group) is the time
   a sample spends inside the trainer (fetched, queued, in a step) before it
@@ -88,9 +92,10 @@ class SimConfig:
     commit_interval_s: float = 0.0  # offsets committed this often (checkpoints); 0 = as consumed
     pipeline_latency_s: float = 0.0  # a sample's time inside the trainer before it can be committed...
     pipeline_latency_per_worker_s: float = 0.0  # ...plus this per worker
+    metrics_window_s: float = 0.0  # a restarted group's first metrics come this long after it resumes
 
     def __post_init__(self):
-        may_be_zero = ("restart_s", "commit_interval_s", "pipeline_latency_s", "pipeline_latency_per_worker_s")
+        may_be_zero = ("restart_s", "commit_interval_s", "pipeline_latency_s", "pipeline_latency_per_worker_s", "metrics_window_s")
         for name in (*may_be_zero, "refit_every_s", "forecast_every_s", "forecast_horizon_s", "rate_window_s", "error_window_s"):
             if getattr(self, name) < 0 or (name not in may_be_zero and getattr(self, name) == 0):
                 raise KaleConfigError(name, f"must be > 0, got {getattr(self, name)}")
@@ -202,7 +207,7 @@ def simulate(
                     time=now, workers=workers, arrival_rate=measured, consumption_rate=consumption,
                     backlog=seen.backlog, time_lag_s=reported_lag(minute), utilization=utilization,
                     forecast=forecast, forecast_error=feed.recent_error(minute) if feed else None,
-                    restarting=restarting,
+                    restarting=now < restart_until + config.metrics_window_s,
                 )
                 decision = policy.decide(obs)
                 target = max(min(decision.workers, config.max_workers), 0)

@@ -106,6 +106,25 @@ def test_restart_downtime_and_rescale_are_counted():
     assert m.gpu_hours == pytest.approx((5 * 2 + 25 * 3) / 60)
 
 
+@pytest.mark.parametrize("window_s, blind_syncs", [(0.0, 3), (60.0, 4), (120.0, 5)])
+def test_a_restarted_group_reports_after_one_metrics_window(window_s, blind_syncs):
+    """A 4-minute restart decided at minute 5 blinds the syncs at minutes 6-8, and one metrics window more (HPA ignores unready pods)."""
+    told = []
+
+    class OneChange:
+        name, sync_period_s = "one", 60.0
+
+        def decide(self, obs):
+            from kale_dagster import Decision
+
+            told.append(obs.restarting)
+            return Decision(3 if obs.time >= _times(1)[0].timestamp() + 300 else 2, "one", "")
+
+    res = simulate(np.full(20, 150.0), _times(20), OneChange(), LINEAR, SimConfig(restart_s=240, metrics_window_s=window_s))
+    assert sum(told) == blind_syncs and told[6:6 + blind_syncs] == [True] * blind_syncs
+    assert res.metrics.downtime_minutes == pytest.approx(4)  # reporting late is not downtime
+
+
 def test_warmup_is_not_scored():
     rates = np.array([300.0] * 10 + [100.0] * 20)
     full = simulate(rates, _times(30), StaticPolicy(2), LINEAR, SimConfig())

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
+from kale_dagster import KaleConfigError
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
-from kale_dagster.producer import ReplaySettings, replay
+from kale_dagster.producer import ReplaySettings, ensure_topic, replay
 from kale_dagster.samples import RECORD_SIZE, GroundTruth, decode, encode, partition_weights
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
 from kale_dagster.trainer.checkpoint import list_checkpoints, load_latest, save_atomic
@@ -231,7 +232,8 @@ def test_stopped_workers_return_to_the_pool_and_are_reused(kafka_broker, tmp_pat
     servers = kafka_broker.bootstrap_servers
     replay(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 200.0}),
            ReplaySettings(topic="reuse", partitions=2), max_wall_s=1)
-    launcher = LocalLauncher(TrainerSettings(servers, "reuse", "g", str(tmp_path / "ckpt"), batch_size=32, emulate_gpu_rate=500), pool_size=1)
+    settings = TrainerSettings(servers, "reuse", "g", str(tmp_path / "ckpt"), batch_size=32, emulate_gpu_rate=500, emulate_restore_s=0.5)
+    launcher = LocalLauncher(settings, pool_size=1)
     seen = set()
     try:
         launcher.start(2)
@@ -244,8 +246,40 @@ def test_stopped_workers_return_to_the_pool_and_are_reused(kafka_broker, tmp_pat
         launcher.rescale(1)
         assert len(launcher._pool) <= 1 and all(w.alive() for w in launcher._group + launcher._pool)
         seen |= set(launcher._group + launcher._pool)
-        assert all(r.downtime_s < 30 for r in launcher.records)
+        assert all(0.5 <= r.downtime_s < 30 for r in launcher.records)  # the emulated restore is in every (re)start
     finally:
         launcher.stop()
     for w in seen:
         w.proc.wait(15)  # released extras and the final group all exit
+
+
+@pytest.mark.parametrize("field, value", [("batch_size", 0), ("emulate_gpu_rate", -1.0), ("emulate_restore_s", -1.0), ("balance", "random")])
+def test_trainer_settings_errors_name_the_field(field, value):
+    with pytest.raises(KaleConfigError, match=field):
+        TrainerSettings("127.0.0.1:9092", "t", "g", "/tmp/ckpt", **{field: value})
+
+
+@pytest.mark.integration
+def test_standbys_cover_a_scale_up_to_max_workers_and_no_more(kafka_broker, tmp_path):
+    """With max_workers, group + standbys never exceed it: a scale-up takes warm standbys and
+    starts no process (one importing torch would slow the new group); a scale-in keeps the stopped ones."""
+    ensure_topic(kafka_broker.bootstrap_servers, "capped", 2)
+    settings = TrainerSettings(kafka_broker.bootstrap_servers, "capped", "g", str(tmp_path / "ckpt"), batch_size=32)
+    launcher = LocalLauncher(settings, pool_size=3, max_workers=3)
+    try:
+        launcher.wait_warm()
+        assert len(launcher._pool) == 3
+        launcher.start(2)
+        launcher.wait_warm()
+        started = {w.proc.pid for w in launcher._group + launcher._pool}
+        assert len(launcher._pool) == 1
+        launcher.rescale(3)
+        time.sleep(1.0)  # a refill would have started by now
+        assert launcher._pool == [] and {w.proc.pid for w in launcher._group} == started
+        launcher.rescale(1)
+        launcher.wait_warm()
+        assert len(launcher._pool) == 2 and {w.proc.pid for w in launcher._group + launcher._pool} == started
+    finally:
+        launcher.stop()
+    with pytest.raises(KaleConfigError, match="max_workers"):
+        LocalLauncher(settings, max_workers=0)

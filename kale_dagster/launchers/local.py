@@ -51,6 +51,7 @@ class TrainerSettings:
     checkpoint_dir: str
     batch_size: int = 256
     emulate_gpu_rate: float = 0.0  # EMULATION of one GPU's samples/s; 0 = off
+    emulate_restore_s: float = 0.0  # EMULATION of a large model's restore time at every (re)start; 0 = off
     checkpoint_every_s: float = 5.0
     metrics_every_s: float = 2.0
     balance: str = "rates"
@@ -60,8 +61,9 @@ class TrainerSettings:
     def __post_init__(self):
         if self.batch_size < 1:
             raise KaleConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
-        if self.emulate_gpu_rate < 0:
-            raise KaleConfigError("emulate_gpu_rate", f"must be >= 0, got {self.emulate_gpu_rate}")
+        for name in ("emulate_gpu_rate", "emulate_restore_s"):
+            if getattr(self, name) < 0:
+                raise KaleConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.balance not in ("rates", "round-robin"):
             raise KaleConfigError("balance", f"must be 'rates' or 'round-robin', got {self.balance!r}")
 
@@ -69,7 +71,7 @@ class TrainerSettings:
         args = [
             "--bootstrap-servers", self.bootstrap_servers, "--topic", self.topic, "--group-id", self.group_id,
             "--checkpoint-dir", self.checkpoint_dir, "--batch-size", str(self.batch_size),
-            "--emulate-gpu-rate", str(self.emulate_gpu_rate), "--checkpoint-every-s", str(self.checkpoint_every_s),
+            "--emulate-gpu-rate", str(self.emulate_gpu_rate), "--emulate-restore-s", str(self.emulate_restore_s), "--checkpoint-every-s", str(self.checkpoint_every_s),
             "--metrics-every-s", str(self.metrics_every_s), "--balance", self.balance,
             "--collective-timeout-s", str(self.collective_timeout_s),
         ]
@@ -155,6 +157,10 @@ class LocalLauncher:
 
     settings: TrainerSettings
     pool_size: int = 2
+    # The largest group there will be: standbys a scale-up to it could not use are not
+    # kept (each is a process holding memory, and a device on a GPU host), nor started
+    # after a rescale, when a process importing torch would slow the new group.
+    max_workers: Optional[int] = None
     reuse_workers: bool = True  # False: every group gets fresh processes, as torchrun restarts them
     log_dir: Optional[str] = None
     stop_timeout_s: float = 60.0
@@ -168,8 +174,10 @@ class LocalLauncher:
 
     def __post_init__(self):
         self._log_dir = Path(self.log_dir or Path(self.settings.checkpoint_dir) / "logs")
+        if self.max_workers is not None and self.max_workers < 1:
+            raise KaleConfigError("max_workers", f"must be >= 1 or None, got {self.max_workers}")
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        self._fill_pool(self.pool_size)
+        self._fill_pool(self._standbys_wanted(0))
 
     # --- the launcher interface --------------------------------------------------
 
@@ -201,7 +209,7 @@ class LocalLauncher:
         while True:
             with self._lock:
                 pool = list(self._pool)
-            if len(pool) >= self.pool_size:
+            if len(pool) >= self._standbys_wanted(self.workers):
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"standby pool not refilled within {timeout:.0f} s")
@@ -274,8 +282,9 @@ class LocalLauncher:
             self._pool = back + sorted(self._pool, key=lambda w: not w.ready.is_set())
             self._fill_pool(n)
             group, self._pool = self._pool[:n], self._pool[n:]
-            _retire(self._pool[self.pool_size :], wait=False)  # more standbys than the pool keeps
-            self._pool = self._pool[: self.pool_size]
+            keep = self._standbys_wanted(n)
+            _retire(self._pool[keep:], wait=False)  # more standbys than the pool keeps
+            self._pool = self._pool[:keep]
             for w in group:
                 w.wait_ready(self.ready_timeout_s)  # instant for warm standbys
             marks.append(time.monotonic())
@@ -300,7 +309,12 @@ class LocalLauncher:
     def _refill(self) -> None:
         with self._lock:
             if not self._stopped:
-                self._fill_pool(self.pool_size)
+                self._fill_pool(self._standbys_wanted(self.workers))
+
+    def _standbys_wanted(self, group_size: int) -> int:
+        if self.max_workers is None:
+            return self.pool_size
+        return max(min(self.pool_size, self.max_workers - group_size), 0)
 
 
 def _retire(workers: list, wait: bool) -> None:

@@ -258,6 +258,10 @@ class Worker:
     def run(self) -> int:
         args = self.args
         state = self.restore()
+        if args.emulate_restore_s:
+            # EMULATION: loading a large model's checkpoint and re-forming its job
+            # (the paper's restart is about 10 minutes for 1B parameters).
+            time.sleep(args.emulate_restore_s)
         step = int(state.get("step", 0))
         trained_total = int(state.get("trained_total", 0))
         consumer, mine = self.open_consumer(state)
@@ -395,6 +399,7 @@ def parse_args(argv=None):
     parser.add_argument("--balance", choices=["rates", "round-robin"], default="rates",
                         help="rates: assign partitions by measured rate and forward overflow; round-robin: neither (baseline)")
     parser.add_argument("--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap samples/s per worker (0 = off)")
+    parser.add_argument("--emulate-restore-s", type=float, default=0.0, help="EMULATION: extra seconds to restore a checkpoint (0 = off)")
     parser.add_argument("--checkpoint-every-s", type=float, default=5.0)
     parser.add_argument("--metrics-every-s", type=float, default=2.0)
     parser.add_argument("--keep", type=int, default=3)
