@@ -56,6 +56,7 @@ from kale_dagster.simulate import SimConfig, simulate
 from kale_dagster.throughput import ThroughputModel
 from kale_dagster.trace import synth_trace
 
+TOPIC, GROUP = "samples", "trainer"
 WORKER_RATE = 150.0  # EMULATED samples per wall second per worker
 MAX_WORKERS = 6
 PARTITIONS = 12  # every worker count up to MAX_WORKERS owns partitions (a worker without one trains only forwarded samples)
@@ -105,17 +106,17 @@ class Calibration:
 
 
 def trainer_settings(servers: str, home: str, speed: float) -> TrainerSettings:
-    return TrainerSettings(servers, "samples", "trainer", f"{home}/ckpt", batch_size=64, emulate_gpu_rate=WORKER_RATE,
+    return TrainerSettings(servers, TOPIC, GROUP, f"{home}/ckpt", batch_size=64, emulate_gpu_rate=WORKER_RATE,
                            emulate_restore_s=RESTORE_TRACE_S / speed,
                            checkpoint_every_s=CHECKPOINT_TRACE_S / speed, metrics_every_s=60 / speed)
 
 
 def replay_settings(speed: float = 1.0) -> ReplaySettings:
-    return ReplaySettings(topic="samples", speedup=speed, partitions=PARTITIONS, samples_per_record=SAMPLES_PER_RECORD)
+    return ReplaySettings(topic=TOPIC, speedup=speed, partitions=PARTITIONS, samples_per_record=SAMPLES_PER_RECORD)
 
 
 def stream_resource(servers: str) -> KafkaStreamResource:
-    return KafkaStreamResource(bootstrap_servers=servers, topics=["samples"], group_id="trainer", request_timeout_ms=3000, samples_per_record=SAMPLES_PER_RECORD)
+    return KafkaStreamResource(bootstrap_servers=servers, topics=[TOPIC], group_id=GROUP, request_timeout_ms=3000, samples_per_record=SAMPLES_PER_RECORD)
 
 
 def _produce(servers: str, rate: float, seconds: float, stop: Optional[threading.Event] = None) -> threading.Thread:
@@ -138,7 +139,7 @@ def calibrate(speed: float, counts=(1, 2, 4, MAX_WORKERS)) -> Calibration:
     points, restarts = [], []
     with embedded_broker() as broker:
         servers = broker.bootstrap_servers
-        ensure_topic(servers, "samples", PARTITIONS)
+        ensure_topic(servers, TOPIC, PARTITIONS)
         launcher = LocalLauncher(trainer_settings(servers, tempfile.mkdtemp(prefix="kale-cal-"), speed), pool_size=MAX_WORKERS, max_workers=MAX_WORKERS)
         stream = stream_resource(servers)
         try:
@@ -227,7 +228,7 @@ def run_live(name: str, shape: pd.DataFrame, speed: float, cal: Calibration, tim
         stop = threading.Event()
         times, lags, workers, downs, rows = [], [], [], [], []
         try:
-            ensure_topic(servers, "samples", PARTITIONS)
+            ensure_topic(servers, TOPIC, PARTITIONS)
             launcher.wait_warm()  # standbys importing torch would slow the first minutes
             producer = replay_in_background(servers, history_in, replay_settings(speed), stop)
             t0 = time.monotonic()
