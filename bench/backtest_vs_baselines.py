@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from kale_dagster.backtest import Backtest, BacktestSettings, dominating_baselines
 from kale_dagster.forecast.history import prepare_history, read_trace_csv
-from kale_dagster.trace import synth_trace
+from kale_dagster.policies import POLICIES
+from kale_dagster.sim.backtest import Backtest, BacktestSettings, dominating_baselines
+from kale_dagster.sim.trace import synth_trace
 
 TARGETS = {  # Kale / default HPA, from the issue
     "accumulated_lag_minutes": 0.25,
@@ -36,8 +37,8 @@ DEFAULT_NYC = Path(__file__).resolve().parents[1].parent / "shared" / "traces" /
 def run(label: str, history: pd.DataFrame, warmup_days: float) -> dict:
     started = time.perf_counter()
     bt = Backtest(history, BacktestSettings(warmup_days=warmup_days))
-    policies = {name: bt.run(getattr(bt, name)()).metrics.to_json() for name in ("kale", "hpa", "keda", "static")}
-    sweeps = bt.sweeps(["hpa", "keda", "static"])
+    policies = {name: bt.run(bt.policy(name)).metrics.to_json() for name in POLICIES}
+    sweeps = bt.sweeps(list(POLICIES))
     elapsed = time.perf_counter() - started
     kale, hpa = policies["kale"], policies["hpa"]
     print(f"\n== {label}: {len(bt.rates) / 1440:.1f} days, {warmup_days:g} warm-up, {elapsed:.0f} s ==")

@@ -44,17 +44,19 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from kale_dagster.broker import embedded_broker
-from kale_dagster.history import MetricsHistory
-from kale_dagster.launchers import LocalLauncher, TrainerSettings
-from kale_dagster.live import LiveController
-from kale_dagster.policies import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules, KaleConfig, KalePolicy
+from kale_dagster.control.live import LiveController
+from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.forecast import make_forecaster
-from kale_dagster.producer import ReplaySettings, ensure_topic, replay_in_background
-from kale_dagster.resources import KafkaStreamResource
-from kale_dagster.simulate import SimConfig, simulate
-from kale_dagster.throughput import ThroughputModel
-from kale_dagster.trace import synth_trace
+from kale_dagster.stream.source import KafkaSource
+from kale_dagster.launchers import LocalLauncher, TrainerSettings
+from kale_dagster.model.throughput import ThroughputModel
+from kale_dagster.policies import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules, KaleConfig, KalePolicy
+from kale_dagster.sim.metrics import score_readings
+from kale_dagster.sim.simulate import SimConfig, simulate
+from kale_dagster.sim.trace import synth_trace
+from kale_dagster.stream.broker import embedded_broker
+from kale_dagster.stream.history import MetricsHistory
+from kale_dagster.stream.producer import ReplaySettings, ensure_topic, replay_in_background
 
 TOPIC, GROUP = "samples", "trainer"
 WORKER_RATE = 150.0  # EMULATED samples per wall second per worker
@@ -106,7 +108,7 @@ class Calibration:
 
 
 def trainer_settings(servers: str, home: str, speed: float) -> TrainerSettings:
-    return TrainerSettings(servers, TOPIC, GROUP, f"{home}/ckpt", batch_size=64, emulate_gpu_rate=WORKER_RATE,
+    return TrainerSettings(KafkaSource(servers, (TOPIC,), GROUP), f"{home}/ckpt", batch_size=64, emulate_gpu_rate=WORKER_RATE,
                            emulate_restore_s=RESTORE_TRACE_S / speed,
                            checkpoint_every_s=CHECKPOINT_TRACE_S / speed, metrics_every_s=60 / speed)
 
@@ -192,20 +194,6 @@ def hpa(speed: float, trace_units: bool = False) -> HPAPolicy:
     return HPAPolicy(min_replicas=1, max_replicas=MAX_WORKERS, target_utilization=80, behavior=behavior, sync_period_s=60 / k)
 
 
-def metrics(trace_min, lags_min, workers, end_trace_min: float, downtime_trace_min: float, rescales: int) -> dict:
-    """The paper's metrics from samples at irregular times: each sample holds until the next one."""
-    t, lags = np.asarray(trace_min), np.asarray(lags_min)
-    dt = np.diff(np.append(t, end_trace_min))
-    return {
-        "accumulated_lag_minutes": float(np.sum(lags * dt)),
-        "slo_violation_rate": float(np.sum(dt[lags > SLO_MIN]) / np.sum(dt)) if len(t) else 0.0,
-        "downtime_minutes": downtime_trace_min,
-        "gpu_hours": float(np.sum(np.asarray(workers) * dt) / 60),
-        "rescales": rescales,
-        "max_lag_minutes": float(lags.max()) if len(lags) else 0.0,
-    }
-
-
 def run_live(name: str, shape: pd.DataFrame, speed: float, cal: Calibration, timeline_csv: str) -> tuple[dict, float]:
     """Measured metrics and median restart (wall s) of one live run."""
     history_in = shape.assign(rate=shape["rate"] * PEAK_WALL_RATE / speed)
@@ -254,7 +242,7 @@ def run_live(name: str, shape: pd.DataFrame, speed: float, cal: Calibration, tim
             launcher.stop()
             history.dispose()
             pd.DataFrame(rows, columns=["trace_min", "arrival_per_s", "lag_min", "sample_lag", "workers", "restarting", "decided", "reason"]).to_csv(timeline_csv, index=False)
-    result = metrics(times, lags, workers, end_trace_min, sum(downs) * speed / 60, len(downs))
+    result = score_readings(times, np.asarray(lags) * 60, workers, end_trace_min, SLO_MIN * 60, sum(downs) * speed / 60, len(downs)).to_json()
     return result, statistics.median(downs) if downs else float("nan")
 
 
@@ -282,6 +270,9 @@ def main() -> int:
     shape = segment(args.hours)
     keys = ("accumulated_lag_minutes", "slo_violation_rate", "downtime_minutes", "gpu_hours", "rescales", "max_lag_minutes")
     names = args.policies.split(",")
+    unknown = set(names) - {"kale", "hpa"}
+    if unknown:
+        parser.error(f"--policies: unknown {', '.join(sorted(unknown))}; this bench runs kale and hpa")
     Path(args.timeline_dir).mkdir(parents=True, exist_ok=True)
     cal = Calibration.load(args.calibration) if args.calibration else calibrate(args.speedup)
     cal.save(f"{args.timeline_dir}/calibration.json")
@@ -302,7 +293,7 @@ def main() -> int:
     for name in names:
         for label, m in (("measured", measured[name]), ("simulated", simulated[name])):
             print(f"{name + ' ' + label:<16}" + "".join(f"{m[k]:>16.3f}" for k in keys))
-    if len(names) > 1:
+    if {"kale", "hpa"} <= set(names):
         k, h = measured["kale"], measured["hpa"]
         print("\nmeasured Kale / HPA: " + ", ".join(f"{key} {k[key] / h[key]:.2f}x" for key in ("accumulated_lag_minutes", "downtime_minutes", "gpu_hours") if h[key])
               + f"; SLO violation {k['slo_violation_rate']:.1%} vs {h['slo_violation_rate']:.1%}")

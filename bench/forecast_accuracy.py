@@ -23,7 +23,7 @@ import pandas as pd
 from kale_dagster.forecast import make_forecaster
 from kale_dagster.forecast.evaluate import rolling_origin
 from kale_dagster.forecast.history import prepare_history, read_trace_csv
-from kale_dagster.trace import synth_trace
+from kale_dagster.sim.trace import synth_trace
 
 DEFAULT_NYC = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "nyc_taxi.csv"
 TARGETS = {30: 0.5, 120: 0.6}

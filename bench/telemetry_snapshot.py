@@ -18,8 +18,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata
 
-from kale_dagster.broker import embedded_broker
-from kale_dagster.resources import KafkaStreamResource
+from kale_dagster.definitions.resources import KafkaStreamResource
+from kale_dagster.stream.broker import embedded_broker
 
 
 def main() -> int:

@@ -28,11 +28,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kale_dagster.broker import embedded_broker
+from kale_dagster.definitions.resources import KafkaStreamResource
+from kale_dagster.stream.source import KafkaSource
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
-from kale_dagster.resources import KafkaStreamResource
-from kale_dagster.producer import ReplaySettings, replay, replay_in_background
-from kale_dagster.samples import GroundTruth
+from kale_dagster.stream.broker import embedded_broker
+from kale_dagster.stream.producer import ReplaySettings, replay, replay_in_background
+from kale_dagster.stream.samples import GroundTruth
 from kale_dagster.trainer.model import CTRModel, batch_tensors
 
 
@@ -48,7 +49,7 @@ def _produce_in_background(servers, topic, rate, hot_share, seconds, partitions=
 def rescale_downtime(servers: str, rescales: int) -> None:
     stop, producer = _produce_in_background(servers, "rescale", 400, 0.0, 600)
     time.sleep(1)
-    settings = TrainerSettings(servers, "rescale", "rescale-trainer", tempfile.mkdtemp(), batch_size=128, emulate_gpu_rate=200, checkpoint_every_s=5)
+    settings = TrainerSettings(KafkaSource(servers, ("rescale",), "rescale-trainer"), tempfile.mkdtemp(), batch_size=128, emulate_gpu_rate=200, checkpoint_every_s=5)
     warm = LocalLauncher(settings, pool_size=3)
     try:
         warm.start(1)
@@ -113,7 +114,7 @@ def train_only_in_subprocess() -> float:
 
 def consume_and_train(servers: str, topic: str) -> float:
     group = f"{topic}-trainer-{time.monotonic_ns()}"
-    settings = TrainerSettings(servers, topic, group, tempfile.mkdtemp(), metrics_every_s=2, checkpoint_every_s=30)
+    settings = TrainerSettings(KafkaSource(servers, (topic,), group), tempfile.mkdtemp(), metrics_every_s=2, checkpoint_every_s=30)
     launcher = LocalLauncher(settings, pool_size=1)
     rates = []
     try:
@@ -155,7 +156,7 @@ def balancing(servers: str) -> None:
         topic = f"hot-{balance}"
         stop, producer = _produce_in_background(servers, topic, 520, 0.5, 40)
         time.sleep(1)
-        settings = TrainerSettings(servers, topic, f"{topic}-trainer", tempfile.mkdtemp(), batch_size=32, emulate_gpu_rate=150,
+        settings = TrainerSettings(KafkaSource(servers, (topic,), f"{topic}-trainer"), tempfile.mkdtemp(), batch_size=32, emulate_gpu_rate=150,
                                    metrics_every_s=4, checkpoint_every_s=10, balance=balance)
         launcher = LocalLauncher(settings, pool_size=4)
         extra = []

@@ -1,49 +1,95 @@
 """kale-dagster: Kale elastic GPU scheduling for online training, as a Dagster plugin.
 
-The public API is re-exported here; see the README for an overview.
+The public API is re-exported here and imported on first use, so that a
+trainer worker (``kale_dagster.trainer.worker``) starts without pandas,
+scipy, Dagster or the planner.  The packages, in the order a decision flows
+(docs/architecture.md):
+
+* ``stream``: the Kafka source, telemetry, metrics history, producer, embedded broker;
+* ``forecast``: traffic forecasters;
+* ``model``: observations, decisions, throughput model, backlog, estimator, stabilizer;
+* ``policies``: Kale and the baselines, by name;
+* ``control``: the control loop that turns observations into rescales;
+* ``launchers``: local processes or Kubernetes, rescaled by pause-and-restart;
+* ``trainer``: the torch workers;
+* ``sim``: the simulator and backtest;
+* ``definitions``: the Dagster wiring (pipelines, assets, jobs, resources);
+* ``cli`` and ``demo``: the ``kale`` command.
 """
 
-from .errors import InputDataError, KaleConfigError
-from .forecast.base import Forecast, Forecaster
-from .policies import (
-    HPABehavior,
-    HPAPolicy,
-    HPAScalingPolicy,
-    HPAScalingRules,
-    KaleConfig,
-    KalePolicy,
-    KedaKafkaPolicy,
-    StaticPolicy,
-)
-from .policies.keda import KafkaScalerMetadata
-from .policy import Decision, Observation, PartitionOffsets, ScalingPolicy
-from .pipeline import KafkaSource, OnlineTrainingPipeline, build_definitions
-from .stabilizer import stabilize
-from .throughput import ThroughputModel
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from kale_dagster.errors import InputDataError, KaleConfigError
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Decision",
-    "Forecast",
-    "Forecaster",
-    "HPABehavior",
-    "HPAPolicy",
-    "HPAScalingPolicy",
-    "HPAScalingRules",
-    "InputDataError",
-    "KafkaSource",
-    "OnlineTrainingPipeline",
-    "build_definitions",
-    "KafkaScalerMetadata",
-    "KaleConfig",
-    "KaleConfigError",
-    "KalePolicy",
-    "KedaKafkaPolicy",
-    "Observation",
-    "PartitionOffsets",
-    "ScalingPolicy",
-    "StaticPolicy",
-    "ThroughputModel",
-    "stabilize",
-]
+_EXPORTS = {
+    "Decision": "kale_dagster.model.types",
+    "Observation": "kale_dagster.model.types",
+    "PartitionOffsets": "kale_dagster.model.types",
+    "ScalingPolicy": "kale_dagster.model.types",
+    "ThroughputModel": "kale_dagster.model.throughput",
+    "stabilize": "kale_dagster.model.stabilizer",
+    "Forecast": "kale_dagster.forecast.base",
+    "Forecaster": "kale_dagster.forecast.base",
+    "POLICIES": "kale_dagster.policies",
+    "PolicySpec": "kale_dagster.policies",
+    "Sizing": "kale_dagster.policies",
+    "HPABehavior": "kale_dagster.policies",
+    "HPAPolicy": "kale_dagster.policies",
+    "HPAScalingPolicy": "kale_dagster.policies",
+    "HPAScalingRules": "kale_dagster.policies",
+    "KafkaScalerMetadata": "kale_dagster.policies",
+    "KaleConfig": "kale_dagster.policies",
+    "KalePolicy": "kale_dagster.policies",
+    "KedaKafkaPolicy": "kale_dagster.policies",
+    "StaticPolicy": "kale_dagster.policies",
+    "KafkaSource": "kale_dagster.stream.source",
+    "LocalLauncherConfig": "kale_dagster.launchers",
+    "KubernetesLauncherConfig": "kale_dagster.launchers",
+    "OnlineTrainingPipeline": "kale_dagster.definitions.pipeline",
+    "build_definitions": "kale_dagster.definitions.build",
+}
+
+__all__ = ["InputDataError", "KaleConfigError", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kale_dagster' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first use
+    from kale_dagster.definitions.build import build_definitions
+    from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
+    from kale_dagster.forecast.base import Forecast, Forecaster
+    from kale_dagster.launchers import KubernetesLauncherConfig, LocalLauncherConfig
+    from kale_dagster.model.stabilizer import stabilize
+    from kale_dagster.model.throughput import ThroughputModel
+    from kale_dagster.model.types import Decision, Observation, PartitionOffsets, ScalingPolicy
+    from kale_dagster.policies import (
+        POLICIES,
+        HPABehavior,
+        HPAPolicy,
+        HPAScalingPolicy,
+        HPAScalingRules,
+        KafkaScalerMetadata,
+        KaleConfig,
+        KalePolicy,
+        KedaKafkaPolicy,
+        PolicySpec,
+        Sizing,
+        StaticPolicy,
+    )
+    from kale_dagster.stream.source import KafkaSource

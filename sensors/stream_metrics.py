@@ -35,8 +35,8 @@ from dagster import (
     sensor,
 )
 
-from kale_dagster.history import MetricsHistory
-from kale_dagster.telemetry import PreviousOffsets, StreamSnapshot, previous_from
+from kale_dagster.stream.history import MetricsHistory
+from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, previous_from
 
 
 @dataclass(frozen=True)

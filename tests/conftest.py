@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kale_dagster.broker import embedded_broker
+from kale_dagster.stream.broker import embedded_broker
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

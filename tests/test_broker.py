@@ -9,7 +9,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
-from kale_dagster.broker import (
+from kale_dagster.stream.broker import (
     FAST_GROUP_SESSION_TIMEOUT_MS,
     BrokerError,
     embedded_broker,

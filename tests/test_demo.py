@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kale_dagster.broker import free_loopback_port
+from kale_dagster.stream.broker import free_loopback_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

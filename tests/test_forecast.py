@@ -14,7 +14,7 @@ from kale_dagster import InputDataError
 from kale_dagster.forecast import EwmaForecaster, ProphetForecaster, SeasonalNaiveForecaster, make_forecaster
 from kale_dagster.forecast.evaluate import rolling_origin, smape
 from kale_dagster.forecast.history import prepare_history, read_trace_csv
-from kale_dagster.trace import synth_trace
+from kale_dagster.sim.trace import synth_trace
 
 FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
 

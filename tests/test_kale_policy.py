@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kale_dagster import Forecast, KaleConfig, KaleConfigError, KalePolicy, Observation, ThroughputModel
-from kale_dagster.estimator import drain_rate, estimate_workers
+from kale_dagster.model.estimator import drain_rate, estimate_workers
 
 PER_WORKER = 1000.0
 LINEAR = ThroughputModel.linear(PER_WORKER)

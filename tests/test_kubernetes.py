@@ -16,16 +16,19 @@ from dagster_k8s.client import DagsterKubernetesClient
 from kubernetes.client import V1ContainerState, V1ContainerStateWaiting, V1ContainerStatus, V1Job, V1JobSpec, V1ObjectMeta, V1Pod, V1PodCondition, V1PodList, V1PodStatus
 from kubernetes.client.rest import ApiException
 
-from kale_dagster import KaleConfigError
-from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesTrainerConfig, RescaleFailed, pods_state, render
+from kale_dagster import KafkaSource, KaleConfigError
+from kale_dagster.launchers import RescaleFailed
+from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesLauncherConfig, pods_state, render
 
 K8S_VERSION = kubernetes_validate.utils.latest_version()
+SOURCE = KafkaSource("kafka-0.kafka:9093", ("clicks",), "ctr", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                     sasl_username="kale", sasl_password_env="KAFKA_PASSWORD")
 
 
 def _config(**kw):
-    base = dict(image="registry.example.com/ctr-trainer:1.4", bootstrap_servers="kafka-0.kafka:9093", topic="clicks", group_id="ctr", checkpoint_pvc="ctr-checkpoints", kafka_secret="ctr-kafka-credentials")
+    base = dict(image="registry.example.com/ctr-trainer:1.4", checkpoint_pvc="ctr-checkpoints", kafka_secret="ctr-kafka-credentials")
     base.update(kw)
-    return KubernetesTrainerConfig(**base)
+    return KubernetesLauncherConfig(**base)
 
 
 CONFIGS = [
@@ -40,7 +43,7 @@ CONFIGS = [
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("workers", [1, 4, 32])
 def test_manifests_validate_against_the_kubernetes_schema(config, workers):
-    manifests = render("ctr", config, workers)
+    manifests = render("ctr", config, SOURCE, workers)
     assert [m["kind"] for m in manifests] == ["Service", "Job"]
     for manifest in manifests:
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
@@ -49,6 +52,10 @@ def test_manifests_validate_against_the_kubernetes_schema(config, workers):
     assert spec["parallelism"] == spec["completions"] == workers and spec["completionMode"] == "Indexed"
     container = spec["template"]["spec"]["containers"][0]
     assert container["command"] == ["torchrun"] and f"--nnodes={workers}" in container["args"]
+    args = container["args"]
+    assert args[args.index("--bootstrap-servers") + 1] == SOURCE.bootstrap_servers and args[args.index("--topic") + 1] == "clicks"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL" and env["KAFKA_SASL_USERNAME"] == "kale" and "KAFKA_SASL_PASSWORD" not in env
     if config.gpus_per_worker:
         assert container["resources"]["limits"]["nvidia.com/gpu"] == str(config.gpus_per_worker)
     assert spec["template"]["spec"]["subdomain"] == manifests[0]["metadata"]["name"]
@@ -56,8 +63,8 @@ def test_manifests_validate_against_the_kubernetes_schema(config, workers):
 
 
 def test_credentials_are_referenced_never_inlined(monkeypatch):
-    monkeypatch.setenv("KAFKA_SASL_PASSWORD", "hunter2-secret-value")
-    text = json.dumps(render("ctr", _config(), 2))
+    monkeypatch.setenv("KAFKA_PASSWORD", "hunter2-secret-value")
+    text = json.dumps(render("ctr", _config(), SOURCE, 2))
     assert "hunter2" not in text
     assert '"secretRef": {"name": "ctr-kafka-credentials"}' in text
     with pytest.raises(KaleConfigError, match="trainer_args"):
@@ -99,7 +106,9 @@ class FakeCluster:
         self.batch.delete_namespaced_job.side_effect = self._delete
         self.core.list_namespaced_pod.side_effect = self._pods
         self.core.read_namespaced_service.side_effect = ApiException(status=404)
+        self.core.read_namespaced_pod_log.side_effect = self._log
         self.created = []
+        self.silent = set()  # worker counts whose pods never log a training step
 
     def _create(self, namespace=None, body=None):
         workers = body["spec"]["parallelism"]
@@ -113,6 +122,13 @@ class FakeCluster:
         if name not in self.jobs:
             raise ApiException(status=404)
         del self.jobs[name]
+
+    def _log(self, name=None, namespace=None, **kwargs):
+        workers = int(name.split("-w")[-1].split("-")[0])
+        lines = ['{"event": "ready", "pid": 7}', '[rank0]:{"event": "started", "rank": 0}']
+        if workers not in self.silent:
+            lines.append('[rank0]:{"event": "step", "rank": 0, "step": 1, "first": true}')
+        return mock.Mock(data="\n".join(lines).encode())
 
     def _pods(self, namespace=None, label_selector=""):
         name = label_selector.split("job-name=")[-1]
@@ -129,7 +145,7 @@ class FakeCluster:
 def _launcher(cluster):
     client = DagsterKubernetesClient(batch_api=cluster.batch, core_api=cluster.core, logger=lambda *_: None, sleeper=lambda *_: None, timer=lambda: 0)
     clock = iter(range(0, 10_000, 5))
-    return KubernetesLauncher("ctr", _config(ready_timeout_s=60, stop_timeout_s=60), client=client, sleeper=lambda *_: None, clock=lambda: next(clock))
+    return KubernetesLauncher("ctr", _config(ready_timeout_s=60, stop_timeout_s=60), SOURCE, client=client, sleeper=lambda *_: None, clock=lambda: next(clock))
 
 
 def test_rescale_replaces_the_job_and_is_idempotent():
@@ -144,6 +160,20 @@ def test_rescale_replaces_the_job_and_is_idempotent():
     cluster.core.create_namespaced_service.assert_called()
     launcher.stop()
     assert cluster.jobs == {}
+
+
+def test_downtime_ends_at_the_first_training_step_in_the_pod_logs():
+    """Ready pods are not yet training: the downtime runs on until every pod logged its first step."""
+    cluster = FakeCluster()
+    launcher = _launcher(cluster)
+    record = launcher.start(3)
+    assert set(record.phases) == {"stop", "pods_ready", "first_step"}
+    assert record.downtime_s >= sum(record.phases.values()) > 0 and record.phases["first_step"] > 0
+    assert cluster.core.read_namespaced_pod_log.call_count == 3  # one read per pod, each already stepped
+    cluster.silent.add(5)
+    with pytest.raises(RescaleFailed, match="5 pods of job .* ready but no training step after 60 s") as err:
+        launcher.rescale(5)
+    assert err.value.restored == 3
 
 
 @pytest.mark.parametrize("status", [403, 409, 422, 500, 503])
@@ -180,17 +210,17 @@ def test_rescale_job_applies_the_allocation_once(monkeypatch, tmp_path):
     """The Dagster rescale job against the mocked cluster: applies gpu_allocation, records downtime, idempotent."""
     from dagster import AssetKey, AssetMaterialization, instance_for_test
 
-    import kale_dagster.assets as assets
-    from kale_dagster import KafkaSource, OnlineTrainingPipeline, build_definitions
+    from kale_dagster import OnlineTrainingPipeline, build_definitions
 
     p = OnlineTrainingPipeline(
         name="ctr", source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"), max_workers=8,
-        history_url=f"sqlite:///{tmp_path / 'm.db'}", kubernetes=_config(),
+        history_url=f"sqlite:///{tmp_path / 'm.db'}", launcher=_config(),
     )
     cluster = FakeCluster()
     launcher = _launcher(cluster)
     launcher.start(2)
-    monkeypatch.setattr(assets, "make_launcher", lambda pipeline: launcher)
+    # The job builds its launcher from the declaration; this one talks to the mocked cluster.
+    monkeypatch.setattr(KubernetesLauncherConfig, "build", lambda self, pipeline, source: launcher)
     defs = build_definitions(p)
     repo = defs.get_repository_def()
     assert {"ctr_rescale"} <= {j.name for j in repo.get_all_jobs()}
@@ -208,9 +238,9 @@ def test_rescale_job_applies_the_allocation_once(monkeypatch, tmp_path):
 
 
 def test_advisory_pipelines_have_no_rescale_job(tmp_path):
-    from kale_dagster import KafkaSource, OnlineTrainingPipeline, build_definitions
+    from kale_dagster import OnlineTrainingPipeline, build_definitions
 
-    p = OnlineTrainingPipeline(name="ctr", source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"), kubernetes=_config(), advisory=True)
+    p = OnlineTrainingPipeline(name="ctr", source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"), launcher=_config(), advisory=True)
     assert "ctr_rescale" not in {j.name for j in build_definitions(p).get_repository_def().get_all_jobs()}
 
 

@@ -7,10 +7,10 @@ import threading
 import pytest
 
 from kale_dagster import KaleConfig, KalePolicy, StaticPolicy, ThroughputModel
-from kale_dagster.history import MetricsHistory
+from kale_dagster.control.live import LiveController
 from kale_dagster.launchers import RescaleRecord
-from kale_dagster.live import LiveController
-from kale_dagster.telemetry import StreamSnapshot
+from kale_dagster.stream.history import MetricsHistory
+from kale_dagster.stream.telemetry import StreamSnapshot
 
 
 class FakeStream:

@@ -10,7 +10,7 @@ from dagster import AssetKey, AssetMaterialization, instance_for_test
 
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline, build_definitions
 from kale_dagster.launchers import RescaleRecord
-from kale_dagster.launchers.service import LauncherService, LocalTrainerClient
+from kale_dagster.launchers.service import LauncherService, LocalLauncherConfig, LocalTrainerClient
 
 
 class RecordingLauncher:
@@ -68,7 +68,7 @@ def _try(client, m):
 
 
 def test_unreachable_service_and_non_loopback_urls_are_clear_errors():
-    from kale_dagster.broker import free_loopback_port
+    from kale_dagster.stream.broker import free_loopback_port
 
     with pytest.raises(RuntimeError, match="no trainer service"):
         LocalTrainerClient(f"http://127.0.0.1:{free_loopback_port()}").rescale(2)
@@ -79,7 +79,7 @@ def test_unreachable_service_and_non_loopback_urls_are_clear_errors():
 @pytest.mark.integration
 def test_rescale_job_drives_the_local_trainer(service, tmp_path):
     p = OnlineTrainingPipeline(name="demo", source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
-                               history_url=f"sqlite:///{tmp_path / 'm.db'}", local_trainer_url=service.url)
+                               history_url=f"sqlite:///{tmp_path / 'm.db'}", launcher=LocalLauncherConfig(service.url))
     defs = build_definitions(p)
     with instance_for_test() as instance:
         instance.report_runless_asset_event(AssetMaterialization(AssetKey(["demo", "gpu_allocation"]), metadata={"workers": 3, "reason": "r"}))
@@ -112,10 +112,10 @@ def test_allocation_sensor_requests_one_run_per_change(tmp_path):
 
 @pytest.mark.integration
 def test_failed_rescale_is_recorded_on_the_allocation(tmp_path):
-    from dagster import build_run_status_sensor_context, DagsterEventType
+    from dagster import DagsterEventType, build_run_status_sensor_context
 
     p = OnlineTrainingPipeline(name="demo", source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
-                               history_url=f"sqlite:///{tmp_path / 'm.db'}", local_trainer_url="http://127.0.0.1:9")
+                               history_url=f"sqlite:///{tmp_path / 'm.db'}", launcher=LocalLauncherConfig("http://127.0.0.1:9"))
     defs = build_definitions(p)
     sensor = {s.name: s for s in defs.get_repository_def().sensor_defs}["demo_run_failure"]
     key = AssetKey(["demo", "gpu_allocation"])
@@ -140,9 +140,9 @@ def test_trainer_serve_rescales_real_workers_and_records_throughput(kafka_broker
 
     import pandas as pd
 
-    from kale_dagster.broker import free_loopback_port
-    from kale_dagster.history import MetricsHistory
-    from kale_dagster.producer import ReplaySettings, replay
+    from kale_dagster.stream.broker import free_loopback_port
+    from kale_dagster.stream.history import MetricsHistory
+    from kale_dagster.stream.producer import ReplaySettings, replay
 
     servers = kafka_broker.bootstrap_servers
     replay(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 400.0}),

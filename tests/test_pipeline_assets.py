@@ -9,7 +9,7 @@ import pytest
 from dagster import instance_for_test
 
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline, ThroughputModel, build_definitions
-from kale_dagster.trace import synth_trace
+from kale_dagster.sim.trace import synth_trace
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from kale_dagster import KaleConfigError, StaticPolicy, ThroughputModel
-from kale_dagster.backlog import FifoBacklog
-from kale_dagster.backtest import Backtest, BacktestSettings, dominating_baselines, minute_rates, scale_to_peak
-from kale_dagster.simulate import SimConfig, simulate
+from kale_dagster.model.backlog import FifoBacklog
+from kale_dagster.sim.backtest import Backtest, BacktestSettings, dominating_baselines, minute_rates, scale_to_peak
+from kale_dagster.sim.simulate import SimConfig, simulate
 
 FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
 LINEAR = ThroughputModel.linear(100.0)  # 100 samples/s per worker
@@ -161,7 +161,7 @@ def test_kale_beats_default_hpa_on_a_diurnal_day():
     hist = pd.read_csv(FIXTURES / "diurnal_3d_10min.csv")
     history = pd.DataFrame({"timestamp": pd.to_datetime(hist.timestamp, utc=True), "rate": hist.value / 600})
     bt = Backtest(history, BacktestSettings(warmup_days=2, forecaster="prophet"))
-    kale, hpa = bt.run(bt.kale()).metrics, bt.run(bt.hpa()).metrics
+    kale, hpa = bt.run(bt.policy("kale")).metrics, bt.run(bt.policy("hpa")).metrics
     assert kale.accumulated_lag_minutes < hpa.accumulated_lag_minutes
     assert kale.downtime_minutes < hpa.downtime_minutes
     assert kale.gpu_hours <= hpa.gpu_hours

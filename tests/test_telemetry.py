@@ -10,11 +10,11 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata
 
-from kale_dagster.broker import start_broker
-from kale_dagster.history import MetricsHistory
-from kale_dagster.policy import PartitionOffsets
-from kale_dagster.resources import KafkaStreamResource
-from kale_dagster.telemetry import PreviousOffsets, RawOffsets, build_snapshot, previous_from
+from kale_dagster.definitions.resources import KafkaStreamResource
+from kale_dagster.model.types import PartitionOffsets
+from kale_dagster.stream.broker import start_broker
+from kale_dagster.stream.history import MetricsHistory
+from kale_dagster.stream.telemetry import PreviousOffsets, RawOffsets, build_snapshot, previous_from
 from sensors import StreamMetricsCursor, build_stream_metrics_sensor
 
 pytestmark = pytest.mark.integration
@@ -87,7 +87,7 @@ def test_missing_commit_counts_from_the_earliest_offset(kafka_broker):
 def test_packed_records_are_counted_in_samples(kafka_broker):
     import pandas as pd
 
-    from kale_dagster.producer import ReplaySettings, replay
+    from kale_dagster.stream.producer import ReplaySettings, replay
 
     servers = kafka_broker.bootstrap_servers
     trace = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 400.0})

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from kale_dagster import KaleConfigError
+from kale_dagster.stream.source import KafkaSource
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
-from kale_dagster.producer import ReplaySettings, ensure_topic, replay
-from kale_dagster.samples import RECORD_SIZE, GroundTruth, decode, encode, partition_weights
+from kale_dagster.stream.producer import ReplaySettings, ensure_topic, replay
+from kale_dagster.stream.samples import RECORD_SIZE, GroundTruth, decode, encode, partition_weights
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
 from kale_dagster.trainer.checkpoint import list_checkpoints, load_latest, save_atomic
 from kale_dagster.trainer.model import RollingAUC
@@ -144,7 +145,7 @@ def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
                                 kwargs=dict(stop=stop, max_wall_s=30))
     producer.start()
     time.sleep(1.0)
-    settings = TrainerSettings(servers, topic, "trainer", str(tmp_path / "ckpt"), batch_size=64, emulate_gpu_rate=150,
+    settings = TrainerSettings(KafkaSource(servers, (topic,), "trainer"), str(tmp_path / "ckpt"), batch_size=64, emulate_gpu_rate=150,
                                checkpoint_every_s=2.0, trained_log=str(logs), collective_timeout_s=15)
     launcher = LocalLauncher(settings, pool_size=3)
     try:
@@ -198,7 +199,7 @@ def test_worker_runs_under_torchrun_and_stops_cleanly_on_sigterm(kafka_broker, t
     import subprocess
     import sys
 
-    from kale_dagster.broker import free_loopback_port
+    from kale_dagster.stream.broker import free_loopback_port
     from kale_dagster.trainer.checkpoint import load_latest
 
     servers = kafka_broker.bootstrap_servers
@@ -232,7 +233,7 @@ def test_stopped_workers_return_to_the_pool_and_are_reused(kafka_broker, tmp_pat
     servers = kafka_broker.bootstrap_servers
     replay(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 200.0}),
            ReplaySettings(topic="reuse", partitions=2), max_wall_s=1)
-    settings = TrainerSettings(servers, "reuse", "g", str(tmp_path / "ckpt"), batch_size=32, emulate_gpu_rate=500, emulate_restore_s=0.5)
+    settings = TrainerSettings(KafkaSource(servers, ("reuse",), "g"), str(tmp_path / "ckpt"), batch_size=32, emulate_gpu_rate=500, emulate_restore_s=0.5)
     launcher = LocalLauncher(settings, pool_size=1)
     seen = set()
     try:
@@ -256,7 +257,7 @@ def test_stopped_workers_return_to_the_pool_and_are_reused(kafka_broker, tmp_pat
 @pytest.mark.parametrize("field, value", [("batch_size", 0), ("emulate_gpu_rate", -1.0), ("emulate_restore_s", -1.0), ("balance", "random")])
 def test_trainer_settings_errors_name_the_field(field, value):
     with pytest.raises(KaleConfigError, match=field):
-        TrainerSettings("127.0.0.1:9092", "t", "g", "/tmp/ckpt", **{field: value})
+        TrainerSettings(KafkaSource("127.0.0.1:9092", ("t",), "g"), "/tmp/ckpt", **{field: value})
 
 
 @pytest.mark.integration
@@ -264,7 +265,7 @@ def test_standbys_cover_a_scale_up_to_max_workers_and_no_more(kafka_broker, tmp_
     """With max_workers, group + standbys never exceed it: a scale-up takes warm standbys and
     starts no process (one importing torch would slow the new group); a scale-in keeps the stopped ones."""
     ensure_topic(kafka_broker.bootstrap_servers, "capped", 2)
-    settings = TrainerSettings(kafka_broker.bootstrap_servers, "capped", "g", str(tmp_path / "ckpt"), batch_size=32)
+    settings = TrainerSettings(KafkaSource(kafka_broker.bootstrap_servers, ("capped",), "g"), str(tmp_path / "ckpt"), batch_size=32)
     launcher = LocalLauncher(settings, pool_size=3, max_workers=3)
     try:
         launcher.wait_warm()

@@ -1,4 +1,4 @@
-"""Browser test: headless Chromium against a running `dagster dev` with the example code location.
+"""Browser test: headless Chromium against a running `dagster dev` with the demo's code location.
 
 The demo pipeline runs against the embedded broker; its trainer is the
 local trainer service wrapping a recording launcher (the real workers are
@@ -22,21 +22,20 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_local_service import RecordingLauncher
 
-from kale_dagster.broker import free_loopback_port
-from kale_dagster.demo import write_dagster_yaml
-from kale_dagster.history import MetricsHistory
+from kale_dagster.demo.run import write_dagster_yaml
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.processes import stop_process_group
-from kale_dagster.producer import ensure_topic
-from kale_dagster.trace import synth_trace
-
-from test_local_service import RecordingLauncher
+from kale_dagster.sim.trace import synth_trace
+from kale_dagster.stream.broker import free_loopback_port
+from kale_dagster.stream.history import MetricsHistory
+from kale_dagster.stream.producer import ensure_topic
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts" / "ui"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-LOCATION, REPOSITORY = "pipelines.definitions", "__repository__"
+LOCATION, REPOSITORY = "kale_dagster.demo.definitions", "__repository__"
 
 pytestmark = [
     pytest.mark.integration,
@@ -109,8 +108,8 @@ def test_dagster_ui_shows_kale_and_a_sensor_triggered_rescale(kafka_broker, tmp_
     env = dict(os.environ, DAGSTER_HOME=str(home), KALE_DEMO_BOOTSTRAP=kafka_broker.bootstrap_servers, KALE_DEMO_TRAINER_URL=service.url)
     log = open(tmp_path / "dagster-dev.log", "wb")
     dagster = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        [sys.executable, "-m", "dagster", "dev", "-m", LOCATION, "-h", "127.0.0.1", "-p", str(port)],
+        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
     )
     try:
         _wait(lambda: _ok(f"http://127.0.0.1:{port}/server_info"), 180, "dagster dev to answer")

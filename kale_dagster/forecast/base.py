@@ -2,7 +2,8 @@
 
 A forecaster is fitted on a history of arrival rates and predicts a horizon
 as a point forecast with a lower and upper band.  Anything with ``fit`` and
-``predict`` of these shapes plugs in (see :class:`Forecaster`).
+``predict`` of these shapes plugs in (see :class:`Forecaster`); register it
+by name in ``kale_dagster.forecast.FORECASTERS``.
 """
 
 from __future__ import annotations
@@ -69,10 +70,14 @@ class Forecaster(Protocol):
 
     ``history`` has a UTC ``timestamp`` column and a ``rate`` column
     (samples/s), validated and regular (see ``kale_dagster.forecast.history``).
+    ``predict(steps)`` forecasts ``steps`` steps of the fitted history's
+    spacing from its end; ``predict(steps, history=newer)`` from the end of
+    a newer history that starts where the fitted one did (observations that
+    arrived since the fit), refitting only what the model must.
     """
 
     name: str
 
     def fit(self, history: pd.DataFrame) -> "Forecaster": ...
 
-    def predict(self, horizon_steps: int, step_s: float) -> Forecast: ...
+    def predict(self, horizon_steps: int, history: Optional[pd.DataFrame] = None) -> Forecast: ...

@@ -15,8 +15,8 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from ..errors import InputDataError
-from .naive import DAY_S, WEEK_S
+from kale_dagster.errors import InputDataError
+from kale_dagster.forecast.naive import DAY_S, WEEK_S
 
 Factory = Callable[[], object]
 
@@ -99,13 +99,12 @@ def rolling_origin(
     model = None
     next_refit = -1
     for k, origin in enumerate(origins):
+        past = history.iloc[:origin]
         if origin >= next_refit:
-            model = factory().fit(history.iloc[:origin])
-            takes_history = accepts_history(model)  # once per fit, not per origin
+            model = factory().fit(past)
             refits += 1
             next_refit = origin + refit_steps
-        past = history.iloc[:origin]
-        fc = model.predict(horizon, history=past) if takes_history else factory().fit(past).predict(horizon)
+        fc = model.predict(horizon, history=past)
         preds.append(fc.point[horizon - 1])
         lows.append(fc.lower[horizon - 1])
         highs.append(fc.upper[horizon - 1])
@@ -141,9 +140,3 @@ def rolling_origin(
         fallbacks=fallbacks,
     )
 
-
-def accepts_history(model) -> bool:
-    """Whether a fitted forecaster re-predicts from fresher history without a refit (Prophet does)."""
-    import inspect
-
-    return "history" in inspect.signature(model.predict).parameters

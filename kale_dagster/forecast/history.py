@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..errors import InputDataError
+from kale_dagster.errors import InputDataError
 
 
 def infer_step_s(timestamps: pd.Series) -> float:

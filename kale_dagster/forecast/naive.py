@@ -7,12 +7,14 @@ each horizon (empirical quantiles), not from an assumed distribution.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
-from ..errors import InputDataError
-from .base import Forecast
-from .history import prepare_history
+from kale_dagster.errors import InputDataError
+from kale_dagster.forecast.base import Forecast
+from kale_dagster.forecast.history import prepare_history
 
 DAY_S = 86_400.0
 WEEK_S = 7 * DAY_S
@@ -110,7 +112,9 @@ class SeasonalNaiveForecaster(_FittedSeries):
             raise InputDataError(f"{self.name} needs more than one season of history ({self.season_s / 3600:.0f} h); got {len(self.log_rate) * self.step_s / 3600:.1f} h")
         return self
 
-    def predict(self, horizon_steps: int, step_s=None) -> Forecast:
+    def predict(self, horizon_steps: int, history: Optional[pd.DataFrame] = None) -> Forecast:
+        if history is not None:
+            self.fit(history)
         season = int(round(self.season_s / self.step_s))
         last = len(self.log_rate) - 1
         origins = np.arange(max(season, last - self.band_origins - horizon_steps), last - horizon_steps + 1)
@@ -136,9 +140,11 @@ class EwmaForecaster(_FittedSeries):
         self._level = pd.Series(self.log_rate).ffill().ewm(halflife=halflife).mean().to_numpy()
         return self
 
-    def predict(self, horizon_steps: int, step_s=None, fallback: str = "") -> Forecast:
+    def predict(self, horizon_steps: int, history: Optional[pd.DataFrame] = None) -> Forecast:
+        if history is not None:
+            self.fit(history)
         last = len(self.log_rate) - 1
         origins = np.arange(max(0, last - self.band_origins - horizon_steps), max(last - horizon_steps + 1, 0))
         errs = horizon_errors(self.log_rate, lambda l: np.full(horizon_steps, self._level[l]), origins, horizon_steps)
         lo, hi = empirical_band(errs, self.interval_width)
-        return self._forecast(np.full(horizon_steps, self._level[last]), lo, hi, self.name, self.interval_width, fallback)
+        return self._forecast(np.full(horizon_steps, self._level[last]), lo, hi, self.name, self.interval_width)

@@ -30,9 +30,9 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from ..errors import KaleConfigError
-from .base import Forecast
-from .naive import DAY_S, WEEK_S, EwmaForecaster, _FittedSeries, empirical_band
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.forecast.base import Forecast
+from kale_dagster.forecast.naive import DAY_S, WEEK_S, EwmaForecaster, _FittedSeries, empirical_band
 
 _WEIGHTS = np.linspace(0.0, 1.0, 5)  # candidate Prophet shares in the blend
 _WINDOWS_S = (0, 600, 1800, 3600, 7200, 14_400)  # residual averaging windows; 0 = the latest step
@@ -239,7 +239,7 @@ class ProphetForecaster(_FittedSeries):
 
     # --- prediction -----------------------------------------------------------
 
-    def predict(self, horizon_steps: Optional[int] = None, step_s=None, history: Optional[pd.DataFrame] = None) -> Forecast:
+    def predict(self, horizon_steps: Optional[int] = None, history: Optional[pd.DataFrame] = None) -> Forecast:
         """Forecast from the end of the fitted history, or of ``history`` when given.
 
         ``history`` lets a fitted model use observations that arrived after
@@ -250,7 +250,7 @@ class ProphetForecaster(_FittedSeries):
         if horizon > self.horizon and not self.fallback and self.correct:
             raise KaleConfigError("horizon_steps", f"the model was fitted for at most {self.horizon} steps (horizon_s={self.horizon_s:.0f}); got {horizon}")
         if self.fallback:
-            fc = self._ewma.predict(horizon)
+            fc = self._ewma.predict(horizon, history=history)
             return _with(fc, fallback=self.fallback, fit_seconds=self.fit_seconds, model=self.name)
         if history is not None:
             self._set_history(history, refit=False)

@@ -1,6 +1,29 @@
-"""Launchers that run trainer workers at a chosen parallelism."""
+"""Launchers: run a pipeline's trainer workers at a chosen parallelism, rescale by pause-and-restart.
 
-from .base import Launcher, RescaleRecord
-from .local import LocalLauncher, TrainerSettings
+* ``base``: the ``Launcher`` contract (start, rescale, stop; one definition of
+  downtime), ``RescaleRecord``, ``RescaleFailed``, ``LauncherConfig``;
+* ``local``: ``LocalLauncher``, worker processes on this machine with warm standbys;
+* ``service``: the loopback HTTP service that owns a LocalLauncher for Dagster's
+  rescale runs, its client, and ``LocalLauncherConfig``;
+* ``kubernetes``: ``KubernetesLauncher`` (an Indexed Job of GPU pods) and
+  ``KubernetesLauncherConfig``.
 
-__all__ = ["Launcher", "LocalLauncher", "RescaleRecord", "TrainerSettings"]
+A pipeline declares one ``LauncherConfig``; its rescale job builds the launcher from it.
+"""
+
+from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed, RescaleRecord
+from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesLauncherConfig
+from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
+from kale_dagster.launchers.service import LocalLauncherConfig
+
+__all__ = [
+    "KubernetesLauncher",
+    "KubernetesLauncherConfig",
+    "Launcher",
+    "LauncherConfig",
+    "LocalLauncher",
+    "LocalLauncherConfig",
+    "RescaleFailed",
+    "RescaleRecord",
+    "TrainerSettings",
+]

@@ -16,12 +16,19 @@ The Job is built with dagster-k8s (``construct_dagster_k8s_job`` from a
 Checkpoints live on a PersistentVolumeClaim mounted at ``/checkpoints``
 (an object store works through a CSI driver that exposes it as a volume).
 
+The stream (servers, topic, group) comes from the pipeline's
+``KafkaSource``; its non-secret security settings are plain environment
+variables of the pods, the password a key of the Secret
+(``KAFKA_SASL_PASSWORD``, see ``stream.source.WORKER_ENV``).
+
 Rescale: delete the running Job with foreground propagation (pods get
 SIGTERM and ``terminationGracePeriodSeconds`` to finish the step and
 checkpoint), wait until its pods are gone, create the Job at the new size,
-wait until every pod is Ready.  If the new Job cannot start (API error
-403/409/422/5xx, image pull failure, timeout) it is deleted and the
-previous size is restored, so the pipeline never ends up with nothing.
+wait until every pod is Ready, then until every pod's log shows the
+worker's first training step: the downtime ends where the local
+launcher's does.  If the new Job cannot start (API error 403/409/422/5xx,
+image pull failure, timeout) it is deleted and the previous size is
+restored, so the pipeline never ends up with nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..errors import KaleConfigError
-from .base import RescaleRecord
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed
+from kale_dagster.stream.source import KafkaSource
+from kale_dagster.trainer.protocol import WorkerEvent, parse_event
 
 APP_LABEL = "app.kubernetes.io/name"
 PIPELINE_LABEL = "kale.dev/pipeline"
@@ -39,22 +48,11 @@ WORKERS_LABEL = "kale.dev/workers"
 IMAGE_PULL_FAILURES = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
 
 
-class RescaleFailed(RuntimeError):
-    """The new worker group could not start; the previous one was restored (see ``restored``)."""
-
-    def __init__(self, message: str, restored: Optional[int]):
-        super().__init__(message)
-        self.restored = restored
-
-
 @dataclass(frozen=True)
-class KubernetesTrainerConfig:
+class KubernetesLauncherConfig(LauncherConfig):
     """Where and how a pipeline's workers run on Kubernetes."""
 
     image: str
-    bootstrap_servers: str
-    topic: str
-    group_id: str
     namespace: str = "default"
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
@@ -87,6 +85,12 @@ class KubernetesTrainerConfig:
             if "password" in arg.lower() or "secret" in arg.lower():
                 raise KaleConfigError("trainer_args", "credentials must come from kafka_secret, not command-line arguments")
 
+    def build(self, pipeline: str, source: KafkaSource) -> "KubernetesLauncher":
+        return KubernetesLauncher(pipeline, self, source)
+
+    def describe(self) -> str:
+        return f"Kubernetes namespace {self.namespace!r} (image {self.image})"
+
 
 def service_name(pipeline: str) -> str:
     return f"kale-{pipeline.replace('_', '-')}-workers"
@@ -96,7 +100,7 @@ def job_name(pipeline: str, workers: int, generation: int) -> str:
     return f"kale-{pipeline.replace('_', '-')}-w{workers}-{generation}"
 
 
-def render(pipeline: str, config: KubernetesTrainerConfig, workers: int, generation: int = 1) -> list[dict]:
+def render(pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource, workers: int, generation: int = 1) -> list[dict]:
     """The Service and Job manifests for ``workers`` pods, as plain dicts (for review, GitOps, validation)."""
     from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
     from kubernetes.client import ApiClient
@@ -111,7 +115,7 @@ def render(pipeline: str, config: KubernetesTrainerConfig, workers: int, generat
         f"--rdzv-endpoint={name}-0.{svc}.{config.namespace}.svc.cluster.local:{config.rdzv_port}",
         f"--rdzv-id={name}", "--max-restarts=0",
         "-m", "kale_dagster.trainer.worker",
-        "--bootstrap-servers", config.bootstrap_servers, "--topic", config.topic, "--group-id", config.group_id,
+        "--bootstrap-servers", source.bootstrap_servers, "--topic", source.topic, "--group-id", source.group_id,
         "--checkpoint-dir", "/checkpoints", *config.trainer_args,
     ]
     job_config = DagsterK8sJobConfig(
@@ -135,6 +139,7 @@ def render(pipeline: str, config: KubernetesTrainerConfig, workers: int, generat
     user_config = UserDefinedDagsterK8sConfig(
         container_config={
             "command": ["torchrun"],
+            "env": [{"name": k, "value": v} for k, v in sorted(source.worker_env(include_password=False).items())],
             "resources": {"requests": {"cpu": config.cpu, "memory": config.memory}, "limits": limits},
             "ports": [{"name": "rdzv", "containerPort": config.rdzv_port}],
         },
@@ -180,26 +185,27 @@ def pods_state(pods: list) -> tuple[str, str]:
     return ("ready", f"{ready} pods ready") if ready == len(pods) else ("pending", f"{ready}/{len(pods)} pods ready")
 
 
-@dataclass
-class KubernetesLauncher:
+class KubernetesLauncher(Launcher):
     """Rescale a pipeline's Indexed Job through dagster-k8s's client (see module docstring)."""
 
-    pipeline: str
-    config: KubernetesTrainerConfig
-    client: Any = None  # DagsterKubernetesClient
-    core_api: Any = None
-    sleeper: Callable[[float], None] = time.sleep
-    clock: Callable[[], float] = time.monotonic
-    poll_s: float = 2.0
-    records: list = field(default_factory=list)
-
-    def __post_init__(self):
-        if self.client is None:
+    def __init__(
+        self,
+        pipeline: str,
+        config: KubernetesLauncherConfig,
+        source: KafkaSource,
+        client: Any = None,  # DagsterKubernetesClient
+        sleeper: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float = 2.0,
+    ):
+        super().__init__(clock=clock)
+        if client is None:
             from dagster_k8s.client import DagsterKubernetesClient
 
-            self.client = DagsterKubernetesClient.production_client()
-        if self.core_api is None:
-            self.core_api = self.client.core_api
+            client = DagsterKubernetesClient.production_client()
+        self.pipeline, self.config, self.source = pipeline, config, source
+        self.client, self.core_api = client, client.core_api
+        self.sleeper, self.poll_s = sleeper, poll_s
 
     # --- reading state -----------------------------------------------------------
 
@@ -218,21 +224,45 @@ class KubernetesLauncher:
 
     # --- launcher interface ------------------------------------------------------------
 
-    def start(self, n: int, reason: str = "start") -> RescaleRecord:
-        return self._restart(n, reason)
-
-    def rescale(self, m: int, reason: str = "rescale") -> Optional[RescaleRecord]:
+    def _running_at(self, n: int) -> bool:
         job = self.current_job()
-        if job is not None and int(job.spec.parallelism) == m:
-            state, _ = pods_state(self.client.get_pods_in_job(job.metadata.name, self.config.namespace))
-            if state == "ready":
-                return None  # idempotent: the same target twice does nothing
-        return self._restart(m, reason)
+        if job is None or int(job.spec.parallelism) != n:
+            return False
+        state, _ = pods_state(self.client.get_pods_in_job(job.metadata.name, self.config.namespace))
+        return state == "ready"
 
     def stop(self) -> None:
         job = self.current_job()
         if job is not None:
             self._delete_and_wait(job.metadata.name)
+
+    def _replace_group(self, workers: int) -> dict:
+        from kubernetes.client.rest import ApiException
+
+        marks = [self._clock()]
+        old = self.current_job()
+        previous = int(old.spec.parallelism) if old is not None else 0
+        generation = int(time.time())
+        if old is not None:
+            self._delete_and_wait(old.metadata.name)
+        marks.append(self._clock())
+        try:
+            name = self._create_and_wait(workers, generation)
+            marks.append(self._clock())
+            self._wait_first_step(name)
+            marks.append(self._clock())
+        except (ApiException, RuntimeError, TimeoutError) as exc:
+            why = f"API error {exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
+            self._cleanup(job_name(self.pipeline, workers, generation))
+            restored = None
+            if previous:
+                try:
+                    self._create_and_wait(previous, generation + 1)
+                    restored = previous
+                except (ApiException, RuntimeError, TimeoutError) as again:
+                    raise RescaleFailed(f"could not start {workers} workers in namespace {self.config.namespace!r} ({why}); restoring {previous} also failed: {again}", None) from exc
+            raise RescaleFailed(f"could not start {workers} workers in namespace {self.config.namespace!r} ({why}); restored {previous} workers", restored) from exc
+        return {name: round(b - a, 3) for name, a, b in zip(("stop", "pods_ready", "first_step"), marks, marks[1:])}
 
     # --- internals ---------------------------------------------------------------------
 
@@ -248,55 +278,39 @@ class KubernetesLauncher:
 
     def _delete_and_wait(self, name: str) -> None:
         self.client.delete_job(name, self.config.namespace)
-        deadline = self.clock() + self.config.stop_timeout_s + self.config.termination_grace_period_s
+        deadline = self._clock() + self.config.stop_timeout_s + self.config.termination_grace_period_s
         while self.client.get_pods_in_job(name, self.config.namespace):
-            if self.clock() > deadline:
+            if self._clock() > deadline:
                 raise TimeoutError(f"pods of job {name} still terminating after {self.config.stop_timeout_s + self.config.termination_grace_period_s:.0f} s")
             self.sleeper(self.poll_s)
 
     def _create_and_wait(self, workers: int, generation: int) -> str:
-        service, job = render(self.pipeline, self.config, workers, generation)
+        service, job = render(self.pipeline, self.config, self.source, workers, generation)
         self._ensure_service(service)
         name = job["metadata"]["name"]
         self.client.batch_api.create_namespaced_job(self.config.namespace, job)
-        deadline = self.clock() + self.config.ready_timeout_s
+        deadline = self._clock() + self.config.ready_timeout_s
         while True:
             state, why = pods_state(self.client.get_pods_in_job(name, self.config.namespace))
             if state == "ready":
                 return name
             if state == "failed":
                 raise RuntimeError(why)
-            if self.clock() > deadline:
+            if self._clock() > deadline:
                 raise TimeoutError(f"{why} after {self.config.ready_timeout_s:.0f} s")
             self.sleeper(self.poll_s)
 
-    def _restart(self, workers: int, reason: str) -> RescaleRecord:
-        from kubernetes.client.rest import ApiException
-
-        if workers < 1:
-            raise KaleConfigError("workers", f"must be >= 1, got {workers}")
-        started = self.clock()
-        old = self.current_job()
-        previous = int(old.spec.parallelism) if old is not None else 0
-        generation = int(time.time())
-        if old is not None:
-            self._delete_and_wait(old.metadata.name)
-        try:
-            self._create_and_wait(workers, generation)
-        except (ApiException, RuntimeError, TimeoutError) as exc:
-            why = f"API error {exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
-            self._cleanup(job_name(self.pipeline, workers, generation))
-            restored = None
-            if previous:
-                try:
-                    self._create_and_wait(previous, generation + 1)
-                    restored = previous
-                except (ApiException, RuntimeError, TimeoutError) as again:
-                    raise RescaleFailed(f"could not start {workers} workers ({why}); restoring {previous} also failed: {again}", None) from exc
-            raise RescaleFailed(f"could not start {workers} workers ({why}); restored {previous} workers", restored) from exc
-        record = RescaleRecord(time=time.time(), from_workers=previous, to_workers=workers, downtime_s=self.clock() - started, reason=reason)
-        self.records.append(record)
-        return record
+    def _wait_first_step(self, name: str) -> None:
+        """Until every pod's log shows the worker's first step (the local launcher waits for the same event)."""
+        deadline = self._clock() + self.config.ready_timeout_s
+        pending = {pod.metadata.name for pod in self.client.get_pods_in_job(name, self.config.namespace)}
+        while pending:
+            pending = {pod for pod in pending if not _stepped(self.client.retrieve_pod_logs(pod, self.config.namespace))}
+            if not pending:
+                return
+            if self._clock() > deadline:
+                raise TimeoutError(f"{len(pending)} pods of job {name} ready but no training step after {self.config.ready_timeout_s:.0f} s")
+            self.sleeper(self.poll_s)
 
     def _cleanup(self, name: str) -> None:
         from kubernetes.client.rest import ApiException
@@ -306,3 +320,7 @@ class KubernetesLauncher:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+def _stepped(log: str) -> bool:
+    return any((parsed := parse_event(line)) is not None and parsed[0] is WorkerEvent.STEP for line in log.splitlines())

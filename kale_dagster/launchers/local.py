@@ -2,8 +2,8 @@
 
 The interface every launcher implements (see ``launchers.base``): start at
 n workers, rescale to m, stop, and report each rescale with its downtime,
-measured from the decision to the first completed training step at the
-new size.
+measured from the request to the first completed training step at the new
+size.
 
 Why it is fast: a cold torchrun start spends seconds importing torch and
 building the model before the first step, and a torch process takes
@@ -22,7 +22,6 @@ same size from the last checkpoint, recording it as a ``crash-restart``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import signal
@@ -30,24 +29,24 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 
-from ..broker import free_loopback_port
-from ..errors import KaleConfigError
-from .base import RescaleRecord
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.launchers.base import Launcher, RescaleRecord
+from kale_dagster.stream.broker import free_loopback_port
+from kale_dagster.stream.source import KafkaSource
+from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S, GroupAssignment, WorkerEvent, parse_event
 
 
 @dataclass(frozen=True)
 class TrainerSettings:
-    """What every worker of a pipeline is started with."""
+    """What every worker of a pipeline is started with; the stream comes from the pipeline's source."""
 
-    bootstrap_servers: str
-    topic: str
-    group_id: str
+    source: KafkaSource
     checkpoint_dir: str
     batch_size: int = 256
     emulate_gpu_rate: float = 0.0  # EMULATION of one GPU's samples/s; 0 = off
@@ -56,9 +55,10 @@ class TrainerSettings:
     metrics_every_s: float = 2.0
     balance: str = "rates"
     trained_log: Optional[str] = None
-    collective_timeout_s: float = 30.0
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S
 
     def __post_init__(self):
+        self.source.topic  # the kale trainer consumes one topic: fail here, naming the field
         if self.batch_size < 1:
             raise KaleConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
         for name in ("emulate_gpu_rate", "emulate_restore_s"):
@@ -68,8 +68,9 @@ class TrainerSettings:
             raise KaleConfigError("balance", f"must be 'rates' or 'round-robin', got {self.balance!r}")
 
     def argv(self) -> list[str]:
+        src = self.source
         args = [
-            "--bootstrap-servers", self.bootstrap_servers, "--topic", self.topic, "--group-id", self.group_id,
+            "--bootstrap-servers", src.bootstrap_servers, "--topic", src.topic, "--group-id", src.group_id,
             "--checkpoint-dir", self.checkpoint_dir, "--batch-size", str(self.batch_size),
             "--emulate-gpu-rate", str(self.emulate_gpu_rate), "--emulate-restore-s", str(self.emulate_restore_s), "--checkpoint-every-s", str(self.checkpoint_every_s),
             "--metrics-every-s", str(self.metrics_every_s), "--balance", self.balance,
@@ -79,61 +80,64 @@ class TrainerSettings:
             args += ["--trained-log", self.trained_log]
         return args
 
+    def env(self) -> dict[str, str]:
+        """The workers' environment: this process's, plus the source's Kafka security settings."""
+        return dict(os.environ, PYTHONUNBUFFERED="1", **self.source.worker_env(include_password=True))
+
 
 class WorkerProcess:
     """One worker process and the JSON events it prints."""
 
     def __init__(self, settings: TrainerSettings, log_dir: Path):
         self.log_path = log_dir / f"worker-{time.time_ns()}.log"
-        self.events: "queue.Queue[dict]" = queue.Queue()
+        self.events: "queue.Queue[tuple[WorkerEvent, dict]]" = queue.Queue()
         self.latest_metrics: Optional[dict] = None
         self.rank: Optional[int] = None
         self.released = False
         self.ready = threading.Event()  # torch imported, model built: can join a group at once
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kale_dagster.trainer.worker", *settings.argv(), "--standby"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(self.log_path, "wb"),
-            text=True, env=env, start_new_session=True,
+            text=True, env=settings.env(), start_new_session=True,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
+            parsed = parse_event(line)
+            if parsed is None:
                 continue
-            if event.get("event") == "metrics":
-                self.latest_metrics = event
-            elif event.get("event") == "ready":
+            event, fields = parsed
+            if event is WorkerEvent.METRICS:
+                self.latest_metrics = fields
+            elif event is WorkerEvent.READY:
                 self.ready.set()
-            self.events.put(event)
+            self.events.put(parsed)
 
     def wait_ready(self, timeout: float) -> None:
-        """Like ``wait_for("ready")``, but any number of times: the flag outlives the consumed event."""
+        """Like ``wait_for(READY)``, but any number of times: the flag outlives the consumed event."""
         if not self.ready.is_set():
-            self.wait_for("ready", timeout)
+            self.wait_for(WorkerEvent.READY, timeout)
 
-    def wait_for(self, name: str, timeout: float) -> dict:
+    def wait_for(self, wanted: WorkerEvent, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                event = self.events.get(timeout=min(0.2, max(deadline - time.monotonic(), 0.01)))
+                event, fields = self.events.get(timeout=min(0.2, max(deadline - time.monotonic(), 0.01)))
             except queue.Empty:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"worker exited with code {self.proc.returncode} before '{name}'; see {self.log_path}")
+                    raise RuntimeError(f"worker exited with code {self.proc.returncode} before '{wanted.value}'; see {self.log_path}")
                 continue
-            if event.get("event") == name:
-                return event
-        raise TimeoutError(f"worker did not report '{name}' within {timeout:.0f} s; see {self.log_path}")
+            if event is wanted:
+                return fields
+        raise TimeoutError(f"worker did not report '{wanted.value}' within {timeout:.0f} s; see {self.log_path}")
 
-    def assign(self, rank: int, world: int, port: int) -> None:
-        self.rank = rank
+    def assign(self, group: GroupAssignment) -> None:
+        self.rank = group.rank
         self.ready.clear()  # set again when it is back in standby
         self.latest_metrics = None
-        self.proc.stdin.write(json.dumps({"rank": rank, "world": world, "addr": "127.0.0.1", "port": port}) + "\n")
+        self.proc.stdin.write(group.to_line() + "\n")
         self.proc.stdin.flush()
 
     def release(self) -> None:
@@ -151,31 +155,36 @@ class WorkerProcess:
         return self.proc.poll() is None
 
 
-@dataclass
-class LocalLauncher:
-    """Run and rescale a group of trainer workers on this machine."""
+class LocalLauncher(Launcher):
+    """Run and rescale a group of trainer workers on this machine.
 
-    settings: TrainerSettings
-    pool_size: int = 2
-    # The largest group there will be: standbys a scale-up to it could not use are not
-    # kept (each is a process holding memory, and a device on a GPU host), nor started
-    # after a rescale, when a process importing torch would slow the new group.
-    max_workers: Optional[int] = None
-    reuse_workers: bool = True  # False: every group gets fresh processes, as torchrun restarts them
-    log_dir: Optional[str] = None
-    stop_timeout_s: float = 60.0
-    ready_timeout_s: float = 120.0
-    on_record: Optional[Callable[[RescaleRecord], None]] = None
-    records: list = field(default_factory=list)
-    _group: list = field(default_factory=list)
-    _pool: list = field(default_factory=list)
-    _lock: threading.RLock = field(default_factory=threading.RLock)
-    _stopped: bool = False
+    ``max_workers`` is the largest group there will be: standbys a scale-up to
+    it could not use are not kept (each is a process holding memory, and a
+    device on a GPU host), nor started after a rescale, when a process
+    importing torch would slow the new group.  ``reuse_workers=False`` gives
+    every group fresh processes, as torchrun restarts them.
+    """
 
-    def __post_init__(self):
-        self._log_dir = Path(self.log_dir or Path(self.settings.checkpoint_dir) / "logs")
-        if self.max_workers is not None and self.max_workers < 1:
-            raise KaleConfigError("max_workers", f"must be >= 1 or None, got {self.max_workers}")
+    def __init__(
+        self,
+        settings: TrainerSettings,
+        pool_size: int = 2,
+        max_workers: Optional[int] = None,
+        reuse_workers: bool = True,
+        log_dir: Optional[str] = None,
+        stop_timeout_s: float = 60.0,
+        ready_timeout_s: float = 120.0,
+        on_record: Optional[Callable[[RescaleRecord], None]] = None,
+    ):
+        super().__init__()
+        if max_workers is not None and max_workers < 1:
+            raise KaleConfigError("max_workers", f"must be >= 1 or None, got {max_workers}")
+        self.settings, self.pool_size, self.max_workers, self.reuse_workers = settings, pool_size, max_workers, reuse_workers
+        self.stop_timeout_s, self.ready_timeout_s, self.on_record = stop_timeout_s, ready_timeout_s, on_record
+        self._group: list[WorkerProcess] = []
+        self._pool: list[WorkerProcess] = []
+        self._stopped = False
+        self._log_dir = Path(log_dir or Path(settings.checkpoint_dir) / "logs")
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._fill_pool(self._standbys_wanted(0))
 
@@ -185,15 +194,8 @@ class LocalLauncher:
     def workers(self) -> int:
         return len(self._group)
 
-    def start(self, n: int, reason: str = "start") -> RescaleRecord:
-        return self._restart(n, reason, decided_at=time.monotonic())
-
-    def rescale(self, m: int, reason: str = "rescale") -> Optional[RescaleRecord]:
-        """Restart the group at ``m`` workers; None when it already runs at ``m`` (idempotent)."""
-        with self._lock:
-            if m == self.workers and all(w.alive() for w in self._group):
-                return None
-            return self._restart(m, reason, decided_at=time.monotonic())
+    def _running_at(self, n: int) -> bool:
+        return n == self.workers and all(w.alive() for w in self._group)
 
     def stop(self) -> None:
         with self._lock:
@@ -223,7 +225,7 @@ class LocalLauncher:
             dead = [w for w in self._group if not w.alive() and w.proc.returncode != 0]
             if not dead:
                 return None
-            return self._restart(self.workers, f"crash-restart (worker rank {dead[0].rank} exited {dead[0].proc.returncode})", decided_at=time.monotonic())
+            return self._restart(self.workers, f"crash-restart (worker rank {dead[0].rank} exited {dead[0].proc.returncode})")
 
     def throughput(self) -> dict:
         """Latest samples/s per rank and in total, and the mean busy share (what GPU
@@ -260,51 +262,42 @@ class LocalLauncher:
         back = []
         for w in self._group:
             try:
-                w.wait_for("ready", max(deadline - time.monotonic(), 0.1))
+                w.wait_for(WorkerEvent.READY, max(deadline - time.monotonic(), 0.1))
                 back.append(w)
             except (TimeoutError, RuntimeError):
                 _reap(w, 0.1)
         self._group = []
         return back
 
-    def _restart(self, n: int, reason: str, decided_at: float) -> RescaleRecord:
-        if n < 1:
-            raise KaleConfigError("workers", f"must be >= 1, got {n}")
-        with self._lock:
-            previous = self.workers
-            marks = [decided_at]
-            back = self._stop_group()  # each worker finishes its step, checkpoints, commits
-            if not self.reuse_workers:
-                _retire(back, wait=True)  # as torchrun does: the old processes exit before the new group forms
-                back = []
-            marks.append(time.monotonic())
-            # Warm processes first: the ones just stopped, then ready standbys.
-            self._pool = back + sorted(self._pool, key=lambda w: not w.ready.is_set())
-            self._fill_pool(n)
-            group, self._pool = self._pool[:n], self._pool[n:]
-            keep = self._standbys_wanted(n)
-            _retire(self._pool[keep:], wait=False)  # more standbys than the pool keeps
-            self._pool = self._pool[:keep]
-            for w in group:
-                w.wait_ready(self.ready_timeout_s)  # instant for warm standbys
-            marks.append(time.monotonic())
-            port = free_loopback_port()
-            for rank, w in enumerate(group):
-                w.assign(rank, n, port)
-            self._group = group
-            for w in group:
-                w.wait_for("started", self.ready_timeout_s)  # rendezvous, checkpoint loaded, consumer open
-            marks.append(time.monotonic())
-            for w in group:
-                w.wait_for("step", self.ready_timeout_s)
-            marks.append(time.monotonic())
-            phases = dict(zip(("stop", "warm_up", "rendezvous_and_restore", "first_step"), np.diff(marks).round(3).tolist()))
-            record = RescaleRecord(time=time.time(), from_workers=previous, to_workers=n, downtime_s=marks[-1] - decided_at, reason=reason, phases=phases)
-            self.records.append(record)
-            threading.Thread(target=self._refill, daemon=True).start()
-        if self.on_record:
-            self.on_record(record)
-        return record
+    def _replace_group(self, n: int) -> dict:
+        marks = [time.monotonic()]
+        back = self._stop_group()  # each worker finishes its step, checkpoints, commits
+        if not self.reuse_workers:
+            _retire(back, wait=True)  # as torchrun does: the old processes exit before the new group forms
+            back = []
+        marks.append(time.monotonic())
+        # Warm processes first: the ones just stopped, then ready standbys.
+        self._pool = back + sorted(self._pool, key=lambda w: not w.ready.is_set())
+        self._fill_pool(n)
+        group, self._pool = self._pool[:n], self._pool[n:]
+        keep = self._standbys_wanted(n)
+        _retire(self._pool[keep:], wait=False)  # more standbys than the pool keeps
+        self._pool = self._pool[:keep]
+        for w in group:
+            w.wait_ready(self.ready_timeout_s)  # instant for warm standbys
+        marks.append(time.monotonic())
+        port = free_loopback_port()
+        for rank, w in enumerate(group):
+            w.assign(GroupAssignment(rank, n, "127.0.0.1", port))
+        self._group = group
+        for w in group:
+            w.wait_for(WorkerEvent.STARTED, self.ready_timeout_s)  # rendezvous, checkpoint loaded, consumer open
+        marks.append(time.monotonic())
+        for w in group:
+            w.wait_for(WorkerEvent.STEP, self.ready_timeout_s)
+        marks.append(time.monotonic())
+        threading.Thread(target=self._refill, daemon=True).start()
+        return dict(zip(("stop", "warm_up", "rendezvous_and_restore", "first_step"), np.diff(marks).round(3).tolist()))
 
     def _refill(self) -> None:
         with self._lock:

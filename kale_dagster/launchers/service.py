@@ -8,9 +8,10 @@ workers must outlive it: ``kale trainer serve`` (or ``kale demo``) owns the
 * ``POST /rescale`` ``{"workers": m, "reason": "..."}`` -> the rescale record
   (``{"changed": false}`` when already at m); 409 while another rescale runs.
 
-``LocalTrainerClient`` speaks it and implements the launcher interface, so
-the Dagster rescale job drives local workers exactly as it drives a
-Kubernetes Job.  Only loopback addresses are served.
+``LocalTrainerClient`` speaks it with the launcher's ``workers`` and
+``rescale``, so the Dagster rescale job drives local workers exactly as it
+drives a Kubernetes Job; ``LocalLauncherConfig`` is what a pipeline
+declares to use it.  Only loopback addresses are served.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import json
 import threading
 import urllib.error
 import urllib.request
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 
-from ..errors import KaleConfigError
-from .base import RescaleRecord
-from .local import LocalLauncher
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.launchers.base import LauncherConfig, RescaleRecord
+from kale_dagster.launchers.local import LocalLauncher
+from kale_dagster.stream.source import KafkaSource
+
+DEFAULT_URL = "http://127.0.0.1:8765"
 
 
 class LauncherService:
@@ -90,13 +94,17 @@ class LauncherService:
         self.server.server_close()
 
 
+def check_loopback_url(url: str) -> str:
+    if not url.startswith(("http://127.", "http://localhost", "http://[::1]")):
+        raise KaleConfigError("trainer_url", f"must be a loopback http:// URL (the local trainer service), got {url!r}")
+    return url.rstrip("/")
+
+
 class LocalTrainerClient:
-    """The launcher interface over a LauncherService's HTTP API."""
+    """``workers`` and ``rescale`` of a LocalLauncher, over its LauncherService's HTTP API."""
 
     def __init__(self, url: str, timeout_s: float = 600.0):
-        if not url.startswith(("http://127.", "http://localhost", "http://[::1]")):
-            raise KaleConfigError("local_trainer_url", f"must be a loopback http:// URL, got {url!r}")
-        self.url = url.rstrip("/")
+        self.url = check_loopback_url(url)
         self.timeout_s = timeout_s
 
     def _call(self, method: str, path: str, body: Optional[dict] = None) -> dict:
@@ -120,3 +128,19 @@ class LocalTrainerClient:
         if not answer.pop("changed"):
             return None
         return RescaleRecord(**answer)
+
+
+@dataclass(frozen=True)
+class LocalLauncherConfig(LauncherConfig):
+    """Workers run on this machine under the local trainer service (``kale trainer serve``, ``kale demo``)."""
+
+    trainer_url: str = DEFAULT_URL
+
+    def __post_init__(self):
+        check_loopback_url(self.trainer_url)
+
+    def build(self, pipeline: str, source: KafkaSource) -> LocalTrainerClient:
+        return LocalTrainerClient(self.trainer_url)
+
+    def describe(self) -> str:
+        return f"the local trainer service at {self.trainer_url}"

@@ -1,17 +1,35 @@
-"""Scaling policies: Kale and the baselines it is measured against."""
+"""Scaling policies: Kale and the baselines it is measured against, by name.
 
-from .hpa import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules
-from .kale import KaleConfig, KalePolicy
-from .keda import KedaKafkaPolicy
-from .static import StaticPolicy
+``POLICIES`` is the registry (see ``registry``): adding a policy takes its
+module, with a ``SPEC`` at the bottom, and one line below.
+"""
+
+from kale_dagster.policies import hpa, kale, keda, static
+from kale_dagster.policies.hpa import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules
+from kale_dagster.policies.kale import KaleConfig, KalePolicy
+from kale_dagster.policies.keda import KafkaScalerMetadata, KedaKafkaPolicy
+from kale_dagster.policies.registry import PolicyRegistry, PolicySpec, Sizing
+from kale_dagster.policies.static import StaticPolicy
+
+POLICIES = PolicyRegistry(
+    kale.SPEC,
+    hpa.SPEC,
+    keda.SPEC,
+    static.SPEC,
+)
 
 __all__ = [
+    "POLICIES",
     "HPABehavior",
     "HPAPolicy",
     "HPAScalingPolicy",
     "HPAScalingRules",
+    "KafkaScalerMetadata",
     "KaleConfig",
     "KalePolicy",
     "KedaKafkaPolicy",
+    "PolicyRegistry",
+    "PolicySpec",
+    "Sizing",
     "StaticPolicy",
 ]

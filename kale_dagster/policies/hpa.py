@@ -21,9 +21,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from ..errors import KaleConfigError
-from ..policy import Decision, Observation
-from .hpa_replicas import DEFAULT_TOLERANCE, Pod, external_per_pod_replicas, resource_replicas
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.model.types import Decision, Observation
+from kale_dagster.policies.hpa_replicas import DEFAULT_TOLERANCE, Pod, external_per_pod_replicas, resource_replicas
+from kale_dagster.policies.registry import PolicySpec, Sizing
+
+#: Target utilizations (percent) a backtest sweeps.
+SWEEP_TARGETS = (50, 60, 70, 80, 90)
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,6 @@ class TimestampedRecommendation:
 class TimestampedScaleEvent:
     replica_change: int
     timestamp: float
-    outdated: bool = False
 
 
 def replicas_change_per_period(period_seconds: float, events: list[TimestampedScaleEvent], now: float) -> int:
@@ -218,9 +221,34 @@ class HPAPolicy:
             self._store_scale_event(current, desired, now)
         return Decision(desired, self.name, why)
 
+    def state(self) -> dict:
+        """The controller's memory, as upstream keeps it per HPA: recommendations and scale events."""
+        return {
+            "recommendations": [[r.recommendation, r.timestamp] for r in self.recommendations],
+            "up_events": [[e.replica_change, e.timestamp] for e in self.up_events],
+            "down_events": [[e.replica_change, e.timestamp] for e in self.down_events],
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.recommendations = [TimestampedRecommendation(int(r), float(t)) for r, t in state.get("recommendations", [])]
+        self.up_events = [TimestampedScaleEvent(int(c), float(t)) for c, t in state.get("up_events", [])]
+        self.down_events = [TimestampedScaleEvent(int(c), float(t)) for c, t in state.get("down_events", [])]
+
     def _store_scale_event(self, previous: int, new: int, now: float) -> None:
         """storeScaleEvent: remember the change, dropping events older than the longest policy period."""
         rules, events = (self.behavior.scale_up, self.up_events) if new > previous else (self.behavior.scale_down, self.down_events)
         longest = max((p.period_seconds for p in rules.policies), default=0)
         events[:] = [e for e in events if e.timestamp > now - longest]
         events.append(TimestampedScaleEvent(abs(new - previous), now))
+
+
+def build(sizing: Sizing, **options) -> HPAPolicy:
+    """An HPA between the sizing's worker bounds; ``options`` are further ``HPAPolicy`` fields."""
+    return HPAPolicy(min_replicas=sizing.min_workers, max_replicas=sizing.max_workers, **options)
+
+
+def sweep(sizing: Sizing) -> list[tuple[dict, HPAPolicy]]:
+    return [({"target_utilization_pct": t}, build(sizing, target_utilization=t)) for t in SWEEP_TARGETS]
+
+
+SPEC = PolicySpec(name="hpa", description="Kubernetes HorizontalPodAutoscaler on GPU utilization (upstream port)", build=build, sweep=sweep)

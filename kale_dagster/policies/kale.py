@@ -5,14 +5,14 @@ One decision, in stages that are each small and testable:
 1. fallback check: no forecast, lag above the fallback threshold, or recent
    forecast error too large -> the reactive policy on measured rates acts;
 2. estimate: workers per plan step from the forecast (upper band or a
-   quantile) plus the backlog's drain rate (``kale_dagster.estimator``);
-3. stabilize: the paper's Algorithm 1 (``kale_dagster.stabilizer``); the
+   quantile) plus the backlog's drain rate (``kale_dagster.model.estimator``);
+3. stabilize: the paper's Algorithm 1 (``kale_dagster.model.stabilizer``); the
    levels of the stabilized plan are the candidate targets;
 4. guards: no scale-in on a forecast alone while measured lag is high (as
    AWS predictive scaling) and none within ``tau_s`` of the last rescale;
 5. restart-cost test: every remaining candidate, and keeping the current
    level, is played over the horizon through the FIFO backlog model with
-   the restart's downtime (``kale_dagster.projection``); the cheapest in
+   the restart's downtime (``kale_dagster.model.projection``); the cheapest in
    GPU-minutes + ``lag_weight`` x lag-minutes + ``violation_weight`` x
    minutes above the SLO wins.  A rescale is thus made only when what it
    buys over the horizon exceeds what its downtime costs.
@@ -26,13 +26,14 @@ from typing import Optional
 
 import numpy as np
 
-from ..backlog import FifoBacklog
-from ..errors import KaleConfigError
-from ..estimator import estimate_workers, resample_max
-from ..policy import Decision, Observation
-from ..projection import project
-from ..stabilizer import stabilize
-from ..throughput import ThroughputModel
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.model.backlog import FifoBacklog
+from kale_dagster.model.estimator import estimate_workers, resample_max
+from kale_dagster.model.projection import project
+from kale_dagster.model.stabilizer import stabilize
+from kale_dagster.model.throughput import ThroughputModel
+from kale_dagster.model.types import Decision, Observation
+from kale_dagster.policies.registry import PolicySpec, Sizing
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,12 @@ class KalePolicy:
     @property
     def sync_period_s(self) -> float:
         return self.config.sync_period_s
+
+    def state(self) -> dict:
+        return {"last_change_time": self.last_change_time}
+
+    def load_state(self, state: dict) -> None:
+        self.last_change_time = state.get("last_change_time")
 
     # --- stages -------------------------------------------------------------
 
@@ -243,3 +250,17 @@ class KalePolicy:
             return Decision(current, policy, f"hold at {current}: {note}", plan_t, cfg.plan_step_s, details)
         self.last_change_time = obs.time
         return Decision(target, policy, f"{current} -> {target} workers: {note}", plan_t, cfg.plan_step_s, details)
+
+
+def build(sizing: Sizing, **options) -> KalePolicy:
+    """Kale on the sizing's throughput model; ``options`` are further ``KaleConfig`` fields."""
+    config = KaleConfig(min_workers=sizing.min_workers, max_workers=sizing.max_workers, slo_s=sizing.slo_s, restart_s=sizing.restart_s, **options)
+    return KalePolicy(sizing.model, config)
+
+
+SPEC = PolicySpec(
+    name="kale",
+    description="forecast-driven allocation: estimator, stabilizer, guards and the restart-cost test",
+    build=build,
+    uses_forecast=True,
+)

@@ -6,7 +6,7 @@ ceil(totalLag / lagThreshold), with HPA's tolerance, stabilization and rate
 limits).  KEDA itself only handles activation: 0 <-> 1 replicas, after
 ``cooldownPeriod`` without activity.
 
-Lag semantics (used by telemetry too, see ``kale_dagster.stream``):
+Lag semantics (telemetry generalises the earliest rule, see ``kale_dagster.stream.telemetry``):
 
 * a partition whose group has no valid committed offset counts as lag 1
   with ``offsetResetPolicy: latest``, as its whole end offset with
@@ -21,9 +21,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal, Optional, Sequence
 
-from ..errors import KaleConfigError
-from ..policy import Decision, Observation, PartitionOffsets
-from .hpa import HPABehavior, HPAPolicy
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.model.types import Decision, Observation, PartitionOffsets
+from kale_dagster.policies.hpa import HPABehavior, HPAPolicy
+from kale_dagster.policies.registry import PolicySpec, Sizing
 
 OffsetResetPolicy = Literal["latest", "earliest"]
 
@@ -112,7 +113,6 @@ class KedaKafkaPolicy:
     min_replicas: int = 0
     max_replicas: int = 100
     partition_count: Optional[int] = None
-    polling_interval_s: float = 30.0
     cooldown_period_s: float = 300.0
     behavior: HPABehavior = field(default_factory=HPABehavior.default)
     name: str = "keda"
@@ -146,6 +146,13 @@ class KedaKafkaPolicy:
         m = self.metadata
         return partition_lag(p.end_offset, p.committed, m.offset_reset_policy, m.scale_to_zero_on_invalid_offset)
 
+    def state(self) -> dict:
+        return {"last_active": self._last_active, "hpa": self._hpa.state()}
+
+    def load_state(self, state: dict) -> None:
+        self._last_active = state.get("last_active")
+        self._hpa.load_state(state.get("hpa", {}))
+
     def decide(self, obs: Observation) -> Decision:
         lag, activation_lag = total_lag(self.partition_lags(obs), self.metadata)
         active = activation_lag > self.metadata.activation_lag_threshold
@@ -161,3 +168,24 @@ class KedaKafkaPolicy:
                 return Decision(0, self.name, f"inactive for {idle_for:.0f} s >= cooldownPeriod; scaling to zero")
         decision = self._hpa.decide(replace(obs, backlog=float(lag)))
         return replace(decision, reason=f"total lag {lag:,} (threshold {self.metadata.lag_threshold} per replica); {decision.reason}")
+
+
+#: lagThreshold settings a backtest sweeps, in seconds of one worker's throughput.
+SWEEP_SECONDS_OF_WORK = (6, 30, 60, 300, 600)
+#: Partitions assumed when the sizing does not say (the paper's topic has 800).
+DEFAULT_PARTITIONS = 800
+
+
+def build(sizing: Sizing, seconds_of_work: float = 60.0, **options) -> KedaKafkaPolicy:
+    """KEDA with ``lagThreshold`` = ``seconds_of_work`` of one worker's throughput."""
+    per_worker = float(sizing.model.predict(1))
+    meta = KafkaScalerMetadata(lag_threshold=max(int(per_worker * seconds_of_work), 1))
+    return KedaKafkaPolicy(meta, min_replicas=sizing.min_workers, max_replicas=sizing.max_workers,
+                           partition_count=sizing.partitions or DEFAULT_PARTITIONS, **options)
+
+
+def sweep(sizing: Sizing) -> list[tuple[dict, KedaKafkaPolicy]]:
+    return [({"lag_threshold_seconds_of_work": s}, build(sizing, seconds_of_work=s)) for s in SWEEP_SECONDS_OF_WORK]
+
+
+SPEC = PolicySpec(name="keda", description="KEDA's Apache Kafka scaler driving an HPA on consumer lag (upstream port)", build=build, sweep=sweep)

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
-from ..errors import KaleConfigError
-from ..policy import Decision, Observation
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.model.types import Decision, Observation
+from kale_dagster.policies.registry import PolicySpec, Sizing
+
+#: Shares of the adequate allocation a backtest sweeps.
+SWEEP_SHARES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 @dataclass
@@ -20,3 +25,23 @@ class StaticPolicy:
 
     def decide(self, obs: Observation) -> Decision:
         return Decision(self.workers, self.name, f"fixed allocation of {self.workers} workers")
+
+    def state(self) -> dict:
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        pass
+
+
+def build(sizing: Sizing, workers: Optional[int] = None) -> StaticPolicy:
+    """The "adequate" allocation by default: enough workers for the peak."""
+    return StaticPolicy(workers if workers is not None else (sizing.adequate_workers or sizing.max_workers))
+
+
+def sweep(sizing: Sizing) -> list[tuple[dict, StaticPolicy]]:
+    adequate = sizing.adequate_workers or sizing.max_workers
+    levels = sorted({max(1, round(share * adequate)) for share in SWEEP_SHARES})
+    return [({"workers": w}, StaticPolicy(w)) for w in levels]
+
+
+SPEC = PolicySpec(name="static", description="a fixed allocation (the adequate one covers the peak)", build=build, sweep=sweep)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..samples import N_DENSE, N_ITEMS, N_USERS
+from kale_dagster.stream.samples import N_DENSE, N_ITEMS, N_USERS
 
 
 class CTRModel(nn.Module):

@@ -5,11 +5,12 @@ environment) or as a warm standby for the local launcher (``--standby``:
 torch is imported and the model built, then the process waits for a JSON
 line on stdin with rank, world size and rendezvous address; after the group
 stops it is a standby again).  Events go to stdout as JSON lines for the
-launcher: ready, started, step, metrics, checkpoint, stopped.
+launcher (``trainer.protocol.WorkerEvent``): ready, started, step, metrics,
+checkpoint, stopped.
 
-Each step every rank all-gathers a small status vector (own and total
-queue lengths, accepting, stop and checkpoint-due flags).  From it, identically on every
-rank: the forwarding plan (``balance.forwarding_plan``), executed with
+Each step every rank all-gathers a ``StepStatus`` (own and total queue
+lengths, accepting, stop and checkpoint-due flags; ``trainer.protocol``).
+From the table, identically on every rank: the forwarding plan (``balance.forwarding_plan``), executed with
 point-to-point sends; the global sample count, so the loss is the global
 mean whatever each rank's share; and the decision to stop.  SIGTERM sets
 the stop flag, so all ranks leave at the same step boundary, write one
@@ -25,7 +26,6 @@ at most the queued samples at that moment.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -38,10 +38,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..samples import RECORD, decode
-from .balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
-from .checkpoint import load_latest, save_atomic
-from .model import CTRModel, RollingAUC, batch_tensors
+from kale_dagster.stream.samples import RECORD, decode
+from kale_dagster.stream.source import WORKER_ENV
+from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
+from kale_dagster.trainer.checkpoint import load_latest, save_atomic
+from kale_dagster.trainer.model import CTRModel, RollingAUC, batch_tensors
+from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S, GroupAssignment, StepStatus, WorkerEvent, event_line
 
 QITEM = np.dtype([("rec", RECORD), ("partition", "<i4"), ("offset", "<i8")])
 
@@ -53,20 +55,14 @@ def kafka_config(servers: str) -> dict:
     so credentials never appear in a manifest or on a command line.
     """
     config = {"bootstrap_servers": servers.split(",")}
-    for env, key in (
-        ("KAFKA_SECURITY_PROTOCOL", "security_protocol"),
-        ("KAFKA_SASL_MECHANISM", "sasl_mechanism"),
-        ("KAFKA_SASL_USERNAME", "sasl_plain_username"),
-        ("KAFKA_SASL_PASSWORD", "sasl_plain_password"),
-        ("KAFKA_SSL_CAFILE", "ssl_cafile"),
-    ):
+    for env, key in WORKER_ENV.items():
         if os.environ.get(env):
             config[key] = os.environ[env]
     return config
 
 
-def emit(event: str, **fields) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+def emit(event: WorkerEvent, **fields) -> None:
+    print(event_line(event, **fields), flush=True)
 
 
 class LocalQueue:
@@ -144,11 +140,11 @@ class Worker:
         self.optimizer = torch.optim.Adagrad(self.model.parameters(), lr=0.05)
         self.auc = RollingAUC()
 
-    def serve(self, rank: int, world: int, addr: str, port: int) -> int:
+    def serve(self, group: GroupAssignment) -> int:
         """Join a group, train until stopped, leave it.  A standby can serve again."""
         self.stop_requested, self.serving = False, True
         self.started_at = time.monotonic()  # rates in the checkpoint count from the join
-        self.join(rank, world, addr, port)
+        self.join(group)
         try:
             return self.run()
         finally:
@@ -158,10 +154,11 @@ class Worker:
             # fresh model, loaded from the checkpoint this one just wrote.
             self._build_model()
 
-    def join(self, rank: int, world: int, addr: str, port: int) -> None:
+    def join(self, group: GroupAssignment) -> None:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=self.args.collective_timeout_s))
-        self.rank, self.world = rank, world
+        dist.init_process_group(backend, init_method=f"tcp://{group.addr}:{group.port}", rank=group.rank, world_size=group.world,
+                                timeout=timedelta(seconds=self.args.collective_timeout_s))
+        self.rank, self.world = group.rank, group.world
         self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     def restore(self) -> dict:
@@ -267,7 +264,7 @@ class Worker:
         consumer, mine = self.open_consumer(state)
         queue = LocalQueue()
         accept = AcceptState(high=args.high_watermark, low=args.low_watermark)
-        emit("started", rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
+        emit(WorkerEvent.STARTED, rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
         trained_log = self.trained_log = open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab") if args.trained_log else None
         last_ckpt = time.monotonic()
         window = MetricsWindow()
@@ -276,25 +273,23 @@ class Worker:
             while True:
                 self.fill(consumer, queue)
                 due = time.monotonic() - last_ckpt >= args.checkpoint_every_s
-                status = torch.tensor([len(queue.own), len(queue), int(accept.update(len(queue))), int(self.stop_requested), int(due)], dtype=torch.int64)
-                gathered = [torch.zeros_like(status) for _ in range(self.world)]
-                dist.all_gather(gathered, status)
-                table = torch.stack(gathered).tolist()
-                if any(row[3] for row in table):
+                mine_now = StepStatus(len(queue.own), len(queue), accept.update(len(queue)), self.stop_requested, due)
+                table = self.gather_status(mine_now)
+                if any(r.stop for r in table):
                     break
                 plan = [] if args.balance == "round-robin" else forwarding_plan(
-                    [r[0] for r in table], [r[1] for r in table], [bool(r[2]) for r in table], args.high_watermark, seed=step
+                    [r.own_queue for r in table], [r.total_queue for r in table], [r.accepting for r in table], args.high_watermark, seed=step
                 )
                 self.exchange(queue, plan)
-                counts = [min(args.batch_size, row[1] + sum(n for s, d, n in plan if d == i) - sum(n for s, d, n in plan if s == i)) for i, row in enumerate(table)]
+                counts = [min(args.batch_size, r.total_queue + sum(n for s, d, n in plan if d == i) - sum(n for s, d, n in plan if s == i)) for i, r in enumerate(table)]
                 global_n = sum(counts)
                 # Checkpoints are collective: all ranks take one at the same step.
-                checkpoint_now = any(row[4] for row in table)
+                checkpoint_now = any(r.checkpoint_due for r in table)
                 if global_n == 0:
                     if not first_step_done and self.caught_up(consumer):
                         # Nothing to train: the rank is ready, and an idle stream must not stall a rescale.
                         first_step_done = True
-                        emit("step", rank=self.rank, step=step, first=True, caught_up=True)
+                        emit(WorkerEvent.STEP, rank=self.rank, step=step, first=True, caught_up=True)
                     if checkpoint_now:
                         self.checkpoint(step, trained_total, queue)
                         last_ckpt = time.monotonic()
@@ -320,23 +315,30 @@ class Worker:
                 window.add(len(batch), busy_s)
                 if not first_step_done:
                     first_step_done = True
-                    emit("step", rank=self.rank, step=step, first=True)
+                    emit(WorkerEvent.STEP, rank=self.rank, step=step, first=True)
                     # Metrics count from the first step: start-up is not idle time (HPA
                     # likewise ignores pods that are still initializing).
                     window = MetricsWindow()
                 if time.monotonic() - window.start >= args.metrics_every_s:
-                    emit("metrics", rank=self.rank, world=self.world, **window.fields(), auc=self.auc.value(), step=step, emulated=bool(args.emulate_gpu_rate))
+                    emit(WorkerEvent.METRICS, rank=self.rank, world=self.world, **window.fields(), auc=self.auc.value(), step=step, emulated=bool(args.emulate_gpu_rate))
                     window = MetricsWindow()
                 if checkpoint_now:
                     self.checkpoint(step, trained_total, queue)
                     last_ckpt = time.monotonic()
             self.checkpoint(step, trained_total, queue)
-            emit("stopped", rank=self.rank, step=step)
+            emit(WorkerEvent.STOPPED, rank=self.rank, step=step)
             return 0
         finally:
             if trained_log is not None:
                 trained_log.close()
             consumer.close()
+
+    def gather_status(self, mine: StepStatus) -> list[StepStatus]:
+        """Every rank's status at this step boundary, in rank order."""
+        status = torch.tensor(mine.to_row(), dtype=torch.int64)
+        gathered = [torch.zeros_like(status) for _ in range(self.world)]
+        dist.all_gather(gathered, status)
+        return [StepStatus.from_row(row) for row in torch.stack(gathered).tolist()]
 
     def train_step(self, records: np.ndarray, global_n: int) -> None:
         users, items, dense, labels = batch_tensors(records, self.device)
@@ -374,7 +376,7 @@ class Worker:
             }
             path = save_atomic(self.args.checkpoint_dir, step, state, keep=self.args.keep)
             self.commit(offsets)
-            emit("checkpoint", step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
+            emit(WorkerEvent.CHECKPOINT, step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
         dist.barrier()
 
     def commit(self, offsets: dict[int, int]) -> None:
@@ -403,7 +405,7 @@ def parse_args(argv=None):
     parser.add_argument("--checkpoint-every-s", type=float, default=5.0)
     parser.add_argument("--metrics-every-s", type=float, default=2.0)
     parser.add_argument("--keep", type=int, default=3)
-    parser.add_argument("--collective-timeout-s", type=float, default=60.0)
+    parser.add_argument("--collective-timeout-s", type=float, default=COLLECTIVE_TIMEOUT_S)
     parser.add_argument("--trained-log", default=None, help="directory for per-rank logs of trained (partition, offset, sample seq) as int64 triples")
     parser.add_argument("--standby", action="store_true", help="wait for rank/world on stdin (warm standby)")
     return parser.parse_args(argv)
@@ -422,17 +424,17 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, on_stop)
     try:
         if not args.standby:
-            return worker.serve(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+            env = os.environ
+            return worker.serve(GroupAssignment(int(env["RANK"]), int(env["WORLD_SIZE"]), env["MASTER_ADDR"], int(env["MASTER_PORT"])))
         # Standby: serve one group after another.  A worker stopped by a rescale
         # comes back here warm (torch imported, broker connection open), so the
         # next group starts without a new process; an empty line ends it.
         while True:
-            emit("ready", pid=os.getpid())
+            emit(WorkerEvent.READY, pid=os.getpid())
             line = sys.stdin.readline()
             if not line.strip():
                 return 0
-            job = json.loads(line)
-            code = worker.serve(job["rank"], job["world"], job["addr"], job["port"])
+            code = worker.serve(GroupAssignment.from_line(line))
             if code:
                 return code
     finally:

@@ -1,0 +1,50 @@
+"""The ``kale`` command line.
+
+Each subcommand is a module of this package that registers itself through
+a ``register(subparsers)`` function, so this file stays a table of
+contents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+from kale_dagster.errors import CommandError, InputDataError, KaleConfigError
+
+# Modules providing subcommands, in the order `kale --help` lists them.
+_COMMAND_MODULES = (
+    "kale_dagster.cli.broker",
+    "kale_dagster.cli.forecast",
+    "kale_dagster.cli.trace",
+    "kale_dagster.cli.produce",
+    "kale_dagster.cli.k8s",
+    "kale_dagster.cli.trainer",
+    "kale_dagster.cli.backtest",
+    "kale_dagster.cli.demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kale",
+        description="Kale elastic GPU scheduling for online training, on Dagster.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module_name in _COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except (CommandError, KaleConfigError, InputDataError, FileNotFoundError) as exc:
+        print(f"kale {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

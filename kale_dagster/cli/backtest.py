@@ -1,0 +1,87 @@
+"""``kale backtest``: replay a trace through Kale and the baselines and compare the paper's metrics."""
+
+from __future__ import annotations
+
+import json
+
+from kale_dagster.cli.progress import ProgressBar
+from kale_dagster.forecast.history import read_trace_csv
+from kale_dagster.policies import POLICIES
+from kale_dagster.sim.backtest import Backtest, BacktestSettings, dominating_baselines
+
+_COLUMNS = (
+    ("accumulated_lag_minutes", "acc. lag (min)", "{:,.0f}"),
+    ("slo_violation_rate", "SLO viol.", "{:.2%}"),
+    ("downtime_minutes", "downtime (min)", "{:,.0f}"),
+    ("gpu_hours", "GPU h", "{:,.1f}"),
+    ("rescales", "rescales", "{:d}"),
+    ("max_lag_minutes", "max lag (min)", "{:,.1f}"),
+)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "backtest",
+        help="replay a trace through Kale, HPA, KEDA and static allocation; print the paper's metrics",
+        description="Trace-driven backtest with the production policy code. The trace is scaled so its peak "
+        "equals the throughput of --peak-workers workers; the first --warmup-days only warm up the forecaster.",
+    )
+    parser.add_argument("--trace", required=True, help="CSV timestamp,value (arrivals per interval)")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ",".join(POLICIES))
+    parser.add_argument("--peak-workers", type=int, default=28)
+    parser.add_argument("--max-workers", type=int, default=32)
+    parser.add_argument("--restart-minutes", type=float, default=10.0)
+    parser.add_argument("--slo-minutes", type=float, default=20.0)
+    parser.add_argument("--warmup-days", type=float, default=0.0)
+    parser.add_argument("--hpa-target", type=int, default=80, help="HPA target GPU utilization in percent (default 80)")
+    parser.add_argument("--forecaster", default="prophet", help="Kale's forecaster (default prophet)")
+    parser.add_argument("--refit-minutes", type=float, default=1440.0, help="forecaster refit cadence (default 1440)")
+    parser.add_argument("--no-sweeps", action="store_true", help="skip the baseline sweeps")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--plot", metavar="PNG", help="write arrivals, capacity and lag per policy to this PNG")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    names = POLICIES.parse(args.policies)
+    settings = BacktestSettings(
+        peak_workers=args.peak_workers,
+        max_workers=args.max_workers,
+        restart_minutes=args.restart_minutes,
+        slo_minutes=args.slo_minutes,
+        warmup_days=args.warmup_days,
+        policy_options={"hpa": {"target_utilization": args.hpa_target}},
+        forecaster=args.forecaster,
+        refit_minutes=args.refit_minutes,
+    )
+    backtest = Backtest(read_trace_csv(args.trace), settings)
+    bar = ProgressBar("backtest", enabled=not args.json)
+    results = {name: backtest.run(backtest.policy(name), bar.update) for name in names}
+    sweeps = {} if args.no_sweeps else backtest.sweeps(names, bar.update)
+    bar.close()
+    report = {"policies": {name: r.metrics.to_json() for name, r in results.items()}, "sweeps": sweeps}
+    if args.plot:
+        from kale_dagster.definitions.plots import plot_backtest
+
+        plot_backtest({name: r.timeline for name, r in results.items()}, settings.slo_minutes, args.plot)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    _print_table(report["policies"], "policy")
+    for name, rows in sweeps.items():
+        print()
+        _print_table({json.dumps(row["setting"]): row for row in rows}, f"{name} sweep")
+    if "kale" in report["policies"] and sweeps:
+        beaten = dominating_baselines(report["policies"]["kale"], sweeps)
+        print()
+        print("baseline settings with <= Kale's GPU hours and lower accumulated lag: " + (", ".join(beaten) if beaten else "none"))
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _print_table(rows: dict, title: str) -> None:
+    width = max([len(title)] + [len(k) for k in rows]) + 2
+    print(title.ljust(width) + "".join(label.rjust(16) for _, label, _ in _COLUMNS))
+    for name, metrics in rows.items():
+        print(name.ljust(width) + "".join(fmt.format(metrics[key]).rjust(16) for key, _, fmt in _COLUMNS))

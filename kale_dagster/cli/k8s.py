@@ -1,0 +1,48 @@
+"""``kale k8s render``: print the Kubernetes manifests a pipeline's workers would run as."""
+
+from __future__ import annotations
+
+import importlib
+
+from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
+from kale_dagster.errors import CommandError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("k8s", help="Kubernetes helpers (render manifests for review and GitOps)")
+    sub = parser.add_subparsers(dest="k8s_command", metavar="ACTION", required=True)
+    render = sub.add_parser("render", help="print the Service and Job manifests for a pipeline at N workers")
+    render.add_argument("--pipeline", required=True, help="pipeline name")
+    render.add_argument("--workers", type=int, required=True)
+    render.add_argument("--module", default="pipelines.definitions", help="module declaring the pipelines (default pipelines.definitions)")
+    render.add_argument("--validate", metavar="K8S_VERSION", help="also validate offline against this Kubernetes version's schema, e.g. 1.37.0")
+    render.set_defaults(handler=run_render)
+
+
+def find_pipeline(module_name: str, name: str) -> OnlineTrainingPipeline:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CommandError(f"cannot import {module_name}: {exc}") from exc
+    found = {v.name: v for v in vars(module).values() if isinstance(v, OnlineTrainingPipeline)}
+    if name not in found:
+        raise CommandError(f"no pipeline {name!r} in {module_name}; found: {', '.join(sorted(found)) or 'none'}")
+    return found[name]
+
+
+def run_render(args) -> int:
+    import yaml
+
+    from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig, render
+
+    pipeline = find_pipeline(args.module, args.pipeline)
+    if not isinstance(pipeline.launcher, KubernetesLauncherConfig):
+        raise CommandError(f"pipeline {args.pipeline!r} runs its workers locally; give it launcher=KubernetesLauncherConfig(...)")
+    manifests = render(pipeline.name, pipeline.launcher, pipeline.source, args.workers)
+    if args.validate:
+        import kubernetes_validate
+
+        for manifest in manifests:
+            kubernetes_validate.validate(manifest, args.validate, strict=True)
+    print(yaml.safe_dump_all(manifests, sort_keys=False), end="")
+    return 0

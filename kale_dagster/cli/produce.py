@@ -1,0 +1,43 @@
+"""``kale produce``: replay a trace into Kafka as CTR samples."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from kale_dagster.forecast.history import read_trace_csv
+from kale_dagster.stream.producer import ReplaySettings, replay
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "produce",
+        help="replay a timestamp,value trace into a Kafka topic as CTR samples",
+        description="Produces CTR samples (user, item, dense features, a label from a fixed hidden model) at the "
+        "trace's rate x --rate-scale, time-compressed by --speedup. --hot-share puts that share of traffic on "
+        "partition 0 (a hot partition, as in the paper).",
+    )
+    parser.add_argument("--trace", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    parser.add_argument("--speedup", type=float, default=1.0, help="trace seconds per wall second")
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's rates")
+    parser.add_argument("--partitions", type=int, default=8, help="partitions when the topic is created (default 8)")
+    parser.add_argument("--hot-share", "--skew", dest="hot_share", type=float, default=0.0, help="traffic share of partition 0, e.g. 0.5")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--samples-per-record", type=int, default=1,
+                        help="pack this many samples in each Kafka record (set the same on the pipeline's KafkaSource)")
+    parser.add_argument("--max-seconds", type=float, default=None, help="stop after this many wall seconds")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    settings = ReplaySettings(topic=args.topic, speedup=args.speedup, rate_scale=args.rate_scale, partitions=args.partitions, hot_share=args.hot_share, seed=args.seed,
+                              samples_per_record=args.samples_per_record)
+    history = read_trace_csv(args.trace)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    sent = replay(args.bootstrap_servers, history, settings, stop=stop, max_wall_s=args.max_seconds)
+    print(f"produced {sent} samples to {args.topic}")
+    return 0

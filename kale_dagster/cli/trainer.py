@@ -1,0 +1,55 @@
+"""``kale trainer serve``: run local trainer workers and serve the rescale API for Dagster."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from kale_dagster.launchers import LocalLauncher, TrainerSettings
+from kale_dagster.launchers.service import LauncherService
+from kale_dagster.stream.history import MetricsHistory
+from kale_dagster.stream.source import KafkaSource
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("trainer", help="run the torch trainer locally")
+    sub = parser.add_subparsers(dest="trainer_command", metavar="ACTION", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="start N local workers and serve the rescale API that <pipeline>_rescale runs call",
+        description="Owns the local workers (warm standbys, crash supervision) and serves GET /status and "
+        "POST /rescale on 127.0.0.1:--port until Ctrl-C, which checkpoints and stops every worker.",
+    )
+    serve.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    serve.add_argument("--topic", required=True)
+    serve.add_argument("--group-id", required=True)
+    serve.add_argument("--checkpoint-dir", required=True)
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--batch-size", type=int, default=256)
+    serve.add_argument("--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap each worker at this many samples/s")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--pipeline", default=None, help="record measured throughput for this pipeline's throughput_model (metrics history)")
+    serve.add_argument("--history-url", default=None, help="SQLAlchemy URL of the metrics history (default: $KALE_HISTORY_URL or SQLite under $DAGSTER_HOME)")
+    serve.set_defaults(handler=run_serve)
+
+
+def run_serve(args) -> int:
+    source = KafkaSource(args.bootstrap_servers, (args.topic,), args.group_id)
+    settings = TrainerSettings(source, args.checkpoint_dir, batch_size=args.batch_size, emulate_gpu_rate=args.emulate_gpu_rate)
+    launcher = LocalLauncher(settings)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    service = LauncherService(launcher, port=args.port).start()
+    try:
+        record = launcher.start(args.workers)
+        print(f"{args.workers} workers training (first step after {record.downtime_s:.1f} s); rescale API at {service.url}", flush=True)
+        history = MetricsHistory(args.history_url) if args.pipeline else None
+        while not stop.wait(2.0):
+            launcher.supervise_once()
+            if history is not None:
+                launcher.record_throughput(history, args.pipeline)
+    finally:
+        service.close()
+        launcher.stop()
+    return 0

@@ -1,1 +1,0 @@
-"""Subcommands of the ``kale`` CLI, one module each (see ``kale_dagster.cli``)."""

@@ -1,0 +1,1 @@
+"""The control loop: observations in, decisions out, rescales applied."""

@@ -1,0 +1,244 @@
+"""The assets of one pipeline, one builder each.
+
+Asset graph per pipeline (keys prefixed by the pipeline name):
+
+    stream_metrics (observed by the metrics sensor)
+        -> traffic_forecast -> gpu_allocation
+    throughput_model ------------^
+    throughput_model -> policy_backtest
+
+``gpu_allocation`` is the decision: workers now, the stabilized plan, the
+policy that acted and why.  The rescale job (``jobs``) applies it.
+"""
+
+
+import base64
+import time
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+from dagster import AssetExecutionContext, AssetIn, AssetKey, AssetsDefinition, AssetSpec, MetadataValue, Output, asset
+
+from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
+from kale_dagster.forecast import make_forecaster
+from kale_dagster.forecast.base import Forecast
+from kale_dagster.forecast.evaluate import smape
+from kale_dagster.forecast.history import infer_step_s, prepare_history
+from kale_dagster.forecast.naive import DAY_S, WEEK_S
+from kale_dagster.model.throughput import ThroughputModel
+from kale_dagster.model.types import Observation
+from kale_dagster.policies import POLICIES
+
+#: Stream metrics older than this are not "current" for a decision.
+STALE_METRICS_S = 600.0
+
+
+def png_markdown(fig_path) -> MetadataValue:
+    data = base64.b64encode(open(fig_path, "rb").read()).decode()
+    return MetadataValue.md(f"![plot](data:image/png;base64,{data})")
+
+
+def latest_metadata(instance, key: AssetKey) -> dict:
+    """Metadata of the asset's latest materialization (its last decision, its last accuracy)."""
+    event = instance.get_latest_materialization_event(key)
+    if event is None or event.asset_materialization is None:
+        return {}
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+
+def plot_path(context: AssetExecutionContext, p: OnlineTrainingPipeline, what: str) -> str:
+    return f"{context.instance.storage_directory()}/kale/{p.name}_{what}.png"
+
+
+def stream_metrics_spec(p: OnlineTrainingPipeline) -> AssetSpec:
+    return AssetSpec(
+        AssetKey(p.key("stream_metrics")),
+        description="Kafka lag, arrival and consumption rates and time lag of the trainer's group, observed each minute by the metrics sensor.",
+        group_name=p.name,
+        kinds={"kafka"},
+    )
+
+
+def forecast_figures(history: pd.DataFrame, fc: Forecast, step_s: float) -> dict:
+    """Held-out accuracy of the model and of the seasonal-naive baseline on the same last day."""
+    out = {}
+    model = fc.extras.get("holdout_smape")
+    if model is not None:
+        out["holdout_smape"] = model
+    rate = history["rate"].to_numpy(dtype=float)
+    season = int(round((WEEK_S if len(rate) * step_s >= 2 * WEEK_S else DAY_S) / step_s))
+    day = int(DAY_S // step_s)
+    if len(rate) > season + day:
+        tail = np.arange(len(rate) - day, len(rate))
+        ok = np.isfinite(rate[tail]) & np.isfinite(rate[tail - season])
+        out["baseline_smape"] = smape(rate[tail][ok], rate[tail - season][ok])
+    return out
+
+
+def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
+    @asset(key=p.key("traffic_forecast"), deps=[AssetKey(p.key("stream_metrics"))], group_name=p.name,
+           kinds={"prophet"} if p.forecaster.startswith("prophet") else None,
+           description=f"Forecast of sample arrivals over the next {p.forecast_horizon_minutes:g} min ({p.forecaster}).")
+    def traffic_forecast(context: AssetExecutionContext) -> Output:
+        from kale_dagster.definitions.plots import plot_forecast
+
+        history = p.history().arrival_history(p.name)
+        if len(history) < 2:
+            raise RuntimeError(f"no arrival-rate history for pipeline {p.name!r} yet: is the {p.name}_stream_metrics sensor running?")
+        started = time.perf_counter()
+        clean = prepare_history(history)
+        step_s = infer_step_s(clean["timestamp"])
+        model = make_forecaster(p.forecaster, horizon_s=p.forecast_horizon_minutes * 60).fit(clean)
+        fc = model.predict(max(1, int(round(p.forecast_horizon_minutes * 60 / step_s))))
+        if getattr(model, "holdout_smape", None) is not None and not fc.fallback:
+            fc.extras["holdout_smape"] = model.holdout_smape
+        fit_s = time.perf_counter() - started
+        figures = forecast_figures(clean, fc, step_s)
+        png = plot_forecast(history, fc.to_frame(), plot_path(context, p, "forecast"), title=f"{p.name}: traffic forecast ({fc.model})")
+        metadata = {
+            "model": fc.model,
+            "fallback": fc.fallback or "none",
+            "horizon_minutes": p.forecast_horizon_minutes,
+            "fit_seconds": round(fit_s, 3),
+            "history_points": len(history),
+            "peak_forecast": float(fc.upper.max()),
+            "plot": png_markdown(png),
+            **{k: float(v) for k, v in figures.items()},
+        }
+        return Output(fc, metadata=metadata)
+
+    return traffic_forecast
+
+
+def throughput_model_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
+    @asset(key=p.key("throughput_model"), group_name=p.name,
+           description="Resource-throughput model F(w) fitted by NNLS on measured worker throughput; the configured prior until enough worker counts were measured.")
+    def throughput_model(context: AssetExecutionContext) -> Output:
+        measured = p.history().throughput(p.name, start=time.time() - 7 * DAY_S)
+        form = "sync" if p.global_batch else "async"
+        need = 4 if form == "sync" else 3
+        model, source = p.throughput_prior, "prior"
+        if measured["workers"].nunique() >= need:
+            model = ThroughputModel.fit(measured["workers"], measured["samples_per_s"], form=form, global_batch=p.global_batch)
+            source = "fitted"
+        metadata = {
+            "source": source,
+            "formula": model.describe(),
+            "measurements": len(measured),
+            "distinct_worker_counts": int(measured["workers"].nunique()),
+            "peak_workers": model.peak_workers(p.max_workers),
+            "peak_rate": float(model.predict(model.peak_workers(p.max_workers))),
+        }
+        if model.fit_mape is not None:
+            metadata["fit_mape_pct"] = model.fit_mape
+        if model.holdout_mape is not None:
+            metadata["holdout_mape_pct"] = model.holdout_mape
+        return Output(model, metadata=metadata)
+
+    return throughput_model
+
+
+def gpu_allocation_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
+    allocation_key = AssetKey(p.key("gpu_allocation"))
+
+    @asset(key=allocation_key, group_name=p.name,
+           ins={"forecast": AssetIn(key=AssetKey(p.key("traffic_forecast"))), "model": AssetIn(key=AssetKey(p.key("throughput_model")))},
+           description="Workers to run now, the stabilized plan, the policy that acted and why.")
+    def gpu_allocation(context: AssetExecutionContext, forecast: Forecast, model: ThroughputModel) -> Output:
+        from kale_dagster.definitions.plots import plot_allocation
+
+        previous = latest_metadata(context.instance, allocation_key)
+        obs, partitions = current_observation(p, forecast, previous)
+        policy = POLICIES.build(p.policy, p.sizing(model, partitions))
+        policy.load_state(previous.get("policy_state") or {})
+        decision = policy.decide(obs)
+        value = {
+            "workers": decision.workers,
+            "plan": list(decision.plan),
+            "plan_step_s": decision.plan_step_s,
+            "policy": decision.policy,
+            "reason": decision.reason,
+            "advisory": p.advisory,
+            "time": obs.time,
+        }
+        recent = p.history().stream(p.name, start=obs.time - 2 * DAY_S)
+        plan_times = pd.to_datetime(obs.time + decision.plan_step_s * np.arange(len(decision.plan)), unit="s", utc=True)
+        png = plot_allocation(recent, plan_times, list(decision.plan), p.slo_minutes, plot_path(context, p, "allocation"),
+                              title=f"{p.name}: {decision.workers} workers ({decision.policy})")
+        metadata = {
+            "workers": decision.workers,
+            "previous_workers": obs.workers,
+            "plot": png_markdown(png),
+            "policy": decision.policy,
+            "reason": MetadataValue.text(decision.reason),
+            "plan": MetadataValue.json({"step_minutes": decision.plan_step_s / 60, "workers": list(decision.plan)}),
+            "time_lag_s": obs.time_lag_s,
+            "arrival_rate": obs.arrival_rate,
+            "advisory": p.advisory,
+            "policy_state": MetadataValue.json(policy.state()),
+        }
+        return Output(value, metadata=metadata)
+
+    return gpu_allocation
+
+
+def current_observation(p: OnlineTrainingPipeline, forecast: Optional[Forecast], previous: dict) -> tuple[Observation, Optional[int]]:
+    """The policy's view now (latest stream metrics, current workers, the forecast) and the partition count."""
+    now = time.time()
+    latest = p.history().stream(p.name, start=now - STALE_METRICS_S)
+    workers = int(previous.get("workers") or p.min_workers)
+    if latest.empty:
+        raise RuntimeError(f"no stream metrics for {p.name!r} in the last {STALE_METRICS_S / 60:.0f} min; is the {p.name}_stream_metrics sensor running?")
+    row = latest.iloc[-1]
+    rate = float(latest["arrival_rate"].dropna().iloc[-5:].mean()) if latest["arrival_rate"].notna().any() else 0.0
+    consumption = float(latest["consumption_rate"].dropna().iloc[-5:].mean()) if latest["consumption_rate"].notna().any() else 0.0
+    capacity = float(p.throughput_prior.predict(workers))
+    backlog = float(row["sample_lag"] or 0)
+    utilization = 1.0 if backlog > 0 and consumption >= 0.95 * capacity else min(consumption / capacity, 1.0) if capacity else 0.0
+    partitions = int(row["partitions"]) if pd.notna(row["partitions"]) else None
+    obs = Observation(
+        time=now, workers=workers, arrival_rate=rate, consumption_rate=consumption, backlog=backlog,
+        time_lag_s=float(row["time_lag_s"] or 0.0), utilization=utilization, forecast=forecast,
+    )
+    return obs, partitions
+
+
+def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
+    @asset(key=p.key("policy_backtest"), group_name=p.name, ins={"model": AssetIn(key=AssetKey(p.key("throughput_model")))},
+           description="What-if: every registered policy replayed on this pipeline's own recorded arrivals (last 14 days).")
+    def policy_backtest(context: AssetExecutionContext, model: ThroughputModel) -> Output:
+        from kale_dagster.definitions.plots import plot_backtest
+        from kale_dagster.sim.backtest import Backtest, BacktestSettings
+
+        history = p.history().arrival_history(p.name, start=time.time() - 14 * DAY_S)
+        if len(history) < 60:
+            raise RuntimeError(f"only {len(history)} recorded points for {p.name!r}; a backtest needs at least an hour of stream metrics")
+        span_days = (history["timestamp"].iloc[-1] - history["timestamp"].iloc[0]).total_seconds() / DAY_S
+        settings = BacktestSettings(
+            peak_workers=min(model.peak_workers(p.max_workers), p.max_workers), max_workers=p.max_workers,
+            min_workers=p.min_workers, restart_minutes=p.restart_minutes, slo_minutes=p.slo_minutes,
+            warmup_days=min(2.0, span_days / 2), forecaster=p.forecaster, model=model, scale_trace=False,
+        )
+        bt = Backtest(history, settings)
+        runs = {name: bt.run(bt.policy(name)) for name in POLICIES}
+        value = {name: r.metrics.to_json() for name, r in runs.items()}
+        png = plot_backtest({name: r.timeline for name, r in runs.items()}, p.slo_minutes, plot_path(context, p, "backtest"))
+        return Output(value, metadata={"days_replayed": round(span_days, 2), "results": MetadataValue.md(backtest_table(value)), "plot": png_markdown(png)})
+
+    return policy_backtest
+
+
+def backtest_table(results: dict) -> str:
+    """The paper's metrics per policy as a Markdown table."""
+    head = "| policy | acc. lag (min) | SLO violation | downtime (min) | GPU h | rescales | max lag (min) |\n|---|---|---|---|---|---|---|\n"
+    rows = "".join(
+        f"| {name} | {m['accumulated_lag_minutes']:,.0f} | {m['slo_violation_rate']:.2%} | {m['downtime_minutes']:,.0f} | "
+        f"{m['gpu_hours']:,.1f} | {m['rescales']} | {m['max_lag_minutes']:.1f} |\n"
+        for name, m in results.items()
+    )
+    return head + rows
+
+
+def pipeline_assets(p: OnlineTrainingPipeline) -> list:
+    return [stream_metrics_spec(p), traffic_forecast_asset(p), throughput_model_asset(p), gpu_allocation_asset(p), policy_backtest_asset(p)]

@@ -1,0 +1,40 @@
+"""Asset checks of one pipeline: quality gates an operator sees next to the assets."""
+
+
+import time
+
+from dagster import AssetCheckResult, AssetChecksDefinition, AssetCheckSeverity, AssetKey, asset_check
+
+from kale_dagster.definitions.assets import STALE_METRICS_S, latest_metadata
+from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
+
+
+def forecast_accuracy_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
+    forecast_key = AssetKey(p.key("traffic_forecast"))
+
+    @asset_check(asset=forecast_key, name="forecast_beats_seasonal_naive",
+                 description="Warns when the model's held-out error is worse than repeating the same time a day/week earlier.")
+    def forecast_accuracy(context) -> AssetCheckResult:
+        meta = latest_metadata(context.instance, forecast_key)
+        model, base = meta.get("holdout_smape"), meta.get("baseline_smape")
+        if model is None or base is None:
+            return AssetCheckResult(passed=True, severity=AssetCheckSeverity.WARN, metadata={"note": "not enough history to compare yet"})
+        return AssetCheckResult(passed=bool(model <= base), severity=AssetCheckSeverity.WARN, metadata={"holdout_smape": model, "baseline_smape": base})
+
+    return forecast_accuracy
+
+
+def lag_slo_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
+    @asset_check(asset=AssetKey(p.key("gpu_allocation")), name="lag_within_slo", description=f"Measured time lag is within the {p.slo_minutes:g}-minute SLO.")
+    def lag_slo(context) -> AssetCheckResult:
+        latest = p.history().stream(p.name, start=time.time() - STALE_METRICS_S)
+        if latest.empty:
+            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN, metadata={"note": "no recent stream metrics"})
+        lag = float(latest["time_lag_s"].iloc[-1])
+        return AssetCheckResult(passed=lag <= p.slo_minutes * 60, metadata={"time_lag_s": lag, "slo_s": p.slo_minutes * 60})
+
+    return lag_slo
+
+
+def pipeline_checks(p: OnlineTrainingPipeline) -> list:
+    return [forecast_accuracy_check(p), lag_slo_check(p)]

@@ -1,0 +1,106 @@
+"""The Dagster resource that reads a pipeline's Kafka stream (telemetry)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+from dagster import ConfigurableResource, EnvVar
+from pydantic import Field, model_validator
+
+from kale_dagster.stream.source import KafkaSource, check_kafka_settings
+from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, build_snapshot, read_offsets
+
+
+class KafkaStreamResource(ConfigurableResource):
+    """Connection to the topics a trainer consumes and its consumer group.
+
+    Built from the pipeline's ``KafkaSource`` (``from_source``); validated by
+    the same function.  Security settings are passed through to
+    kafka-python; the password comes from an environment variable
+    (``dagster.EnvVar``), never from code or Dagster config.
+    """
+
+    bootstrap_servers: str = Field(description="comma-separated host:port list")
+    topics: list[str] = Field(description="topics the trainer consumes")
+    group_id: str = Field(description="the trainer's consumer group")
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: Optional[str] = None
+    sasl_plain_username: Optional[str] = None
+    sasl_plain_password: Optional[str] = None
+    ssl_cafile: Optional[str] = None
+    ssl_certfile: Optional[str] = None
+    ssl_keyfile: Optional[str] = None
+    samples_per_record: int = Field(default=1, description="samples packed in each Kafka record (1 = one sample per record)")
+    request_timeout_ms: int = 10_000
+    client_id: str = "kale-telemetry"
+
+    @classmethod
+    def from_source(cls, source: KafkaSource) -> "KafkaStreamResource":
+        return cls(
+            bootstrap_servers=source.bootstrap_servers,
+            topics=list(source.topics),
+            group_id=source.group_id,
+            security_protocol=source.security_protocol,
+            sasl_mechanism=source.sasl_mechanism,
+            sasl_plain_username=source.sasl_username,
+            sasl_plain_password=EnvVar(source.sasl_password_env) if source.sasl_password_env else None,
+            ssl_cafile=source.ssl_cafile,
+            samples_per_record=source.samples_per_record,
+            request_timeout_ms=source.request_timeout_ms,
+        )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid(cls, data):
+        if not isinstance(data, dict):
+            return data
+        servers, topics, group, protocol = check_kafka_settings(
+            bootstrap_servers=data.get("bootstrap_servers") or "", topics=data.get("topics") or (), group_id=data.get("group_id") or "",
+            security_protocol=data.get("security_protocol", "PLAINTEXT"), sasl_mechanism=data.get("sasl_mechanism"),
+            sasl_username=data.get("sasl_plain_username"), has_password=data.get("sasl_plain_password") is not None,
+            samples_per_record=data.get("samples_per_record", 1), request_timeout_ms=data.get("request_timeout_ms", 10_000),
+        )
+        return {**data, "bootstrap_servers": servers, "topics": list(topics), "group_id": group, "security_protocol": protocol}
+
+    def client_config(self) -> dict:
+        """kafka-python keyword arguments shared by every client this resource makes."""
+        config = {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+            # A broker that is down must fail the tick within its budget, not after kafka-python's 30 s default.
+            "bootstrap_timeout_ms": self.request_timeout_ms,
+            "client_id": self.client_id,
+        }
+        optional = {
+            "sasl_mechanism": self.sasl_mechanism,
+            "sasl_plain_username": self.sasl_plain_username,
+            "sasl_plain_password": self.sasl_plain_password,
+            "ssl_cafile": self.ssl_cafile,
+            "ssl_certfile": self.ssl_certfile,
+            "ssl_keyfile": self.ssl_keyfile,
+        }
+        config.update({k: v for k, v in optional.items() if v})
+        return config
+
+    def snapshot(self, previous: Optional[PreviousOffsets] = None, fetch_timeout_s: float = 5.0) -> StreamSnapshot:
+        """Read the stream's offsets now; rates come from ``previous`` when given."""
+        from kafka import KafkaAdminClient, KafkaConsumer
+
+        common = self.client_config()
+        consumer = admin = None
+        try:
+            consumer = KafkaConsumer(
+                **common, enable_auto_commit=False, group_id=None,
+                max_partition_fetch_bytes=1024, fetch_max_wait_ms=50, fetch_min_bytes=1,
+                connections_max_idle_ms=max(self.request_timeout_ms * 2, 60_000),
+            )
+            admin = KafkaAdminClient(**common)
+            raw = read_offsets(consumer, admin, self.topics, self.group_id, fetch_timeout_s)
+        finally:
+            for client in (consumer, admin):
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        client.close()
+        return build_snapshot(raw, previous, self.samples_per_record)

@@ -1,0 +1,119 @@
+"""The policy registry: one place that knows every scaling policy by name.
+
+A policy is added by writing its module (the policy class and a
+``PolicySpec`` at the bottom) and one line in ``kale_dagster.policies``.
+The registry then drives everything that lists or builds policies: the
+pipeline's allowed ``policy`` values, the backtest's policy list and
+sweeps, ``kale backtest --policies``, and the Dagster decision.
+
+Every policy is built from a :class:`Sizing`: what the deployment declares
+(worker bounds, SLO) and what is known about the trainer (its throughput
+model, its restart time), nothing policy-specific.  Policy-specific knobs
+are keyword options of ``build``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Optional, Sequence
+
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.model.throughput import ThroughputModel
+from kale_dagster.model.types import ScalingPolicy
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What every policy is built from.
+
+    ``restart_s`` is the trainer's restart time as known to the controller
+    (declared, or measured from past rescales), ``adequate_workers`` the
+    fixed allocation that covers the peak (the static baseline; default
+    ``max_workers``), ``partitions`` the topic's partition count where a
+    policy needs it without per-partition offsets (KEDA in the simulator).
+    """
+
+    min_workers: int
+    max_workers: int
+    slo_s: float
+    restart_s: float
+    model: ThroughputModel
+    adequate_workers: Optional[int] = None
+    partitions: Optional[int] = None
+
+    def __post_init__(self):
+        if not 1 <= self.min_workers <= self.max_workers:
+            raise KaleConfigError("min_workers", f"need 1 <= min_workers <= max_workers, got {self.min_workers} and {self.max_workers}")
+        if self.slo_s <= 0:
+            raise KaleConfigError("slo_s", f"must be > 0, got {self.slo_s}")
+        if self.restart_s < 0:
+            raise KaleConfigError("restart_s", f"must be >= 0, got {self.restart_s}")
+
+
+Build = Callable[..., ScalingPolicy]
+Sweep = Callable[[Sizing], Sequence[tuple[dict, ScalingPolicy]]]
+
+
+def _no_sweep(sizing: Sizing) -> Sequence[tuple[dict, ScalingPolicy]]:
+    return ()
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A registered policy.
+
+    ``build(sizing, **options)`` makes a fresh policy; ``sweep(sizing)`` the
+    settings a backtest tries for a baseline, each as (label, policy);
+    ``uses_forecast`` says whether the policy reads ``Observation.forecast``
+    (the backtest feeds a forecaster only to those).
+    """
+
+    name: str
+    description: str
+    build: Build
+    sweep: Sweep = _no_sweep
+    uses_forecast: bool = False
+
+
+class PolicyRegistry(Mapping[str, PolicySpec]):
+    """Policies by name, in registration order (the order reports list them)."""
+
+    def __init__(self, *specs: PolicySpec):
+        self._specs: dict[str, PolicySpec] = {}
+        for spec in specs:
+            self.register(spec)
+
+    def register(self, spec: PolicySpec) -> PolicySpec:
+        if spec.name in self._specs:
+            raise KaleConfigError("policy", f"a policy named {spec.name!r} is already registered")
+        self._specs[spec.name] = spec
+        return spec
+
+    def unregister(self, name: str) -> None:
+        self._specs.pop(name, None)
+
+    def __getitem__(self, name: str) -> PolicySpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            raise KaleConfigError("policy", f"unknown policy {name!r}; choose one of {', '.join(self._specs)}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def build(self, name: str, sizing: Sizing, **options) -> ScalingPolicy:
+        return self[name].build(sizing, **options)
+
+    def parse(self, names: str, option: str = "--policies") -> list[str]:
+        """A comma-separated list of registered names, checked; the error names ``option``."""
+        chosen = [n.strip() for n in names.split(",") if n.strip()]
+        unknown = [n for n in chosen if n not in self._specs]
+        if unknown or not chosen:
+            raise KaleConfigError(option, f"unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(self._specs)}")
+        return chosen

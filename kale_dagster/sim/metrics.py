@@ -1,0 +1,56 @@
+"""The paper's metrics, from a simulated timeline or from readings of a live run.
+
+Definitions (Kale, SoCC'24): accumulated lag is the integral of lag over
+time in minutes (the sum of per-minute lag); the SLO violation rate is the
+share of time with lag above the SLO; downtime is the time spent
+restarting; GPU hours integrate the allocated workers over time.
+
+Readings may be irregular (a live run's ticks drift under load): each one
+holds until the next, so every figure is time-weighted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PaperMetrics:
+    """The paper's metrics over the scored period."""
+
+    accumulated_lag_minutes: float  # integral of lag over time, in minutes
+    slo_violation_rate: float  # share of time with lag above the SLO
+    downtime_minutes: float  # time spent restarting
+    gpu_hours: float  # allocated workers integrated over time
+    rescales: int
+    max_lag_minutes: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def score_readings(
+    minutes: Sequence[float],
+    lag_s: Sequence[float],
+    workers: Sequence[float],
+    end_minute: float,
+    slo_s: float,
+    downtime_minutes: float,
+    rescales: int,
+) -> PaperMetrics:
+    """Metrics from readings at ``minutes`` (each holds until the next; the last until ``end_minute``)."""
+    t = np.asarray(minutes, dtype=float)
+    lag = np.asarray(lag_s, dtype=float)
+    dt = np.diff(np.append(t, end_minute))
+    total = float(dt.sum())
+    return PaperMetrics(
+        accumulated_lag_minutes=float(np.sum(lag / 60.0 * dt)),
+        slo_violation_rate=float(dt[lag > slo_s].sum() / total) if total > 0 else 0.0,
+        downtime_minutes=float(downtime_minutes),
+        gpu_hours=float(np.sum(np.asarray(workers, dtype=float) * dt) / 60.0),
+        rescales=int(rescales),
+        max_lag_minutes=float(lag.max() / 60.0) if len(lag) else 0.0,
+    )

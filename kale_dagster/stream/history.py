@@ -1,0 +1,123 @@
+"""Metrics history: stream telemetry and worker throughput over time, kept next to Dagster.
+
+Default storage is ``$KALE_HISTORY_URL`` when set, else SQLite under
+``$DAGSTER_HOME/kale/metrics.db`` (so it
+survives restarts of ``dagster dev`` and of the daemon); any SQLAlchemy URL
+works, e.g. ``postgresql://...`` next to a Postgres-backed Dagster.  Rows
+older than the retention are deleted on write; the default keeps 35 days,
+i.e. the paper's 28 days at 1-minute resolution plus a margin.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import sqlalchemy as sa
+
+from kale_dagster.errors import KaleConfigError
+
+DEFAULT_RETENTION_DAYS = 35.0
+
+_META = sa.MetaData()
+STREAM_METRICS = sa.Table(
+    "kale_stream_metrics",
+    _META,
+    sa.Column("pipeline", sa.String(200), primary_key=True),
+    sa.Column("ts", sa.Float, primary_key=True),
+    sa.Column("arrival_rate", sa.Float),
+    sa.Column("consumption_rate", sa.Float),
+    sa.Column("sample_lag", sa.BigInteger),
+    sa.Column("time_lag_s", sa.Float),
+    sa.Column("end_offset_total", sa.BigInteger),
+    sa.Column("committed_total", sa.BigInteger),
+    sa.Column("partitions", sa.Integer),
+    sa.Column("workers", sa.Integer),
+)
+WORKER_THROUGHPUT = sa.Table(
+    "kale_worker_throughput",
+    _META,
+    sa.Column("pipeline", sa.String(200), primary_key=True),
+    sa.Column("ts", sa.Float, primary_key=True),
+    sa.Column("workers", sa.Integer, nullable=False),
+    sa.Column("samples_per_s", sa.Float, nullable=False),
+    sa.Column("emulated", sa.Boolean, nullable=False, default=False),
+)
+
+_METRIC_COLUMNS = [c.name for c in STREAM_METRICS.columns if c.name not in ("pipeline", "ts")]
+
+
+def default_url() -> str:
+    """``$KALE_HISTORY_URL`` if set, else SQLite under ``$DAGSTER_HOME/kale``."""
+    if os.environ.get("KALE_HISTORY_URL"):
+        return os.environ["KALE_HISTORY_URL"]
+    home = os.environ.get("DAGSTER_HOME") or os.path.join(tempfile.gettempdir(), "kale-dagster-home")
+    path = Path(home) / "kale" / "metrics.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+class MetricsHistory:
+    """Append and read per-pipeline metric rows; bounded by ``retention_days``."""
+
+    def __init__(self, url: Optional[str] = None, retention_days: float = DEFAULT_RETENTION_DAYS):
+        if retention_days <= 0:
+            raise KaleConfigError("retention_days", f"must be > 0, got {retention_days}")
+        self.url = url or default_url()
+        self.retention_days = retention_days
+        self.engine = sa.create_engine(self.url, future=True)
+        _META.create_all(self.engine)
+
+    def append_stream(self, pipeline: str, ts: float, metrics: dict, workers: Optional[int] = None) -> None:
+        row = {"pipeline": pipeline, "ts": ts, "workers": workers}
+        row.update({k: metrics.get(k) for k in _METRIC_COLUMNS if k != "workers"})
+        self._upsert(STREAM_METRICS, row)
+        self._trim(STREAM_METRICS, pipeline, ts)
+
+    def append_throughput(self, pipeline: str, ts: float, workers: int, samples_per_s: float, emulated: bool = False) -> None:
+        self._upsert(WORKER_THROUGHPUT, {"pipeline": pipeline, "ts": ts, "workers": workers, "samples_per_s": samples_per_s, "emulated": emulated})
+        self._trim(WORKER_THROUGHPUT, pipeline, ts)
+
+    def stream(self, pipeline: str, start: Optional[float] = None, end: Optional[float] = None) -> pd.DataFrame:
+        """Stream metrics in [start, end] (epoch seconds) with a UTC ``timestamp`` column, oldest first."""
+        return self._read(STREAM_METRICS, pipeline, start, end)
+
+    def throughput(self, pipeline: str, start: Optional[float] = None, end: Optional[float] = None) -> pd.DataFrame:
+        return self._read(WORKER_THROUGHPUT, pipeline, start, end)
+
+    def arrival_history(self, pipeline: str, start: Optional[float] = None) -> pd.DataFrame:
+        """``timestamp``/``rate`` rows with a known arrival rate: the forecaster's input."""
+        frame = self.stream(pipeline, start)
+        frame = frame[frame["arrival_rate"].notna()]
+        return pd.DataFrame({"timestamp": frame["timestamp"], "rate": frame["arrival_rate"].astype(float)}).reset_index(drop=True)
+
+    # --- internals ------------------------------------------------------------
+
+    def _upsert(self, table: sa.Table, row: dict) -> None:
+        key = sa.and_(table.c.pipeline == row["pipeline"], table.c.ts == row["ts"])
+        with self.engine.begin() as conn:
+            conn.execute(sa.delete(table).where(key))
+            conn.execute(sa.insert(table).values(**row))
+
+    def _trim(self, table: sa.Table, pipeline: str, now: float) -> None:
+        cutoff = now - self.retention_days * 86_400
+        with self.engine.begin() as conn:
+            conn.execute(sa.delete(table).where(sa.and_(table.c.pipeline == pipeline, table.c.ts < cutoff)))
+
+    def _read(self, table: sa.Table, pipeline: str, start: Optional[float], end: Optional[float]) -> pd.DataFrame:
+        query = sa.select(table).where(table.c.pipeline == pipeline)
+        if start is not None:
+            query = query.where(table.c.ts >= start)
+        if end is not None:
+            query = query.where(table.c.ts <= end)
+        with self.engine.connect() as conn:
+            frame = pd.DataFrame(conn.execute(query.order_by(table.c.ts)).mappings().all(), columns=[c.name for c in table.columns])
+        frame.insert(0, "timestamp", pd.to_datetime(frame["ts"], unit="s", utc=True))
+        return frame.drop(columns=["pipeline"])
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+

@@ -1,0 +1,106 @@
+"""Replay an arrival trace into Kafka as CTR samples, at the trace's (compressed) rate."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.stream.samples import GroundTruth, encode, partition_weights
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    topic: str = "samples"
+    speedup: float = 1.0  # trace seconds per wall second
+    rate_scale: float = 1.0  # multiplies the trace's rates (samples per trace second)
+    partitions: int = 8
+    hot_share: float = 0.0  # share of traffic on partition 0 (hot partition), 0 = even
+    seed: int = 0
+    samples_per_record: int = 1  # >1 packs micro-batches: far fewer records for a consumer to parse
+
+    def __post_init__(self):
+        if self.speedup <= 0:
+            raise KaleConfigError("speedup", f"must be > 0, got {self.speedup}")
+        if self.rate_scale <= 0:
+            raise KaleConfigError("rate_scale", f"must be > 0, got {self.rate_scale}")
+        if self.partitions < 1:
+            raise KaleConfigError("partitions", f"must be >= 1, got {self.partitions}")
+        if not 0 <= self.hot_share < 1:
+            raise KaleConfigError("hot_share", f"must be in [0, 1), got {self.hot_share}")
+        if self.samples_per_record < 1:
+            raise KaleConfigError("samples_per_record", f"must be >= 1, got {self.samples_per_record}")
+
+
+def ensure_topic(servers: str, topic: str, partitions: int) -> None:
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=servers)
+    try:
+        if topic not in admin.list_topics():
+            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        admin.close()
+
+
+def wall_rates(history: pd.DataFrame, settings: ReplaySettings) -> tuple[np.ndarray, float]:
+    """Samples per wall second for each trace interval, and the interval's wall length."""
+    step = (history["timestamp"].iloc[1] - history["timestamp"].iloc[0]).total_seconds() if len(history) > 1 else 60.0
+    rates = history["rate"].fillna(0.0).to_numpy(float) * settings.rate_scale * settings.speedup
+    return rates, step / settings.speedup
+
+
+def replay(servers: str, history: pd.DataFrame, settings: ReplaySettings, stop: Optional[threading.Event] = None, max_wall_s: Optional[float] = None, batch_size: int = 16384) -> int:
+    """Produce the trace; returns the number of samples sent.  Sequence numbers start at 0."""
+    from kafka import KafkaProducer
+
+    stop = stop or threading.Event()
+    ensure_topic(servers, settings.topic, settings.partitions)
+    rates, step_wall = wall_rates(history, settings)
+    weights = partition_weights(settings.partitions, settings.hot_share)
+    rng = np.random.default_rng(settings.seed)
+    truth = GroundTruth()
+    producer = KafkaProducer(bootstrap_servers=servers, linger_ms=10, batch_size=batch_size)
+    cumulative = np.concatenate([[0.0], np.cumsum(rates * step_wall)])
+    k = settings.samples_per_record
+    sent = 0
+    start = time.monotonic()
+    try:
+        while not stop.is_set():
+            elapsed = time.monotonic() - start
+            if max_wall_s is not None and elapsed >= max_wall_s:
+                break
+            i = int(elapsed // step_wall)
+            if i >= len(rates):
+                break
+            due = int(cumulative[i] + rates[i] * (elapsed - i * step_wall))
+            # Whole records only: a packed record waits until all its samples are due.
+            n = (due - sent) // k * k
+            if n > 0:
+                records = truth.sample(n, rng, start_seq=sent)
+                values = encode(records, k)
+                parts = rng.choice(settings.partitions, size=len(values), p=weights)
+                for value, part, user in zip(values, parts, records["user"][::k]):
+                    producer.send(settings.topic, value=value, key=int(user).to_bytes(4, "little"), partition=int(part))
+                sent += n
+            time.sleep(0.01)
+    finally:
+        producer.flush()
+        producer.close()
+    return sent
+
+
+def replay_in_background(servers: str, history: pd.DataFrame, settings: ReplaySettings, stop: threading.Event, max_wall_s: Optional[float] = None) -> threading.Thread:
+    """:func:`replay` in a started daemon thread; set ``stop`` to end it early."""
+    thread = threading.Thread(target=replay, args=(servers, history, settings), kwargs=dict(stop=stop, max_wall_s=max_wall_s), daemon=True, name="producer")
+    thread.start()
+    return thread

@@ -1,0 +1,89 @@
+"""What workers and launchers exchange, typed once for both sides.
+
+* A worker reports to its launcher as JSON lines on stdout, one
+  :class:`WorkerEvent` each (the Kubernetes launcher reads the same lines
+  from the pods' logs).
+* A warm standby is sent its place in a group as one JSON line on stdin
+  (:class:`GroupAssignment`); an empty line releases it.
+* At every step the ranks all-gather one :class:`StepStatus` each, and
+  every rank derives the same plan from the same table.
+
+Standard library only: the worker imports this before torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Optional
+
+#: Seconds a collective may wait for a missing rank before the group fails
+#: (a hung or dead peer), for workers and for the settings that start them.
+COLLECTIVE_TIMEOUT_S = 60.0
+
+
+class WorkerEvent(str, Enum):
+    READY = "ready"  # torch imported, model built: can join a group at once
+    STARTED = "started"  # joined the group, checkpoint restored, consumer open
+    STEP = "step"  # first training step done (or caught up on an idle stream)
+    METRICS = "metrics"  # samples/s, busy share, idle share since the last metrics event
+    CHECKPOINT = "checkpoint"  # a checkpoint was written and offsets committed (rank 0)
+    STOPPED = "stopped"  # left the group after its final checkpoint
+
+
+def event_line(event: WorkerEvent, **fields) -> str:
+    return json.dumps({"event": event.value, **fields})
+
+
+def parse_event(line: str) -> Optional[tuple[WorkerEvent, dict]]:
+    """The event of one output line, or None for anything else (log noise, a partial line).
+
+    A prefix before the JSON object (torchrun's ``[rank0]:``, a log shipper's
+    timestamp) is skipped.
+    """
+    start = line.find("{")
+    if start < 0:
+        return None
+    try:
+        data = json.loads(line[start:])
+        return WorkerEvent(data.pop("event")), data
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class GroupAssignment:
+    """A standby's place in a new group: its rank, the group size and the rendezvous address."""
+
+    rank: int
+    world: int
+    addr: str
+    port: int
+
+    def to_line(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_line(cls, line: str) -> "GroupAssignment":
+        data = json.loads(line)
+        return cls(int(data["rank"]), int(data["world"]), str(data["addr"]), int(data["port"]))
+
+
+@dataclass(frozen=True)
+class StepStatus:
+    """One rank's state at a step boundary, all-gathered by every rank."""
+
+    own_queue: int  # samples fetched from its own partitions, not yet trained
+    total_queue: int  # own plus forwarded samples
+    accepting: bool  # below the low watermark since it last reached the high one
+    stop: bool  # SIGTERM received: the whole group stops at this step
+    checkpoint_due: bool  # its checkpoint interval elapsed: the whole group checkpoints
+
+    def to_row(self) -> list[int]:
+        return [self.own_queue, self.total_queue, int(self.accepting), int(self.stop), int(self.checkpoint_due)]
+
+    @classmethod
+    def from_row(cls, row) -> "StepStatus":
+        own, total, accepting, stop, due = (int(x) for x in row)
+        return cls(own, total, bool(accepting), bool(stop), bool(due))

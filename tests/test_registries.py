@@ -1,0 +1,144 @@
+"""Extension points: a policy added in one file plus one registry line reaches every caller; layering holds.
+
+The toy policy below is the whole of what a new policy takes: its class and
+spec (its own file, in a real addition) and one ``register`` call (the
+line in ``kale_dagster/policies/__init__.py``).  Nothing else is touched,
+and the pipeline, the backtest, the CLI and the Dagster decision all take it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline
+from kale_dagster.model.types import Decision, Observation
+from kale_dagster.policies import POLICIES, PolicySpec, Sizing
+from kale_dagster.sim.trace import synth_trace
+
+# --- the toy policy: its "own file" ----------------------------------------------------------
+
+
+@dataclass
+class HalfMaxPolicy:
+    """Always half the maximum, and it counts its decisions (state that must survive)."""
+
+    workers: int
+    name: str = "toy"
+    sync_period_s: float = 60.0
+    decisions: int = 0
+
+    def decide(self, obs: Observation) -> Decision:
+        self.decisions += 1
+        return Decision(self.workers, self.name, f"half of the maximum (decision {self.decisions})")
+
+    def state(self) -> dict:
+        return {"decisions": self.decisions}
+
+    def load_state(self, state: dict) -> None:
+        self.decisions = int(state.get("decisions", 0))
+
+
+TOY = PolicySpec(
+    name="toy",
+    description="half the maximum, always",
+    build=lambda sizing: HalfMaxPolicy(max(sizing.max_workers // 2, 1)),
+    sweep=lambda sizing: [({"workers": w}, HalfMaxPolicy(w)) for w in (1, 2)],
+)
+
+
+@pytest.fixture
+def toy():
+    POLICIES.register(TOY)  # the "one registry line"
+    yield TOY
+    POLICIES.unregister("toy")
+
+
+# --- every caller takes it ---------------------------------------------------------------------
+
+
+def _history(days=3, step_s=600):
+    trace = synth_trace(days=days, seed=3, step_s=step_s, peak_rate=800)
+    return pd.DataFrame({"timestamp": pd.to_datetime(trace["timestamp"], utc=True), "rate": trace["value"] / step_s})
+
+
+def test_pipeline_accepts_registered_policies_only(toy):
+    source = KafkaSource("127.0.0.1:9092", ("t",), "g")
+    assert OnlineTrainingPipeline(name="p", source=source, policy="toy").policy == "toy"
+    POLICIES.unregister("toy")
+    with pytest.raises(KaleConfigError, match="unknown 'toy'; choose one of kale, hpa, keda, static") as err:
+        OnlineTrainingPipeline(name="p", source=source, policy="toy")
+    assert err.value.field == "policy"
+    POLICIES.register(TOY)
+
+
+def test_backtest_runs_and_sweeps_a_registered_policy(toy):
+    from kale_dagster.sim.backtest import Backtest, BacktestSettings
+
+    bt = Backtest(_history(days=1), BacktestSettings(peak_workers=8, max_workers=8))
+    result = bt.run(bt.policy("toy"))
+    assert set(result.timeline["workers"]) == {4} and result.metrics.rescales == 0
+    sweeps = bt.sweeps(["kale", "toy"])
+    assert list(sweeps) == ["toy"]  # Kale has no sweep; the toy's two settings ran
+    assert [row["setting"] for row in sweeps["toy"]] == [{"workers": 1}, {"workers": 2}]
+
+
+def test_cli_lists_and_runs_a_registered_policy(toy, tmp_path, capsys):
+    from kale_dagster.cli import build_parser, main
+
+    csv = tmp_path / "trace.csv"
+    frame = _history(days=1)
+    pd.DataFrame({"timestamp": frame["timestamp"], "value": frame["rate"] * 600}).to_csv(csv, index=False)
+    help_text = build_parser()._subparsers._group_actions[0].choices["backtest"].format_help()
+    assert "kale,hpa,keda,static,toy" in help_text.replace("\n", "").replace(" ", "")
+    assert main(["backtest", "--trace", str(csv), "--policies", "toy,static", "--max-workers", "8", "--peak-workers", "8", "--json", "--no-sweeps"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["policies"]) == {"toy", "static"} and report["policies"]["toy"]["gpu_hours"] == pytest.approx(4 * 24)
+
+
+@pytest.mark.integration
+def test_dagster_decision_uses_a_registered_policy_and_keeps_its_state(toy, tmp_path):
+    from dagster import AssetKey, instance_for_test, materialize
+
+    from kale_dagster.definitions.assets import pipeline_assets
+
+    p = OnlineTrainingPipeline(name="p", source=KafkaSource("127.0.0.1:9092", ("t",), "g"), policy="toy", max_workers=6,
+                               forecaster="ewma", history_url=f"sqlite:///{tmp_path / 'm.db'}")
+    history = p.history()
+    now = time.time()
+    for i, rate in enumerate(np.full(30, 200.0)):
+        history.append_stream("p", now - (29 - i) * 60, {"arrival_rate": rate, "consumption_rate": rate, "sample_lag": 0, "time_lag_s": 1.0, "partitions": 4})
+    history.dispose()
+    with instance_for_test() as instance:
+        for decision in (1, 2):
+            result = materialize(pipeline_assets(p), instance=instance, selection=[AssetKey(["p", k]) for k in ("traffic_forecast", "throughput_model", "gpu_allocation")])
+            meta = result.asset_materializations_for_node("p__gpu_allocation")[0].metadata
+            assert meta["workers"].value == 3 and meta["policy"].value == "toy"
+            assert meta["reason"].value == f"half of the maximum (decision {decision})"  # state restored from the last decision
+
+
+# --- layering --------------------------------------------------------------------------------
+
+
+def _modules_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    return set(out.split())
+
+
+def test_decision_logic_imports_no_dagster_kafka_or_torch():
+    loaded = _modules_after("import kale_dagster.model.types, kale_dagster.policies, kale_dagster.forecast, kale_dagster.sim.backtest")
+    assert not {"dagster", "kafka", "torch"} & loaded
+
+
+def test_worker_imports_no_pandas_scipy_dagster_or_planner():
+    loaded = _modules_after("import kale_dagster.trainer.worker")
+    assert "torch" in loaded
+    assert not {"pandas", "scipy", "dagster", "kale_dagster.policies", "kale_dagster.model.throughput"} & loaded
