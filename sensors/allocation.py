@@ -9,8 +9,7 @@ materialization's storage id, so a decision is requested exactly once.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
 
 from dagster import (
@@ -24,23 +23,15 @@ from dagster import (
     sensor,
 )
 
+from sensors.cursor import JsonCursor
+
 
 @dataclass(frozen=True)
-class AllocationCursor:
+class AllocationCursor(JsonCursor):
     """The worker count last requested, and the materialization that decided it."""
 
     workers: Optional[int] = None
     storage_id: Optional[int] = None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: Optional[str]) -> "AllocationCursor":
-        if not text:
-            return cls()
-        data = json.loads(text)
-        return cls(workers=data.get("workers"), storage_id=data.get("storage_id"))
 
 
 def build_allocation_sensor(

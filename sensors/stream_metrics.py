@@ -16,9 +16,8 @@ start), and re-arms once lag falls below the threshold.
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
 from dagster import (
@@ -37,25 +36,16 @@ from dagster import (
 
 from kale_dagster.stream.history import MetricsHistory
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, previous_from
+from sensors.cursor import JsonCursor
 
 
 @dataclass(frozen=True)
-class StreamMetricsCursor:
+class StreamMetricsCursor(JsonCursor):
     """What a tick hands to the next: the last offsets and the emergency episode, if any."""
 
     time: Optional[float] = None
     offsets: dict = field(default_factory=dict)
     emergency_since: Optional[float] = None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: Optional[str]) -> "StreamMetricsCursor":
-        if not text:
-            return cls()
-        data = json.loads(text)
-        return cls(time=data.get("time"), offsets=data.get("offsets", {}), emergency_since=data.get("emergency_since"))
 
     def previous(self) -> Optional[PreviousOffsets]:
         return PreviousOffsets(self.time, self.offsets) if self.time is not None else None

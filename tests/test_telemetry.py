@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+
+from kale_dagster import KaleConfigError
 from dagster import SensorResult, SkipReason, build_sensor_context, instance_for_test, job, op
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
@@ -131,19 +133,71 @@ def test_recreated_topic_gives_no_false_rate():
     assert snap.arrival_rate is None
 
 
-def test_config_errors_name_the_field():
+# One validation path: each row is checked on the pipeline's KafkaSource and on the resource.
+SOURCE_ROWS = [
+    # (KafkaSource keyword arguments, field named in the error, or None for a valid row)
+    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g"), None),
+    (dict(bootstrap_servers=" a:1, b:2 ", topics=("t", "u"), group_id="g"), None),
+    (dict(bootstrap_servers="", topics=("t",), group_id="g"), "bootstrap_servers"),
+    (dict(bootstrap_servers="localhost", topics=("t",), group_id="g"), "bootstrap_servers"),
+    (dict(bootstrap_servers="localhost:99999", topics=("t",), group_id="g"), "bootstrap_servers"),
+    (dict(bootstrap_servers="localhost:9092", topics=("",), group_id="g"), "topics"),
+    (dict(bootstrap_servers="localhost:9092", topics="clicks", group_id="g"), "topics"),
+    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id=" "), "group_id"),
+    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", security_protocol="TLS"), "security_protocol"),
+    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", security_protocol="SASL_SSL"), "sasl_mechanism"),
+    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", security_protocol="SASL_SSL", sasl_mechanism="PLAIN"), "sasl_username"),
+    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", security_protocol="sasl_ssl", sasl_mechanism="PLAIN",
+          sasl_username="u", sasl_password_env="PW"), None),
+    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", samples_per_record=0), "samples_per_record"),
+    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", request_timeout_ms=5), "request_timeout_ms"),
+]
+
+
+@pytest.mark.parametrize("kwargs, field", SOURCE_ROWS, ids=[f"row{i}-{f or 'ok'}" for i, (_, f) in enumerate(SOURCE_ROWS)])
+def test_source_and_resource_validate_alike(kwargs, field):
     from pydantic import ValidationError
 
-    for kwargs, field in [
-        (dict(bootstrap_servers="", topics=["t"], group_id="g"), "bootstrap_servers"),
-        (dict(bootstrap_servers="localhost:99999", topics=["t"], group_id="g"), "bootstrap_servers"),
-        (dict(bootstrap_servers="localhost:9092", topics=[""], group_id="g"), "topics"),
-        (dict(bootstrap_servers="localhost:9092", topics=["t"], group_id="g", security_protocol="TLS"), "security_protocol"),
-        (dict(bootstrap_servers="localhost:9092", topics=["t"], group_id="g", security_protocol="SASL_SSL"), "sasl_mechanism"),
-        (dict(bootstrap_servers="localhost:9092", topics=["t"], group_id="g", samples_per_record=0), "samples_per_record"),
-    ]:
-        with pytest.raises(ValidationError, match=field):
-            KafkaStreamResource(**kwargs)
+    from kale_dagster.stream.source import KafkaSource
+
+    if field is None:
+        source = KafkaSource(**kwargs)
+        resource = KafkaStreamResource.from_source(source)
+        assert resource.bootstrap_servers == source.bootstrap_servers and resource.topics == list(source.topics)
+        assert resource.security_protocol == source.security_protocol == source.security_protocol.upper()
+        return
+    with pytest.raises(KaleConfigError) as err:
+        KafkaSource(**kwargs)
+    assert err.value.field == field
+    if isinstance(kwargs["topics"], str):
+        return  # the resource's topics field is typed list[str]: pydantic rejects a bare string itself
+    resource_kwargs = {k: v for k, v in kwargs.items() if k != "sasl_password_env"}
+    resource_kwargs["topics"] = list(kwargs["topics"])
+    if "sasl_username" in resource_kwargs:
+        resource_kwargs["sasl_plain_username"] = resource_kwargs.pop("sasl_username")
+    with pytest.raises(ValidationError, match=f"{field}: "):
+        KafkaStreamResource(**resource_kwargs)
+
+
+def test_workers_get_the_sources_security_settings_through_the_environment(monkeypatch):
+    from kale_dagster.launchers.local import TrainerSettings
+    from kale_dagster.stream.source import KafkaSource
+
+    source = KafkaSource("k:9093", ("clicks",), "ctr", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                         sasl_username="kale", sasl_password_env="CTR_PW")
+    settings = TrainerSettings(source, "/tmp/ckpt")
+    argv = settings.argv()
+    assert argv[argv.index("--bootstrap-servers") + 1] == "k:9093" and argv[argv.index("--topic") + 1] == "clicks"
+    assert not any("kale" == a or "secret" in a for a in argv)  # no credential on a command line
+    with pytest.raises(KaleConfigError, match="CTR_PW is not set"):
+        settings.env()
+    monkeypatch.setenv("CTR_PW", "s3cret")
+    env = settings.env()
+    assert (env["KAFKA_SECURITY_PROTOCOL"], env["KAFKA_SASL_MECHANISM"], env["KAFKA_SASL_USERNAME"], env["KAFKA_SASL_PASSWORD"]) == (
+        "SASL_SSL", "SCRAM-SHA-512", "kale", "s3cret")
+    with pytest.raises(KaleConfigError, match="consumes one topic") as err:
+        TrainerSettings(KafkaSource("k:9093", ("clicks", "impressions"), "ctr"), "/tmp/ckpt")
+    assert err.value.field == "topics"
 
 
 @op

@@ -1,0 +1,31 @@
+"""Typed sensor cursors: a frozen dataclass that round-trips through the JSON string Dagster stores.
+
+Reading is lenient in the ways an upgrade needs: a key the dataclass no
+longer has is dropped, a missing key takes its default, and an empty or
+unreadable cursor starts fresh, so a sensor never crashes on a cursor
+written by another version.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from typing import Optional, TypeVar
+
+C = TypeVar("C", bound="JsonCursor")
+
+
+class JsonCursor:
+    """Mixin for ``@dataclass(frozen=True)`` cursors."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls: type[C], text: Optional[str]) -> C:
+        try:
+            data = json.loads(text) if text else {}
+        except ValueError:
+            data = {}
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data if isinstance(data, dict) else {}).items() if k in known})
