@@ -122,7 +122,7 @@ def consume_and_train(servers: str, topic: str) -> float:
         launcher.wait_warm()
         for _ in range(3):
             time.sleep(2.2)
-            rates.append(launcher.throughput()["total"])
+            rates.append((launcher.status().samples_per_s or 0.0))
     finally:
         launcher.stop()
     # The worker commits on stop: lag left means it never ran out of samples (its rate is its own speed).
@@ -165,7 +165,7 @@ def balancing(servers: str) -> None:
             time.sleep(8)  # warm-up
             for _ in range(5):
                 time.sleep(4.1)
-                extra.append(dict(launcher.throughput()["per_rank"]))
+                extra.append(launcher.per_rank_rates())
         finally:
             launcher.stop()
             stop.set()

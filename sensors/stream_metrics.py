@@ -1,24 +1,28 @@
-"""Stream-metrics sensor: record Kafka telemetry each tick, request a run on emergency lag.
+"""Stream-metrics sensor: record Kafka telemetry at every tick and, given a pipeline's control, decide.
 
 Modelled on dagster-dbt's polling sensor builder: a builder returns a
 ``SensorDefinition``; the cursor is a typed, JSON-serialisable dataclass;
 each tick is time-boxed and says why it skipped.
 
-A tick reads a snapshot through the ``KafkaStreamResource``, records it as
-an ``AssetObservation`` of the ``stream_metrics`` asset (figures as
-metadata), appends it to the metrics history and keeps the offsets in the
-cursor for the next tick's rates.  When the broker cannot be reached the
-tick skips with the reason, keeps its cursor and records nothing: no
-invented zero rate.  When time lag crosses ``emergency_lag_s`` it requests
-one run of ``emergency_job`` per episode (the run key names the episode's
-start), and re-arms once lag falls below the threshold.
+A tick reads a snapshot through the ``KafkaStreamResource``, converts it to
+the pipeline's time (``control.clock``: the identity unless a demo or a
+benchmark compresses time), records it as an ``AssetObservation`` of the
+``stream_metrics`` asset and in the metrics history, and keeps the offsets
+in the cursor for the next tick's rates.  When the broker cannot be
+reached the tick skips with the reason, keeps its cursor and records
+nothing: no invented zero rate, and no decision on missing data.
+
+With ``control`` (``definitions.control.PipelineControl``) the same tick
+runs the pipeline's controller on the reading: the decision is a
+``gpu_allocation`` materialization, a change a rescale ``RunRequest``, a
+stale forecast a refit ``RunRequest`` (see that module).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from dagster import (
     AssetKey,
@@ -26,7 +30,6 @@ from dagster import (
     DefaultSensorStatus,
     JobDefinition,
     MetadataValue,
-    RunRequest,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -34,38 +37,66 @@ from dagster import (
     sensor,
 )
 
+from kale_dagster.control.clock import PipelineClock
+from kale_dagster.control.controller import StreamReading
+from kale_dagster.model.types import PartitionOffsets
 from kale_dagster.stream.history import MetricsHistory
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, previous_from
 from sensors.cursor import JsonCursor
 
+if TYPE_CHECKING:
+    from kale_dagster.definitions.control import PipelineControl
+
 
 @dataclass(frozen=True)
 class StreamMetricsCursor(JsonCursor):
-    """What a tick hands to the next: the last offsets and the emergency episode, if any."""
+    """What a tick hands to the next: the last offsets (wall time) and the controller's memory."""
 
     time: Optional[float] = None
     offsets: dict = field(default_factory=dict)
-    emergency_since: Optional[float] = None
+    control: dict = field(default_factory=dict)
+    warned_partitions: bool = False
 
     def previous(self) -> Optional[PreviousOffsets]:
         return PreviousOffsets(self.time, self.offsets) if self.time is not None else None
 
 
-def snapshot_metadata(snap: StreamSnapshot) -> dict:
+def pipeline_figures(snap: StreamSnapshot, clock: PipelineClock) -> dict:
+    """The snapshot's figures in the pipeline's time: rates per pipeline second, time lag in pipeline seconds."""
+    figures = snap.metadata()
+    for name in ("arrival_rate", "consumption_rate"):
+        if figures[name] is not None:
+            figures[name] = clock.rate(figures[name])
+    figures["time_lag_s"] = clock.duration(figures["time_lag_s"])
+    return figures
+
+
+def snapshot_metadata(snap: StreamSnapshot, figures: dict) -> dict:
     def num(value):
         return MetadataValue.float(float(value)) if value is not None else MetadataValue.text("n/a (first snapshot)")
 
     return {
-        "arrival_rate": num(snap.arrival_rate),
-        "consumption_rate": num(snap.consumption_rate),
+        "arrival_rate": num(figures["arrival_rate"]),
+        "consumption_rate": num(figures["consumption_rate"]),
         "sample_lag": MetadataValue.int(int(snap.sample_lag)),
-        "time_lag_s": MetadataValue.float(float(snap.time_lag_s)),
+        "time_lag_s": MetadataValue.float(float(figures["time_lag_s"])),
         "time_lag_complete": MetadataValue.bool(snap.time_lag_complete),
         "end_offset_total": MetadataValue.int(int(snap.end_offset_total)),
         "committed_total": MetadataValue.int(int(snap.committed_total)),
         "partitions": MetadataValue.int(len(snap.partitions)),
         "snapshot_time": MetadataValue.timestamp(snap.time),
     }
+
+
+def reading_from(history: MetricsHistory, pipeline: str, now: float, snap: StreamSnapshot, figures: dict, rate_window_s: float) -> StreamReading:
+    """The controller's reading: rates averaged over the window (None on a first snapshot), lag now."""
+    arrival = consumption = None
+    if figures["arrival_rate"] is not None:
+        recent = history.stream(pipeline, start=now - rate_window_s)
+        arrival = float(recent["arrival_rate"].dropna().mean())
+        consumption = float(recent["consumption_rate"].dropna().mean()) if recent["consumption_rate"].notna().any() else 0.0
+    partitions = tuple(PartitionOffsets(p.partition, p.end_offset, p.committed) for p in snap.partitions)
+    return StreamReading(now, arrival, consumption, float(snap.sample_lag), figures["time_lag_s"], partitions)
 
 
 def build_stream_metrics_sensor(
@@ -75,30 +106,33 @@ def build_stream_metrics_sensor(
     history: Union[MetricsHistory, Callable[[], MetricsHistory]],
     stream_resource_key: str = "kale_stream",
     asset_key: Union[str, AssetKey] = "stream_metrics",
+    clock: PipelineClock = PipelineClock(),
     minimum_interval_seconds: int = 60,
     tick_timeout_s: float = 20.0,
-    emergency_lag_s: Optional[float] = None,
-    emergency_job: Optional[JobDefinition] = None,
-    workers: Optional[Callable[[], Optional[int]]] = None,
+    control: Optional["PipelineControl"] = None,
+    jobs: Sequence[JobDefinition] = (),
+    max_workers: Optional[int] = None,
+    plot_dir: Optional[Callable[[SensorEvaluationContext], str]] = None,
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
 ) -> SensorDefinition:
-    """Build the telemetry sensor for one pipeline.
+    """Build the telemetry (and, with ``control``, decision) sensor for one pipeline.
 
     ``history`` may be a factory so the database is opened on the first
-    tick, not at code-location load.  ``workers`` reports the current
-    allocation to store beside the figures.
+    tick, not at code-location load.  ``jobs`` are the jobs ``control`` may
+    request (rescale, refit).  ``max_workers`` above the topic's partition
+    count is warned about once (workers without a partition only train
+    forwarded samples).  ``plot_dir`` gives where decision plots are drawn.
     """
     key = AssetKey.from_coercible(asset_key)
-    if (emergency_lag_s is None) != (emergency_job is None):
-        raise ValueError("emergency_lag_s and emergency_job go together: set both or neither")
 
     @sensor(
         name=name,
         minimum_interval_seconds=minimum_interval_seconds,
         required_resource_keys={stream_resource_key},
-        job=emergency_job,
+        jobs=list(jobs) or None,
         default_status=default_status,
-        description=f"Records Kafka lag and arrival metrics of pipeline {pipeline!r} as observations of {key.to_user_string()}.",
+        description=f"Records Kafka lag and arrival metrics of pipeline {pipeline!r} as observations of {key.to_user_string()}"
+        + ("; decides its allocation at every reading." if control is not None else "."),
     )
     def _sensor(context: SensorEvaluationContext, **resources):
         # Direct invocation passes required resources as keyword arguments,
@@ -109,29 +143,33 @@ def build_stream_metrics_sensor(
         try:
             snap = stream.snapshot(previous=cursor.previous(), fetch_timeout_s=max(tick_timeout_s / 2, 1.0))
         except Exception as exc:  # broker down, auth failure, timeout: skip, keep the cursor
-            return SkipReason(f"could not read the stream at {stream.bootstrap_servers} ({type(exc).__name__}: {exc}); cursor kept, nothing recorded")
+            return SkipReason(f"could not read the stream at {stream.bootstrap_servers} ({type(exc).__name__}: {exc}); cursor kept, nothing recorded, nothing decided")
         if time.monotonic() - started > tick_timeout_s:
             return SkipReason(f"snapshot took {time.monotonic() - started:.1f} s, over the {tick_timeout_s:.0f} s tick budget; nothing recorded")
 
         store = history() if callable(history) else history
-        store.append_stream(pipeline, snap.time, snap.metadata(), workers=workers() if workers else None)
-        emergency_since = cursor.emergency_since
-        run_requests = []
-        if emergency_lag_s is not None:
-            if snap.time_lag_s > emergency_lag_s:
-                if emergency_since is None:
-                    emergency_since = snap.time
-                    run_requests.append(
-                        RunRequest(
-                            run_key=f"{pipeline}-emergency-{int(emergency_since)}",
-                            tags={"kale/pipeline": pipeline, "kale/trigger": "emergency-lag", "kale/time_lag_s": f"{snap.time_lag_s:.0f}"},
-                        )
-                    )
-            else:
-                emergency_since = None
-        new_cursor = StreamMetricsCursor(snap.time, previous_from(snap).offsets, emergency_since)
-        observation = AssetObservation(asset_key=key, metadata=snapshot_metadata(snap))
-        return SensorResult(run_requests=run_requests, asset_events=[observation], cursor=new_cursor.to_json())
+        now = clock.at(snap.time)
+        figures = pipeline_figures(snap, clock)
+        store.append_stream(pipeline, now, figures)
+        observation_meta = snapshot_metadata(snap, figures)
+        warned = cursor.warned_partitions
+        if max_workers is not None and len(snap.partitions) < max_workers:
+            observation_meta["warning"] = MetadataValue.text(
+                f"max_workers {max_workers} exceeds the {len(snap.partitions)} partitions: workers without a partition only train forwarded samples")
+            if not warned:
+                context.log.warning(observation_meta["warning"].value)
+                warned = True
+        events, requests, control_cursor = [AssetObservation(asset_key=key, metadata=observation_meta)], [], cursor.control
+        if control is not None:
+            from kale_dagster.definitions.control import ControlCursor
+
+            reading = reading_from(store, pipeline, now, snap, figures, control.controller.settings.rate_window_s)
+            result = control.tick(context.instance, reading, ControlCursor(**cursor.control), plot_dir(context) if plot_dir else None)
+            store.append_stream(pipeline, now, figures, workers=result.events[0].metadata["running_workers"].value)
+            events += result.events
+            requests = result.run_requests
+            control_cursor = asdict(result.cursor)
+        new_cursor = StreamMetricsCursor(snap.time, previous_from(snap).offsets, control_cursor, warned)
+        return SensorResult(run_requests=requests, asset_events=events, cursor=new_cursor.to_json())
 
     return _sensor
-

@@ -1,35 +1,151 @@
-"""`kale demo` as the README runs it: starts everything, shows a status line, stops cleanly."""
+"""`kale demo` as the README runs it, checked while it runs and when it stops.
+
+One demo (a day compressed into a few minutes) serves both tests of this
+module.  While it runs, headless Chromium renders the Dagster UI and the
+test reads the same instance and trainer service the demo uses: Dagster is
+the only controller (its latest decision is what the launcher runs), a
+rescale run requested by the metrics sensor succeeded, the forecast is
+Prophet's, and no run failed.  Then Ctrl-C stops everything cleanly.
+Screenshots land in artifacts/ui/.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
 from kale_dagster.stream.broker import free_loopback_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts" / "ui"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+LOCATION = "kale_dagster.demo.definitions"
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def test_demo_runs_and_stops_cleanly_on_ctrl_c(tmp_path):
-    port = free_loopback_port()
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """A running `kale demo`: its process, Dagster home and UI port; stopped after the module."""
+    cwd = tmp_path_factory.mktemp("demo")
+    ui_port, broker_port = free_loopback_port(), free_loopback_port()
+    out = cwd / "demo.out"  # a file, not a pipe: an unread pipe would fill up and block the status line
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kale_dagster.cli", "demo", "--no-dagster", "--port", str(port), "--day-minutes", "6"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [sys.executable, "-m", "kale_dagster.cli", "demo", "--day-minutes", "5", "--max-minutes", "8",
+         "--port", str(broker_port), "--ui-port", str(ui_port)],
+        cwd=cwd, stdout=open(out, "w"), stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    try:
-        time.sleep(45)
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
+    home = cwd / ".kale" / "demo-home"
+    yield {"proc": proc, "home": home, "ui_port": ui_port, "out": out}
+    if proc.poll() is None:  # a test failed before stopping it: Ctrl-C first, so it stops what it started
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _get(url: str):
+    """The JSON an HTTP GET answers, or None while nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _chromium(url: str, *args: str) -> str:
+    profile = tempfile.mkdtemp(prefix="kale-chromium-")
+    try:
+        proc = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}", "--virtual-time-budget=20000",
+             "--window-size=1600,1000", *args, url],
+            capture_output=True, text=True, timeout=120,
+        )
+        return proc.stdout
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _page(url: str, shot: str) -> str:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    _chromium(url, f"--screenshot={ARTIFACTS / shot}")
+    return _chromium(url, "--dump-dom")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (bash .ci/install installs it)")
+def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
+    from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+
+    home, port = demo["home"], demo["ui_port"]
+    _wait(lambda: _get(f"http://127.0.0.1:{port}/server_info") is not None, 240, "dagster dev to answer")
+    trainer_url = json.loads((home / "kale" / "demo.json").read_text())["trainer_url"]
+    instance = DagsterInstance.from_config(str(home))
+    try:
+        def rescaled_by_the_sensor():
+            runs = instance.get_run_records(RunsFilter(job_name="demo_rescale", statuses=[DagsterRunStatus.SUCCESS]))
+            return [r for r in runs if r.dagster_run.tags.get("dagster/sensor_name") == "demo_stream_metrics"]
+
+        runs = _wait(rescaled_by_the_sensor, 360, "a rescale run requested by the metrics sensor to succeed")
+        assert runs[0].dagster_run.tags["kale/target_workers"]
+        forecast = _wait(lambda: instance.get_latest_materialization_event(AssetKey(["demo", "traffic_forecast"])), 60, "a forecast")
+        meta = forecast.asset_materialization.metadata
+        assert meta["model"].value == "prophet" and meta["fallback"].value == "none" and meta["seeded_points"].value > 0
+        assert "data:image/png;base64" in meta["plot"].value
+
+        def decision_matches_what_runs():
+            status = _get(f"{trainer_url}/status")
+            decision = instance.get_latest_materialization_event(AssetKey(["demo", "gpu_allocation"])).asset_materialization.metadata
+            return status and not status["rescaling"] and decision["workers"].value == status["workers"] == decision["running_workers"].value
+
+        _wait(decision_matches_what_runs, 120, "the latest decision to equal the workers the launcher runs")
+        assert not instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE])), "a run failed during the demo"
+
+        graph = _page(f"http://127.0.0.1:{port}/locations/{LOCATION}/asset-groups/demo", "asset_graph.png")
+        for asset in ("stream_metrics", "traffic_forecast", "throughput_model", "gpu_allocation", "policy_backtest"):
+            assert asset in graph, f"{asset} not on the asset graph page"
+        _page(f"http://127.0.0.1:{port}/assets/demo/gpu_allocation", "gpu_allocation.png")
+        _page(f"http://127.0.0.1:{port}/assets/demo/traffic_forecast", "traffic_forecast.png")
+        automation = _page(f"http://127.0.0.1:{port}/overview/automation", "automation.png")
+        assert "demo_stream_metrics" in automation and "demo_run_failure" in automation
+        run_list = _page(f"http://127.0.0.1:{port}/runs", "runs.png")
+        assert "demo_rescale" in run_list and "demo_refit" in run_list
+        assert (ARTIFACTS / "asset_graph.png").stat().st_size > 10_000
+    finally:
+        instance.dispose()
+
+
+def test_demo_shows_dagsters_decisions_and_stops_cleanly_on_ctrl_c(demo):
+    proc = demo["proc"]
+    _wait(lambda: (demo["home"] / "kale" / "demo.json").is_file(), 240, "the demo to start")
+    time.sleep(20)  # a few status lines
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends
+    proc.wait(timeout=120)
+    out = demo["out"].read_text()
     assert proc.returncode == 0, out[-3000:]
-    assert "EMULATING one GPU" in out
-    assert "workers" in out and "lag" in out and "training" in out
-    assert "summary: {" in out
+    assert "EMULATING one GPU" in out and "time scale 288x" in out
+    assert "Dagster decided:" in out and "lag" in out and "training" in out
+    summary = json.loads(out.split("summary: ", 1)[1].splitlines()[0].replace("'", '"'))
+    assert summary["decisions"] > 0 and summary["failed_runs"] == 0

@@ -111,6 +111,15 @@ def test_fallback_drains_a_large_backlog():
     assert d.policy == "kale/fallback"
 
 
+def test_fallback_restarts_a_job_that_cannot_keep_up_even_when_twice_the_slo_is_too_short_to_repay_it():
+    # Our own case, from a demo run: 2 workers take 1.39/s of 2/s arrivals, 3.7 h of backlog, a 16.6-min restart.
+    # Within 2 x SLO the restart does not pay back (keeping 2 holds the lag near 220 min while 5 workers
+    # first stop for the restart); over the time 5 workers take to clear the backlog it does, many times.
+    policy = KalePolicy(ThroughputModel.linear(200 / 288), KaleConfig(max_workers=5, slo_s=1200, restart_s=998))
+    d = policy.decide(_obs(workers=2, rate=2.0, backlog=17_873, lag=220.9 * 60))
+    assert (d.workers, d.policy) == (5, "kale/fallback")
+
+
 def test_fallback_keeps_a_draining_job_rather_than_pause_it():
     # 4 workers already drain the backlog; a 10-minute restart would push lag past the SLO.
     policy = KalePolicy(LINEAR, KaleConfig(slo_s=1200))

@@ -224,7 +224,7 @@ def test_rescale_job_applies_the_allocation_once(monkeypatch, tmp_path):
     defs = build_definitions(p)
     repo = defs.get_repository_def()
     assert {"ctr_rescale"} <= {j.name for j in repo.get_all_jobs()}
-    assert "ctr_allocation_changed" in {s.name for s in repo.sensor_defs}
+    assert "ctr_stream_metrics" in {s.name for s in repo.sensor_defs}
     with instance_for_test() as instance:
         instance.report_runless_asset_event(AssetMaterialization(AssetKey(["ctr", "gpu_allocation"]), metadata={"workers": 5, "reason": "forecast peak"}))
         job = defs.resolve_job_def("ctr_rescale")

@@ -10,6 +10,7 @@ from dagster import AssetKey, AssetMaterialization, instance_for_test
 
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline, build_definitions
 from kale_dagster.launchers import RescaleRecord
+from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.launchers.service import LauncherService, LocalLauncherConfig, LocalTrainerClient
 
 
@@ -28,8 +29,8 @@ class RecordingLauncher:
         self.records.append(record)
         return record
 
-    def throughput(self):
-        return {"workers": self.workers, "per_rank": {}, "total": 0.0, "emulated": True}
+    def status(self):
+        return LauncherStatus(workers=self.workers, downtimes_s=tuple(r.downtime_s for r in self.records))
 
 
 @pytest.fixture
@@ -92,24 +93,6 @@ def test_rescale_job_drives_the_local_trainer(service, tmp_path):
         assert not result.success
 
 
-def test_allocation_sensor_requests_one_run_per_change(tmp_path):
-    from dagster import RunRequest, SkipReason, build_sensor_context
-
-    p = OnlineTrainingPipeline(name="demo", source=KafkaSource("127.0.0.1:9092", ("samples",), "g"), history_url=f"sqlite:///{tmp_path / 'm.db'}")
-    sensor = {s.name: s for s in build_definitions(p).get_repository_def().sensor_defs}["demo_allocation_changed"]
-    key = AssetKey(["demo", "gpu_allocation"])
-    with instance_for_test() as instance:
-        assert isinstance(sensor(build_sensor_context(instance=instance)), SkipReason)
-        instance.report_runless_asset_event(AssetMaterialization(key, metadata={"workers": 3}))
-        ctx = build_sensor_context(instance=instance)
-        first = sensor(ctx)
-        assert isinstance(first, RunRequest) and first.tags["kale/target_workers"] == "3"
-        assert isinstance(sensor(build_sensor_context(instance=instance, cursor=ctx.cursor)), SkipReason)
-        instance.report_runless_asset_event(AssetMaterialization(key, metadata={"workers": 5}))
-        again = sensor(build_sensor_context(instance=instance, cursor=ctx.cursor))
-        assert isinstance(again, RunRequest) and again.run_key != first.run_key
-
-
 @pytest.mark.integration
 def test_failed_rescale_is_recorded_on_the_allocation(tmp_path):
     from dagster import DagsterEventType, build_run_status_sensor_context
@@ -132,7 +115,7 @@ def test_failed_rescale_is_recorded_on_the_allocation(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_trainer_serve_rescales_real_workers_and_records_throughput(kafka_broker, tmp_path):
+def test_trainer_serve_rescales_real_workers_and_reports_their_throughput(kafka_broker, tmp_path):
     import os
     import signal
     import subprocess
@@ -141,17 +124,18 @@ def test_trainer_serve_rescales_real_workers_and_records_throughput(kafka_broker
     import pandas as pd
 
     from kale_dagster.stream.broker import free_loopback_port
-    from kale_dagster.stream.history import MetricsHistory
-    from kale_dagster.stream.producer import ReplaySettings, replay
+    from kale_dagster.stream.producer import ReplaySettings, ensure_topic, replay_in_background
 
     servers = kafka_broker.bootstrap_servers
-    replay(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 400.0}),
-           ReplaySettings(topic="s", partitions=2), max_wall_s=3)
-    port, db = free_loopback_port(), f"sqlite:///{tmp_path / 'm.db'}"
+    ensure_topic(servers, "s", 2)
+    # More than two workers capped at 100 samples/s can take: they stay busy throughout.
+    stop = threading.Event()
+    producer = replay_in_background(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 300.0}),
+                                    ReplaySettings(topic="s", partitions=2), stop, max_wall_s=120)
+    port = free_loopback_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kale_dagster.cli", "trainer", "serve", "--bootstrap-servers", servers, "--topic", "s", "--group-id", "g",
-         "--checkpoint-dir", str(tmp_path / "ckpt"), "--workers", "1", "--emulate-gpu-rate", "100", "--port", str(port),
-         "--pipeline", "demo", "--history-url", db],
+         "--checkpoint-dir", str(tmp_path / "ckpt"), "--workers", "1", "--emulate-gpu-rate", "100", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     try:
@@ -166,12 +150,16 @@ def test_trainer_serve_rescales_real_workers_and_records_throughput(kafka_broker
         record = client.rescale(2, reason="test")
         assert record.to_workers == 2 and record.downtime_s < 30
         time.sleep(6)  # two metrics windows
+        status = client.status()
+        assert (status.workers, status.reported, status.rescaling, status.emulated) == (2, 2, False, True)
+        assert 0 < status.samples_per_s <= 2 * 100 * 1.05 and 0 < status.busy_share <= 1  # capped at the EMULATED rate
+        assert status.downtimes_s[-1] == pytest.approx(record.downtime_s)
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:
+        stop.set()
+        producer.join()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, out[-2000:]
-    measured = MetricsHistory(db).throughput("demo")
-    assert not measured.empty and set(measured["workers"]) <= {1, 2} and measured["emulated"].all()

@@ -28,8 +28,9 @@ def _pipeline(name, servers="127.0.0.1:9092", history_url=None, **kw):
 def test_several_pipelines_without_clashes():
     defs = build_definitions(_pipeline("a"), _pipeline("b"))
     repo = defs.get_repository_def()
-    assert {"a_plan", "b_plan", "a_allocate", "b_allocate"} <= {j.name for j in repo.get_all_jobs()}
-    assert {s.name for s in repo.sensor_defs} == {"a_stream_metrics", "b_stream_metrics", "a_allocation_changed", "b_allocation_changed", "a_run_failure", "b_run_failure"}
+    assert {"a_refit", "b_refit", "a_decide", "b_decide", "a_rescale", "b_backtest"} <= {j.name for j in repo.get_all_jobs()}
+    assert {s.name for s in repo.sensor_defs} == {"a_stream_metrics", "b_stream_metrics", "a_run_failure", "b_run_failure"}
+    assert {s.name for s in repo.schedule_defs} == {"a_backtest_schedule", "b_backtest_schedule"}
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert {"a/gpu_allocation", "b/traffic_forecast", "b/stream_metrics"} <= keys
     with pytest.raises(KaleConfigError, match="unique"):
@@ -47,8 +48,14 @@ def test_pipeline_config_errors(kwargs, field):
     assert err.value.field == field
 
 
-def test_plan_job_materializes_forecast_and_allocation(kafka_broker, tmp_path):
-    p = _pipeline("demo", servers=kafka_broker.bootstrap_servers, history_url=f"sqlite:///{tmp_path / 'm.db'}")
+def test_refit_and_decide_jobs_materialize_forecast_and_allocation(kafka_broker, tmp_path):
+    from kale_dagster import LocalLauncherConfig
+    from kale_dagster.launchers.service import LauncherService
+
+    from test_local_service import RecordingLauncher
+
+    service = LauncherService(RecordingLauncher(workers=2), port=0).start()
+    p = _pipeline("demo", servers=kafka_broker.bootstrap_servers, history_url=f"sqlite:///{tmp_path / 'm.db'}", launcher=LocalLauncherConfig(service.url))
     history = p.history()
     # Three days of recorded arrivals (what the metrics sensor writes each minute), ending now.
     trace = synth_trace(days=3, seed=5, step_s=300, peak_rate=600)
@@ -59,30 +66,38 @@ def test_plan_job_materializes_forecast_and_allocation(kafka_broker, tmp_path):
     history.append_stream("demo", now + 1, {"arrival_rate": float(trace.value.iloc[-1] / 300), "consumption_rate": 150.0, "sample_lag": 9000, "time_lag_s": 60.0})
 
     defs = build_definitions(p)
-    with instance_for_test() as instance:
-        result = defs.resolve_job_def("demo_plan").execute_in_process(instance=instance)
-        assert result.success
-        fc_meta = result.asset_materializations_for_node("demo__traffic_forecast")[0].metadata
-        assert fc_meta["model"].value == "prophet"
-        assert fc_meta["fallback"].value == "none"
-        assert "data:image/png;base64" in fc_meta["plot"].value
-        assert fc_meta["holdout_smape"].value < 0.5
-        alloc = result.asset_materializations_for_node("demo__gpu_allocation")[0].metadata
-        assert 1 <= alloc["workers"].value <= 8
-        assert alloc["reason"].value
-        assert alloc["policy"].value.startswith("kale")
-        assert "data:image/png;base64" in alloc["plot"].value
-        decision = result.output_for_node("demo__gpu_allocation")
-        assert decision["workers"] == alloc["workers"].value and len(decision["plan"]) == 12
-        checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
-        assert checks["lag_within_slo"].passed  # 60 s of lag, 20-minute SLO
-        assert "forecast_beats_seasonal_naive" in checks
+    try:
+        with instance_for_test() as instance:
+            result = defs.resolve_job_def("demo_refit").execute_in_process(instance=instance)
+            assert result.success
+            fc_meta = result.asset_materializations_for_node("demo__traffic_forecast")[0].metadata
+            assert fc_meta["model"].value == "prophet"
+            assert fc_meta["fallback"].value == "none"
+            assert "data:image/png;base64" in fc_meta["plot"].value
+            assert fc_meta["holdout_smape"].value < 0.5
+            assert fc_meta["fitted_at"].value == pytest.approx(time.time(), abs=120)
+            assert history.latest_forecaster("demo") is not None  # the fit the controller re-anchors
+            model_meta = result.asset_materializations_for_node("demo__throughput_model")[0].metadata
+            assert model_meta["source"].value == "prior" and model_meta["model"].value["form"] == "async"
 
-        backtest = defs.resolve_job_def("demo_backtest").execute_in_process(instance=instance)
-        assert backtest.success
-        meta = backtest.asset_materializations_for_node("demo__policy_backtest")[0].metadata
-        assert "| kale |" in meta["results"].value and "| hpa |" in meta["results"].value
-        assert meta["days_replayed"].value == pytest.approx(3.0, abs=0.01)
-        results = backtest.output_for_node("demo__policy_backtest")
-        assert results["static"]["rescales"] == 0 and results["kale"]["gpu_hours"] > 0
-    history.dispose()
+            decided = defs.resolve_job_def("demo_decide").execute_in_process(instance=instance)
+            assert decided.success
+            alloc = decided.asset_materializations_for_node("demo__gpu_allocation")[0].metadata
+            assert 1 <= alloc["workers"].value <= 8 and alloc["running_workers"].value == 2
+            assert alloc["reason"].value and alloc["policy"].value.startswith("kale")
+            assert alloc["forecast"].value == "prophet" and alloc["throughput_model"].value == "prior"
+            decision = decided.output_for_node("demo__gpu_allocation")
+            assert decision["workers"] == alloc["workers"].value and len(decision["plan"]) == 12
+            checks = {c.check_name: c for c in decided.get_asset_check_evaluations()}
+            assert checks["lag_within_slo"].passed  # 60 s of lag, 20-minute SLO
+
+            backtest = defs.resolve_job_def("demo_backtest").execute_in_process(instance=instance)
+            assert backtest.success
+            meta = backtest.asset_materializations_for_node("demo__policy_backtest")[0].metadata
+            assert "| kale |" in meta["results"].value and "| hpa |" in meta["results"].value
+            assert meta["days_replayed"].value == pytest.approx(3.0, abs=0.01)
+            results = backtest.output_for_node("demo__policy_backtest")
+            assert results["static"]["rescales"] == 0 and results["kale"]["gpu_hours"] > 0
+    finally:
+        service.close()
+        history.dispose()

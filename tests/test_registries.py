@@ -105,23 +105,31 @@ def test_cli_lists_and_runs_a_registered_policy(toy, tmp_path, capsys):
 
 @pytest.mark.integration
 def test_dagster_decision_uses_a_registered_policy_and_keeps_its_state(toy, tmp_path):
-    from dagster import AssetKey, instance_for_test, materialize
+    from dagster import instance_for_test
 
-    from kale_dagster.definitions.assets import pipeline_assets
+    from kale_dagster import LocalLauncherConfig, build_definitions
+    from kale_dagster.launchers.service import LauncherService
 
+    from test_local_service import RecordingLauncher
+
+    service = LauncherService(RecordingLauncher(workers=3), port=0).start()
     p = OnlineTrainingPipeline(name="p", source=KafkaSource("127.0.0.1:9092", ("t",), "g"), policy="toy", max_workers=6,
-                               forecaster="ewma", history_url=f"sqlite:///{tmp_path / 'm.db'}")
+                               forecaster="ewma", history_url=f"sqlite:///{tmp_path / 'm.db'}", launcher=LocalLauncherConfig(service.url))
     history = p.history()
     now = time.time()
     for i, rate in enumerate(np.full(30, 200.0)):
         history.append_stream("p", now - (29 - i) * 60, {"arrival_rate": rate, "consumption_rate": rate, "sample_lag": 0, "time_lag_s": 1.0, "partitions": 4})
     history.dispose()
-    with instance_for_test() as instance:
-        for decision in (1, 2):
-            result = materialize(pipeline_assets(p), instance=instance, selection=[AssetKey(["p", k]) for k in ("traffic_forecast", "throughput_model", "gpu_allocation")])
-            meta = result.asset_materializations_for_node("p__gpu_allocation")[0].metadata
-            assert meta["workers"].value == 3 and meta["policy"].value == "toy"
-            assert meta["reason"].value == f"half of the maximum (decision {decision})"  # state restored from the last decision
+    defs = build_definitions(p)
+    try:
+        with instance_for_test() as instance:
+            for decision in (1, 2):
+                result = defs.resolve_job_def("p_decide").execute_in_process(instance=instance)
+                meta = result.asset_materializations_for_node("p__gpu_allocation")[0].metadata
+                assert meta["workers"].value == 3 and meta["policy"].value == "toy"
+                assert meta["reason"].value == f"half of the maximum (decision {decision})"  # state restored from the last decision
+    finally:
+        service.close()
 
 
 # --- layering --------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import signal
 import threading
 
@@ -11,27 +12,27 @@ from kale_dagster.demo.run import DemoSettings, run_demo
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="live demo: embedded broker, compressed diurnal day, torch trainer on emulated GPUs kept sized by Kale, Dagster UI",
+        help="live demo: embedded broker, compressed diurnal day, torch trainer on emulated GPUs kept sized by Kale through Dagster",
         description="Starts the embedded broker, a producer replaying one synthetic day of CTR samples compressed into "
-        "--day-minutes, torch trainer workers each EMULATING one GPU, the Kale control loop and `dagster dev` "
-        "on 127.0.0.1:3000. Ctrl-C stops every process.",
+        "--day-minutes, torch trainer workers each EMULATING one GPU, and `dagster dev` on 127.0.0.1:3000, whose "
+        "sensors, assets and rescale runs keep the workers sized. Ctrl-C stops every process.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--day-minutes", type=float, default=15.0, help="wall minutes for one day (default 15)")
+    parser.add_argument("--day-minutes", type=float, default=30.0, help="wall minutes for one day")
     parser.add_argument("--max-minutes", type=float, default=None, help="stop after this many wall minutes")
-    parser.add_argument("--no-dagster", action="store_true", help="do not start dagster dev")
-    parser.add_argument("--port", type=int, default=9092, help="broker port on 127.0.0.1 (default 9092)")
-    parser.add_argument("--ui-port", type=int, default=3000, help="Dagster UI port on 127.0.0.1 (default 3000)")
+    parser.add_argument("--port", type=int, default=9092, help="broker port on 127.0.0.1")
+    parser.add_argument("--ui-port", type=int, default=3000, help="Dagster UI port on 127.0.0.1")
     parser.set_defaults(handler=run)
 
 
 def run(args) -> int:
     from kale_dagster.errors import CommandError
 
-    if args.day_minutes <= 0:
-        raise CommandError("--day-minutes must be > 0")
+    if not 1.44 <= args.day_minutes <= 1440:
+        raise CommandError("--day-minutes must be in [1.44, 1440] (a time scale of 1000x to 1x)")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    settings = DemoSettings(day_minutes=args.day_minutes, dagster=not args.no_dagster, port=args.port, ui_port=args.ui_port)
+    settings = DemoSettings(day_minutes=args.day_minutes, port=args.port, ui_port=args.ui_port)
     run_demo(settings, stop=stop, max_wall_s=args.max_minutes * 60 if args.max_minutes else None)
     return 0

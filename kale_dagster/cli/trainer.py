@@ -7,7 +7,6 @@ import threading
 
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
-from kale_dagster.stream.history import MetricsHistory
 from kale_dagster.stream.source import KafkaSource
 
 
@@ -28,8 +27,6 @@ def register(subparsers) -> None:
     serve.add_argument("--batch-size", type=int, default=256)
     serve.add_argument("--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap each worker at this many samples/s")
     serve.add_argument("--port", type=int, default=8765)
-    serve.add_argument("--pipeline", default=None, help="record measured throughput for this pipeline's throughput_model (metrics history)")
-    serve.add_argument("--history-url", default=None, help="SQLAlchemy URL of the metrics history (default: $KALE_HISTORY_URL or SQLite under $DAGSTER_HOME)")
     serve.set_defaults(handler=run_serve)
 
 
@@ -44,11 +41,8 @@ def run_serve(args) -> int:
     try:
         record = launcher.start(args.workers)
         print(f"{args.workers} workers training (first step after {record.downtime_s:.1f} s); rescale API at {service.url}", flush=True)
-        history = MetricsHistory(args.history_url) if args.pipeline else None
         while not stop.wait(2.0):
             launcher.supervise_once()
-            if history is not None:
-                launcher.record_throughput(history, args.pipeline)
     finally:
         service.close()
         launcher.stop()

@@ -8,43 +8,33 @@ Asset graph per pipeline (keys prefixed by the pipeline name):
     throughput_model -> policy_backtest
 
 ``gpu_allocation`` is the decision: workers now, the stabilized plan, the
-policy that acted and why.  The rescale job (``jobs``) applies it.
+policy that acted and why.  The metrics sensor materializes it at every
+reading (``definitions.control``); materializing it by hand decides once
+more, the same way.  The rescale job (``jobs``) applies it.  Times are the
+pipeline's (``control.clock``).
 """
 
 
-import base64
 import time
-from typing import Optional
 
 import numpy as np
 import pandas as pd
 from dagster import AssetExecutionContext, AssetIn, AssetKey, AssetsDefinition, AssetSpec, MetadataValue, Output, asset
 
+from kale_dagster.control.controller import StreamReading
+from kale_dagster.definitions.control import PipelineControl
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
+from kale_dagster.definitions.plots import png_markdown
 from kale_dagster.forecast import make_forecaster
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape
 from kale_dagster.forecast.history import infer_step_s, prepare_history
 from kale_dagster.forecast.naive import DAY_S, WEEK_S
 from kale_dagster.model.throughput import ThroughputModel
-from kale_dagster.model.types import Observation
 from kale_dagster.policies import POLICIES
 
-#: Stream metrics older than this are not "current" for a decision.
+#: Stream metrics older than this (pipeline seconds) are not "current" for a decision.
 STALE_METRICS_S = 600.0
-
-
-def png_markdown(fig_path) -> MetadataValue:
-    data = base64.b64encode(open(fig_path, "rb").read()).decode()
-    return MetadataValue.md(f"![plot](data:image/png;base64,{data})")
-
-
-def latest_metadata(instance, key: AssetKey) -> dict:
-    """Metadata of the asset's latest materialization (its last decision, its last accuracy)."""
-    event = instance.get_latest_materialization_event(key)
-    if event is None or event.asset_materialization is None:
-        return {}
-    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
 
 def plot_path(context: AssetExecutionContext, p: OnlineTrainingPipeline, what: str) -> str:
@@ -83,14 +73,19 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
     def traffic_forecast(context: AssetExecutionContext) -> Output:
         from kale_dagster.definitions.plots import plot_forecast
 
-        history = p.history().arrival_history(p.name)
+        store = p.history()
+        recorded = store.stream(p.name)
+        history = store.arrival_history(p.name)
         if len(history) < 2:
             raise RuntimeError(f"no arrival-rate history for pipeline {p.name!r} yet: is the {p.name}_stream_metrics sensor running?")
-        started = time.perf_counter()
+        started, fitted_at = time.perf_counter(), p.clock.now()
         clean = prepare_history(history)
         step_s = infer_step_s(clean["timestamp"])
+        steps = max(1, int(round(p.forecast_horizon_minutes * 60 / step_s)))
         model = make_forecaster(p.forecaster, horizon_s=p.forecast_horizon_minutes * 60).fit(clean)
-        fc = model.predict(max(1, int(round(p.forecast_horizon_minutes * 60 / step_s))))
+        fc = model.predict(steps)
+        # The controller re-anchors this fit on fresh metrics at every reading until the next refit.
+        store.save_forecaster(p.name, fitted_at, {"model": model, "steps": steps})
         if getattr(model, "holdout_smape", None) is not None and not fc.fallback:
             fc.extras["holdout_smape"] = model.holdout_smape
         fit_s = time.perf_counter() - started
@@ -99,9 +94,11 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
         metadata = {
             "model": fc.model,
             "fallback": fc.fallback or "none",
+            "fitted_at": fitted_at,
             "horizon_minutes": p.forecast_horizon_minutes,
             "fit_seconds": round(fit_s, 3),
             "history_points": len(history),
+            "seeded_points": int(recorded["seeded"].fillna(False).astype(bool).sum()),
             "peak_forecast": float(fc.upper.max()),
             "plot": png_markdown(png),
             **{k: float(v) for k, v in figures.items()},
@@ -115,7 +112,7 @@ def throughput_model_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
     @asset(key=p.key("throughput_model"), group_name=p.name,
            description="Resource-throughput model F(w) fitted by NNLS on measured worker throughput; the configured prior until enough worker counts were measured.")
     def throughput_model(context: AssetExecutionContext) -> Output:
-        measured = p.history().throughput(p.name, start=time.time() - 7 * DAY_S)
+        measured = p.history().throughput(p.name, start=p.clock.now() - 7 * DAY_S)
         form = "sync" if p.global_batch else "async"
         need = 4 if form == "sync" else 3
         model, source = p.throughput_prior, "prior"
@@ -124,6 +121,7 @@ def throughput_model_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             source = "fitted"
         metadata = {
             "source": source,
+            "model": MetadataValue.json(model.to_dict()),
             "formula": model.describe(),
             "measurements": len(measured),
             "distinct_worker_counts": int(measured["workers"].nunique()),
@@ -139,69 +137,32 @@ def throughput_model_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
     return throughput_model
 
 
-def gpu_allocation_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
-    allocation_key = AssetKey(p.key("gpu_allocation"))
-
-    @asset(key=allocation_key, group_name=p.name,
-           ins={"forecast": AssetIn(key=AssetKey(p.key("traffic_forecast"))), "model": AssetIn(key=AssetKey(p.key("throughput_model")))},
-           description="Workers to run now, the stabilized plan, the policy that acted and why.")
-    def gpu_allocation(context: AssetExecutionContext, forecast: Forecast, model: ThroughputModel) -> Output:
-        from kale_dagster.definitions.plots import plot_allocation
-
-        previous = latest_metadata(context.instance, allocation_key)
-        obs, partitions = current_observation(p, forecast, previous)
-        policy = POLICIES.build(p.policy, p.sizing(model, partitions))
-        policy.load_state(previous.get("policy_state") or {})
-        decision = policy.decide(obs)
-        value = {
-            "workers": decision.workers,
-            "plan": list(decision.plan),
-            "plan_step_s": decision.plan_step_s,
-            "policy": decision.policy,
-            "reason": decision.reason,
-            "advisory": p.advisory,
-            "time": obs.time,
-        }
-        recent = p.history().stream(p.name, start=obs.time - 2 * DAY_S)
-        plan_times = pd.to_datetime(obs.time + decision.plan_step_s * np.arange(len(decision.plan)), unit="s", utc=True)
-        png = plot_allocation(recent, plan_times, list(decision.plan), p.slo_minutes, plot_path(context, p, "allocation"),
-                              title=f"{p.name}: {decision.workers} workers ({decision.policy})")
-        metadata = {
-            "workers": decision.workers,
-            "previous_workers": obs.workers,
-            "plot": png_markdown(png),
-            "policy": decision.policy,
-            "reason": MetadataValue.text(decision.reason),
-            "plan": MetadataValue.json({"step_minutes": decision.plan_step_s / 60, "workers": list(decision.plan)}),
-            "time_lag_s": obs.time_lag_s,
-            "arrival_rate": obs.arrival_rate,
-            "advisory": p.advisory,
-            "policy_state": MetadataValue.json(policy.state()),
-        }
+def gpu_allocation_asset(p: OnlineTrainingPipeline, control: PipelineControl) -> AssetsDefinition:
+    @asset(key=p.key("gpu_allocation"), group_name=p.name,
+           deps=[AssetKey(p.key(k)) for k in ("stream_metrics", "traffic_forecast", "throughput_model")],
+           description="Workers to run now, the stabilized plan, the policy that acted and why. "
+           "The metrics sensor decides at every reading; materializing it decides once more from the latest metrics.")
+    def gpu_allocation(context: AssetExecutionContext) -> Output:
+        step, metadata = control.decide(context.instance, latest_reading(p, control.controller.settings.rate_window_s))
+        decision = step.decision
+        value = {"workers": decision.workers, "plan": list(decision.plan), "plan_step_s": decision.plan_step_s,
+                 "policy": decision.policy, "reason": decision.reason, "advisory": p.advisory, "time": metadata["time"]}
         return Output(value, metadata=metadata)
 
     return gpu_allocation
 
 
-def current_observation(p: OnlineTrainingPipeline, forecast: Optional[Forecast], previous: dict) -> tuple[Observation, Optional[int]]:
-    """The policy's view now (latest stream metrics, current workers, the forecast) and the partition count."""
-    now = time.time()
-    latest = p.history().stream(p.name, start=now - STALE_METRICS_S)
-    workers = int(previous.get("workers") or p.min_workers)
+def latest_reading(p: OnlineTrainingPipeline, rate_window_s: float) -> StreamReading:
+    """The latest recorded stream metrics as a reading (what the last sensor tick saw)."""
+    now = p.clock.now()
+    latest = p.history().stream(p.name, start=now - max(STALE_METRICS_S, rate_window_s))
     if latest.empty:
         raise RuntimeError(f"no stream metrics for {p.name!r} in the last {STALE_METRICS_S / 60:.0f} min; is the {p.name}_stream_metrics sensor running?")
     row = latest.iloc[-1]
-    rate = float(latest["arrival_rate"].dropna().iloc[-5:].mean()) if latest["arrival_rate"].notna().any() else 0.0
-    consumption = float(latest["consumption_rate"].dropna().iloc[-5:].mean()) if latest["consumption_rate"].notna().any() else 0.0
-    capacity = float(p.throughput_prior.predict(workers))
-    backlog = float(row["sample_lag"] or 0)
-    utilization = 1.0 if backlog > 0 and consumption >= 0.95 * capacity else min(consumption / capacity, 1.0) if capacity else 0.0
-    partitions = int(row["partitions"]) if pd.notna(row["partitions"]) else None
-    obs = Observation(
-        time=now, workers=workers, arrival_rate=rate, consumption_rate=consumption, backlog=backlog,
-        time_lag_s=float(row["time_lag_s"] or 0.0), utilization=utilization, forecast=forecast,
-    )
-    return obs, partitions
+    window = latest[latest["ts"] >= row["ts"] - rate_window_s]
+    arrival = float(window["arrival_rate"].dropna().mean()) if window["arrival_rate"].notna().any() else None
+    consumption = float(window["consumption_rate"].dropna().mean()) if window["consumption_rate"].notna().any() else 0.0
+    return StreamReading(float(row["ts"]), arrival, consumption, float(row["sample_lag"] or 0), float(row["time_lag_s"] or 0.0))
 
 
 def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
@@ -211,7 +172,7 @@ def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
         from kale_dagster.definitions.plots import plot_backtest
         from kale_dagster.sim.backtest import Backtest, BacktestSettings
 
-        history = p.history().arrival_history(p.name, start=time.time() - 14 * DAY_S)
+        history = p.history().arrival_history(p.name, start=p.clock.now() - 14 * DAY_S)
         if len(history) < 60:
             raise RuntimeError(f"only {len(history)} recorded points for {p.name!r}; a backtest needs at least an hour of stream metrics")
         span_days = (history["timestamp"].iloc[-1] - history["timestamp"].iloc[0]).total_seconds() / DAY_S
@@ -240,5 +201,5 @@ def backtest_table(results: dict) -> str:
     return head + rows
 
 
-def pipeline_assets(p: OnlineTrainingPipeline) -> list:
-    return [stream_metrics_spec(p), traffic_forecast_asset(p), throughput_model_asset(p), gpu_allocation_asset(p), policy_backtest_asset(p)]
+def pipeline_assets(p: OnlineTrainingPipeline, control: PipelineControl) -> list:
+    return [stream_metrics_spec(p), traffic_forecast_asset(p), throughput_model_asset(p), gpu_allocation_asset(p, control), policy_backtest_asset(p)]

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dagster import AssetKey, Definitions
+from dagster import AssetKey, DefaultSensorStatus, Definitions
 
 from kale_dagster.definitions.assets import pipeline_assets
 from kale_dagster.definitions.checks import pipeline_checks
+from kale_dagster.definitions.control import PipelineControl
 from kale_dagster.definitions.jobs import asset_jobs, rescale_job, schedules
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.errors import KaleConfigError
-from sensors import build_allocation_sensor, build_run_failure_sensor, build_stream_metrics_sensor
+from sensors import build_run_failure_sensor, build_stream_metrics_sensor
 
 
 def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
@@ -18,27 +19,30 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
     allocation_key = AssetKey(p.key("gpu_allocation"))
     stream_key = f"kale_stream_{p.name}"
     jobs = asset_jobs(p)
+    if not p.advisory:
+        jobs["rescale"] = rescale_job(p)
+    control = PipelineControl(p, rescale_job=jobs["rescale"].name if "rescale" in jobs else None, refit_job=jobs["refit"].name)
+    status = DefaultSensorStatus.RUNNING if p.autostart else DefaultSensorStatus.STOPPED
     sensors = [
         build_stream_metrics_sensor(
             name=f"{p.name}_stream_metrics",
             pipeline=p.name,
-            history=p.history,
+            history=lambda: control.history,
             stream_resource_key=stream_key,
             asset_key=AssetKey(p.key("stream_metrics")),
-            minimum_interval_seconds=p.metrics_interval_seconds,
-            emergency_lag_s=p.emergency_lag_s,
-            emergency_job=jobs["allocate"],
-        )
+            clock=p.clock,
+            minimum_interval_seconds=p.sensor_interval_s,
+            control=control,
+            jobs=[jobs["refit"], *([jobs["rescale"]] if "rescale" in jobs else [])],
+            max_workers=p.max_workers,
+            plot_dir=lambda context: f"{context.instance.storage_directory()}/kale",
+            default_status=status,
+        ),
+        build_run_failure_sensor(name=f"{p.name}_run_failure", pipeline=p.name, allocation_key=allocation_key,
+                                 monitored_jobs=list(jobs.values()), default_status=status),
     ]
-    monitored = [jobs["plan"], jobs["allocate"]]
-    if not p.advisory:
-        rescale = rescale_job(p)
-        jobs["rescale"] = rescale
-        monitored.append(rescale)
-        sensors.append(build_allocation_sensor(name=f"{p.name}_allocation_changed", pipeline=p.name, allocation_key=allocation_key, rescale_job=rescale))
-    sensors.append(build_run_failure_sensor(name=f"{p.name}_run_failure", pipeline=p.name, allocation_key=allocation_key, monitored_jobs=monitored))
     return Definitions(
-        assets=pipeline_assets(p),
+        assets=pipeline_assets(p, control),
         asset_checks=pipeline_checks(p),
         jobs=list(jobs.values()),
         schedules=schedules(p, jobs),

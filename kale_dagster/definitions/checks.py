@@ -1,11 +1,10 @@
 """Asset checks of one pipeline: quality gates an operator sees next to the assets."""
 
 
-import time
-
 from dagster import AssetCheckResult, AssetChecksDefinition, AssetCheckSeverity, AssetKey, asset_check
 
-from kale_dagster.definitions.assets import STALE_METRICS_S, latest_metadata
+from kale_dagster.definitions.assets import STALE_METRICS_S
+from kale_dagster.definitions.control import latest_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 
 
@@ -27,7 +26,7 @@ def forecast_accuracy_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
 def lag_slo_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
     @asset_check(asset=AssetKey(p.key("gpu_allocation")), name="lag_within_slo", description=f"Measured time lag is within the {p.slo_minutes:g}-minute SLO.")
     def lag_slo(context) -> AssetCheckResult:
-        latest = p.history().stream(p.name, start=time.time() - STALE_METRICS_S)
+        latest = p.history().stream(p.name, start=p.clock.now() - STALE_METRICS_S)
         if latest.empty:
             return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN, metadata={"note": "no recent stream metrics"})
         lag = float(latest["time_lag_s"].iloc[-1])

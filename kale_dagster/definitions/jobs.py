@@ -1,10 +1,15 @@
-"""Jobs and schedules of one pipeline, and the rescale job that applies a decision.
+"""Jobs and the schedule of one pipeline, and the rescale job that applies a decision.
 
-``<name>_rescale`` applies the latest ``gpu_allocation`` through the
-launcher the pipeline declares, one run at a time per pipeline (an op pool
-and a run tag the queued run coordinator can limit), and records what
-happened (downtime, or nothing to do) as an observation of
-``gpu_allocation``.
+* ``<name>_refit``: refit the forecaster and the throughput model (the
+  metrics sensor requests it at the pipeline's refit cadence);
+* ``<name>_decide``: decide once more from the latest metrics, by hand;
+* ``<name>_backtest``: replay recorded traffic through every policy (daily);
+* ``<name>_rescale``: apply a decision through the launcher the pipeline
+  declares: the target its run was requested with (tag
+  ``kale/target_workers``), or the latest ``gpu_allocation`` when run by
+  hand; one run at a time per pipeline (an op pool and a run tag the queued
+  run coordinator can limit).  What happened (downtime, or nothing to do) is
+  an observation of ``gpu_allocation``.
 """
 
 
@@ -16,33 +21,33 @@ from dagster import (
     JobDefinition,
     ScheduleDefinition,
     define_asset_job,
+    in_process_executor,
     job,
     op,
 )
 
-from kale_dagster.definitions.assets import latest_metadata
+from kale_dagster.definitions.control import TARGET_TAG, latest_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.launchers.base import RescaleFailed, RescaleRecord
 
 
 def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, JobDefinition]:
-    """plan, allocate, throughput and backtest, keyed by role."""
+    """refit, decide and backtest, keyed by role."""
     forecast, model, allocation = (AssetKey(p.key(a)) for a in ("traffic_forecast", "throughput_model", "gpu_allocation"))
+    tags = {"kale/pipeline": p.name}
     return {
-        "plan": define_asset_job(f"{p.name}_plan", selection=[forecast, model, allocation], description="Refit the forecast and decide the allocation."),
-        "allocate": define_asset_job(f"{p.name}_allocate", selection=[allocation], tags={"kale/pipeline": p.name},
-                                     description="Re-decide the allocation now (emergency lag)."),
-        "throughput": define_asset_job(f"{p.name}_throughput", selection=[model], description="Refit the throughput model."),
-        "backtest": define_asset_job(f"{p.name}_backtest", selection=[AssetKey(p.key("policy_backtest"))], description="Replay recorded traffic through every policy."),
+        "refit": define_asset_job(f"{p.name}_refit", selection=[forecast, model], tags=tags, executor_def=in_process_executor,
+                                  description="Refit the forecaster and the throughput model."),
+        "decide": define_asset_job(f"{p.name}_decide", selection=[allocation], tags=tags, executor_def=in_process_executor,
+                                   description="Decide the allocation once more from the latest metrics."),
+        "backtest": define_asset_job(f"{p.name}_backtest", selection=[AssetKey(p.key("policy_backtest"))], tags=tags,
+                                     description="Replay recorded traffic through every policy."),
     }
 
 
 def schedules(p: OnlineTrainingPipeline, jobs: dict[str, JobDefinition]) -> list[ScheduleDefinition]:
-    running = DefaultScheduleStatus.RUNNING
-    return [
-        ScheduleDefinition(name=f"{p.name}_forecast_schedule", cron_schedule=p.forecast_cron, job=jobs["plan"], default_status=running),
-        ScheduleDefinition(name=f"{p.name}_throughput_schedule", cron_schedule=p.throughput_cron, job=jobs["throughput"], default_status=running),
-    ]
+    status = DefaultScheduleStatus.RUNNING if p.autostart else DefaultScheduleStatus.STOPPED
+    return [ScheduleDefinition(name=f"{p.name}_backtest_schedule", cron_schedule=p.backtest_cron, job=jobs["backtest"], default_status=status)]
 
 
 def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
@@ -52,12 +57,13 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
     @op(name=f"{p.name}_rescale_workers", pool=f"kale_rescale_{p.name}", tags={"kale/pipeline": p.name})
     def rescale_workers(context) -> None:
         decision = latest_metadata(context.instance, allocation_key)
-        if not decision:
-            raise Failure(f"no gpu_allocation for {p.name!r} yet; run {p.name}_plan first")
-        target = int(decision["workers"])
+        requested = context.run.tags.get(TARGET_TAG)
+        if requested is None and not decision:
+            raise Failure(f"no gpu_allocation for {p.name!r} yet; run {p.name}_decide first")
+        target = int(requested if requested is not None else decision["workers"])
         launcher = p.launcher.build(p.name, p.source)
         try:
-            record = launcher.rescale(target, reason=str(decision.get("reason", ""))[:200])
+            record = launcher.rescale(target, reason=str(decision.get("reason", "requested by hand"))[:200])
         except RescaleFailed as exc:
             raise Failure(str(exc), metadata={"target_workers": target, "restored_workers": exc.restored or 0}) from exc
         except RuntimeError as exc:  # the launcher cannot be reached or refused
@@ -66,7 +72,9 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
             context.log.info(f"already running {target} workers; nothing to do")
         context.log_event(rescale_observation(allocation_key, target, record))
 
-    @job(name=f"{p.name}_rescale", tags={"kale/rescale": p.name}, description="Restart the workers at the latest gpu_allocation.")
+    # In process: a rescale is one op, and a step subprocess would only delay it.
+    @job(name=f"{p.name}_rescale", tags={"kale/rescale": p.name}, executor_def=in_process_executor,
+         description="Restart the workers at the decided allocation.")
     def rescale():
         rescale_workers()
 

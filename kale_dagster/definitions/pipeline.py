@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Mapping, Optional
 
+from kale_dagster.control.clock import PipelineClock
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import FORECASTERS
 from kale_dagster.launchers.base import LauncherConfig
@@ -41,9 +42,19 @@ class OnlineTrainingPipeline:
     ``launcher`` says where the workers run: ``LocalLauncherConfig`` (the
     local trainer service, the default) or ``KubernetesLauncherConfig``.
 
+    Durations are in the pipeline's time (``clock``): wall time, unless a
+    demo or a benchmark compresses it with ``PipelineClock(time_scale=...)``.
+    The metrics sensor reads the stream every ``metrics_interval_seconds``
+    and decides at every reading; the forecaster is refitted every
+    ``forecast_refit_minutes`` and re-anchored on fresh metrics in between.
+    ``policy_options`` are keyword options of the policy's build (e.g. an
+    HPA's ``target_utilization`` and ``behavior``).
+
     ``advisory=True`` records every decision (asset, reasons, plots) but
     never rescales, like AWS predictive scaling's forecast-only mode: the
     way to try Kale on a production stream before trusting it.
+    ``autostart=False`` leaves the pipeline's sensors and schedule stopped
+    until an operator starts them in the UI.
     """
 
     name: str
@@ -54,16 +65,18 @@ class OnlineTrainingPipeline:
     restart_minutes: float = 10.0
     forecaster: str = "prophet"
     forecast_horizon_minutes: float = 120.0
-    forecast_cron: str = "*/10 * * * *"
-    throughput_cron: str = "0 * * * *"
-    metrics_interval_seconds: int = 60
-    emergency_lag_minutes: Optional[float] = None  # default: half the SLO
+    forecast_refit_minutes: float = 60.0
+    backtest_cron: str = "0 3 * * *"
+    metrics_interval_seconds: float = 60.0
     policy: str = "kale"
+    policy_options: Mapping = field(default_factory=dict)
     throughput_prior: ThroughputModel = field(default_factory=lambda: ThroughputModel.linear(1000.0))
     global_batch: Optional[float] = None  # set for the synchronous model form
     advisory: bool = False
     history_url: Optional[str] = None  # SQLAlchemy URL; default SQLite under DAGSTER_HOME
     launcher: LauncherConfig = field(default_factory=LocalLauncherConfig)
+    clock: PipelineClock = field(default_factory=PipelineClock)
+    autostart: bool = True
 
     def __post_init__(self):
         def need(ok: bool, name: str, problem: str):
@@ -77,13 +90,21 @@ class OnlineTrainingPipeline:
         need(self.restart_minutes >= 0, "restart_minutes", f"must be >= 0, got {self.restart_minutes}")
         need(self.forecaster in FORECASTERS, "forecaster", f"unknown {self.forecaster!r}; choose one of {', '.join(FORECASTERS)}")
         need(self.forecast_horizon_minutes > 0, "forecast_horizon_minutes", f"must be > 0, got {self.forecast_horizon_minutes}")
+        need(self.forecast_refit_minutes > 0, "forecast_refit_minutes", f"must be > 0, got {self.forecast_refit_minutes}")
         need(self.metrics_interval_seconds >= 5, "metrics_interval_seconds", f"must be >= 5, got {self.metrics_interval_seconds}")
-        need(self.policy in POLICIES, "policy", f"unknown {self.policy!r}; choose one of {', '.join(POLICIES)}")
         need(isinstance(self.launcher, LauncherConfig), "launcher", f"must be LocalLauncherConfig(...) or KubernetesLauncherConfig(...), got {type(self.launcher).__name__}")
+        need(isinstance(self.clock, PipelineClock), "clock", f"must be a PipelineClock, got {type(self.clock).__name__}")
+        need(self.policy in POLICIES, "policy", f"unknown {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        need(isinstance(self.policy_options, Mapping), "policy_options", f"must be a dict of the policy's options, got {type(self.policy_options).__name__}")
+        try:  # options the policy does not take fail at load, not at the first tick
+            POLICIES.build(self.policy, self.sizing(self.throughput_prior), **self.policy_options)
+        except (TypeError, ValueError) as exc:
+            raise KaleConfigError("policy_options", f"not valid for policy {self.policy!r}: {exc}") from exc
 
     @property
-    def emergency_lag_s(self) -> float:
-        return (self.emergency_lag_minutes if self.emergency_lag_minutes is not None else self.slo_minutes / 2) * 60
+    def sensor_interval_s(self) -> int:
+        """The metrics sensor's wall-clock interval (Dagster's daemon ticks sensors at most every few seconds)."""
+        return max(1, round(self.clock.wall_duration(self.metrics_interval_seconds)))
 
     def key(self, asset: str) -> list[str]:
         return [self.name, asset]

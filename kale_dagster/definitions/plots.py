@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import base64
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -68,3 +70,11 @@ def _save(fig, path) -> Path:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def png_markdown(fig_path):
+    """A PNG as Markdown metadata (Dagster shows it inline)."""
+    from dagster import MetadataValue
+
+    data = base64.b64encode(Path(fig_path).read_bytes()).decode()
+    return MetadataValue.md(f"![plot](data:image/png;base64,{data})")

@@ -1,25 +1,30 @@
-"""``kale demo``: a compressed diurnal day on the embedded broker, kept sized by Kale.
+"""``kale demo``: a compressed diurnal day on the embedded broker, kept sized by Kale through Dagster.
 
 Parts, all real except the GPU: the Tansu broker on loopback; the trace
 producer replaying a synthetic day of CTR samples into the ``samples``
 topic; the torch trainer under the local launcher (DDP workers with warm
 standbys, pause-and-restart rescales), each worker's throughput capped to
-EMULATE one GPU, labelled as such; a control loop reading telemetry
-through ``KafkaStreamResource``, recording it and the workers' measured
-throughput in the metrics history, and asking ``KalePolicy`` for the
-allocation; and ``dagster dev`` on 127.0.0.1:3000 with the demo pipeline,
-whose sensor and assets read the same broker and history.
+EMULATE one GPU, and its restore slowed to EMULATE a large model's, both
+labelled as such; the local trainer service that Dagster's rescale runs
+call; and ``dagster dev`` on 127.0.0.1:3000 with the demo's code location.
 
-One clock: everything runs on wall time, and every duration of the day
-(SLO, plan step, hold) is divided by the speed-up, so a 24-hour day
-compressed into 15 minutes keeps its proportions.  The restart time is not
-simulated: it is the launcher's measured rescale downtime.
+Dagster is the only controller: its metrics sensor reads the stream, the
+Kale policy decides at every reading (a ``gpu_allocation`` materialization
+each time), and its rescale runs restart the workers.  This process only
+prints what Dagster decided and what runs.
+
+One clock: the pipeline runs on pipeline time (``control.clock``),
+``time_scale`` = 1440 / ``day_minutes`` pipeline seconds per wall second,
+so the SLO, the plan step, the restart and the forecaster's daily
+seasonality mean what they say in a day compressed into minutes.  The
+metrics history is seeded with the days before the live one (marked
+``seeded``), so the forecast is Prophet's from the first refit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -31,13 +36,11 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from kale_dagster.control.live import LiveController
-from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.demo import GROUP, PIPELINE, TOPIC
+from kale_dagster.demo.definitions import DemoLocation
 from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.model.throughput import ThroughputModel
-from kale_dagster.policies import KaleConfig, KalePolicy
 from kale_dagster.processes import stop_process_group
 from kale_dagster.sim.trace import synth_trace
 from kale_dagster.stream.broker import start_broker
@@ -48,144 +51,161 @@ from kale_dagster.stream.source import KafkaSource
 
 @dataclass(frozen=True)
 class DemoSettings:
-    day_minutes: float = 15.0  # wall minutes for one synthetic day
-    peak_rate: float = 800.0  # samples per wall second at the evening peak
+    day_minutes: float = 30.0  # wall minutes for one synthetic day
+    prior_days: int = 7  # days of history seeded before the live day
+    peak_rate: float = 600.0  # samples per wall second at the evening peak: 3-4 workers, what this 2-core host can feed
     worker_rate: float = 200.0  # EMULATED per-worker capacity, samples per wall second
+    restore_minutes: float = 8.0  # EMULATED restore of a large model at every restart, pipeline minutes
     max_workers: int = 5
-    slo_minutes: float = 20.0  # in trace time
-    expected_restart_s: float = 3.0  # wall seconds; replaced by the measured downtime after each rescale
+    slo_minutes: float = 20.0  # pipeline time
     seed: int = 0
-    dagster: bool = True
     port: int = 9092
     ui_port: int = 3000
+    home: str = ".kale/demo-home"
 
     @property
-    def speedup(self) -> float:
+    def time_scale(self) -> float:
         return 1440.0 / self.day_minutes
 
 
 def write_dagster_yaml(home: Path) -> None:
-    """A local instance for the demo: no onboarding pop-up, no usage telemetry (loopback only)."""
+    """A local instance for the demo: no onboarding pop-up, no usage telemetry (loopback only), and
+    runs launched as soon as they are requested (no queue: a rescale should not wait for a dequeue loop)."""
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text("nux:\n  enabled: false\ntelemetry:\n  enabled: false\n")
+    (home / "dagster.yaml").write_text(
+        "nux:\n  enabled: false\ntelemetry:\n  enabled: false\n"
+        "run_coordinator:\n  module: dagster.core.run_coordinator\n  class: DefaultRunCoordinator\n"
+    )
 
 
-def _start_dagster(settings: DemoSettings, home: Path, servers: str, trainer_url: str) -> subprocess.Popen:
+def start_dagster_dev(home: Path, ui_port: int, log_name: str = "dagster-dev.log") -> subprocess.Popen:
+    """``dagster dev`` on the demo's code location, in its own process group (it ignores SIGINT here)."""
     write_dagster_yaml(home)
-    env = dict(os.environ)
-    env.update(
-        DAGSTER_HOME=str(home),
-        KALE_DEMO_BOOTSTRAP=servers,
-        KALE_DEMO_SLO_MINUTES=str(settings.slo_minutes / settings.speedup),
-        KALE_DEMO_RESTART_MINUTES=str(settings.expected_restart_s / 60),
-        KALE_DEMO_WORKER_RATE=str(settings.worker_rate),
-        KALE_DEMO_TRAINER_URL=trainer_url,
-    )
-    log = open(home / "dagster-dev.log", "wb")
+    log = open(home / log_name, "wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-m", "kale_dagster.demo.definitions", "-h", "127.0.0.1", "-p", str(settings.ui_port)],
-        cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        start_new_session=True,  # dagster dev ignores SIGINT from a non-interactive shell; stop its group
+        [sys.executable, "-m", "dagster", "dev", "-m", "kale_dagster.demo.definitions", "-h", "127.0.0.1", "-p", str(ui_port)],
+        cwd=home, env=dict(os.environ, DAGSTER_HOME=str(home)), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
+
+
+def seed_history(history: MetricsHistory, trace: pd.DataFrame, pipeline_start: float) -> int:
+    """Write the trace's rows before ``pipeline_start`` as recorded (and ``seeded``) stream metrics."""
+    ts = (pd.to_datetime(trace["timestamp"], utc=True) - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+    rate = trace["value"].to_numpy(float) / 60.0
+    rows = pd.DataFrame({"ts": ts, "arrival_rate": rate, "consumption_rate": rate, "sample_lag": 0, "time_lag_s": 0.0})
+    return history.seed_stream(PIPELINE, rows[rows["ts"] < pipeline_start])
+
+
+def decisions(instance) -> list:
+    """Every gpu_allocation materialization (each decision, hold or change), oldest first."""
+    from dagster import AssetKey
+
+    records, cursor = [], None
+    while True:
+        page = instance.fetch_materializations(AssetKey([PIPELINE, "gpu_allocation"]), limit=10_000, cursor=cursor, ascending=True)
+        records += page.records
+        if not page.has_more:
+            return records
+        cursor = page.cursor
+
+
+def latest_decision(instance) -> dict:
+    from dagster import AssetKey
+
+    event = instance.get_latest_materialization_event(AssetKey([PIPELINE, "gpu_allocation"]))
+    if event is None or event.asset_materialization is None:
+        return {}
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
 
 def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max_wall_s: Optional[float] = None, out=sys.stdout) -> dict:
     """Run the demo until the day ends, ``stop`` is set, or ``max_wall_s`` passes; returns a summary."""
     stop = stop or threading.Event()
-    speed = settings.speedup
-    trace = synth_trace(days=1, seed=settings.seed, step_s=60, peak_rate=settings.peak_rate / speed)
-    history_in = pd.DataFrame({"timestamp": pd.to_datetime(trace["timestamp"], utc=True), "rate": trace["value"] / 60.0})
-    model = ThroughputModel.linear(settings.worker_rate)
-
-    def kale_config(restart_s: float) -> KaleConfig:
-        return KaleConfig(
-            min_workers=1, max_workers=settings.max_workers, slo_s=settings.slo_minutes * 60 / speed,
-            restart_s=restart_s, plan_step_s=600 / speed, tau_s=600 / speed,
-            sync_period_s=60 / speed, projection_tick_s=300 / speed, lag_weight=KaleConfig.lag_weight * speed,
-        )
-
-    policy = KalePolicy(model, kale_config(settings.expected_restart_s))
-    home = Path(".kale/demo-home").resolve()
-    (home / "kale").mkdir(parents=True, exist_ok=True)
-    # The same file Dagster's default history uses under this DAGSTER_HOME.
-    history = MetricsHistory(f"sqlite:///{home / 'kale' / 'metrics.db'}")
+    k = settings.time_scale
+    # Prior days and the live day, in pipeline time (samples per pipeline second).
+    trace = synth_trace(days=settings.prior_days + 1, seed=settings.seed, step_s=60, peak_rate=settings.peak_rate / k)
+    day_start = pd.Timestamp(trace["timestamp"].iloc[-1440], tz="UTC").timestamp()
+    live = trace.iloc[-1440:]
+    history_in = pd.DataFrame({"timestamp": pd.to_datetime(live["timestamp"], utc=True), "rate": live["value"].to_numpy(float) / 60.0})
+    home = Path(settings.home).resolve()
+    shutil.rmtree(home, ignore_errors=True)  # every demo starts from an empty instance and history
+    (home / "kale").mkdir(parents=True)
+    history = MetricsHistory(f"sqlite:///{home / 'kale' / 'metrics.db'}")  # what the pipeline's default history opens there
     broker = start_broker(port=settings.port)
-    dagster_proc = launcher = producer = service = loop = None
+    dagster_proc = launcher = producer = service = instance = None
     summary: dict = {}
     try:
         servers = broker.bootstrap_servers
         source = KafkaSource(servers, (TOPIC,), GROUP, request_timeout_ms=3000)
-        # Offsets are committed at checkpoints: one a trace minute, or lag would read up to the interval x speed-up.
+        # Offsets are committed at checkpoints: one a pipeline minute, or lag would read up to the interval x time scale.
         trainer = TrainerSettings(source, str(home / "checkpoints"), batch_size=64, emulate_gpu_rate=settings.worker_rate,
-                                  checkpoint_every_s=max(60 / speed, 0.5))
+                                  emulate_restore_s=settings.restore_minutes * 60 / k, checkpoint_every_s=max(60 / k, 0.5), metrics_every_s=2.0)
         # A standby for every worker the policy may add; stopped workers rejoin the pool.
         launcher = LocalLauncher(trainer, pool_size=settings.max_workers, max_workers=settings.max_workers)
-        service = LauncherService(launcher, port=0).start()  # Dagster's rescale runs reach the same workers
-        first = model.min_workers_for(float(history_in["rate"].iloc[0]) * speed, settings.max_workers)
-        if settings.dagster:
-            dagster_proc = _start_dagster(settings, home, servers, service.url)
-            print(f"Dagster UI: http://127.0.0.1:{settings.ui_port}  (pipeline 'demo'; log in {home / 'dagster-dev.log'})", file=out)
-        print(f"broker {servers}; one day in {settings.day_minutes:g} min ({speed:.0f}x); starting {first} trainer workers, "
-              f"each EMULATING one GPU at {settings.worker_rate:g} samples/s", file=out, flush=True)
-        # Standbys importing torch would slow the first trace hour into a backlog: the day starts when they are warm.
+        service = LauncherService(launcher, port=0).start()
+        prior = ThroughputModel.linear(settings.worker_rate)
+        first = prior.min_workers_for(float(history_in["rate"].iloc[0]) * k, settings.max_workers)
+        print(f"broker {servers}; one day in {settings.day_minutes:g} min (time scale {k:g}x: one wall second is {k:g} pipeline seconds); "
+              f"{first} trainer workers to start, each EMULATING one GPU at {settings.worker_rate:g} samples/s and a "
+              f"{settings.restore_minutes:g}-minute model restore", file=out, flush=True)
+        # Standbys importing torch would slow the first hour into a backlog: the day starts when they are warm.
         launcher.wait_warm()
-        # Two partitions per worker at most: a worker that owns none trains only forwarded samples.
-        partitions = 2 * settings.max_workers
+        partitions = 2 * settings.max_workers  # two per worker at most: a worker that owns none trains only forwarded samples
         ensure_topic(servers, TOPIC, partitions=partitions)  # before the workers look for its partitions
-        replay_settings = ReplaySettings(topic=TOPIC, speedup=speed, partitions=partitions, hot_share=0.4, seed=settings.seed)
+        wall_start = time.time()
+        location = DemoLocation(bootstrap_servers=servers, trainer_url=service.url, time_scale=k, wall_start=wall_start,
+                                pipeline_start=day_start, worker_rate=settings.worker_rate, max_workers=settings.max_workers,
+                                slo_minutes=settings.slo_minutes, restart_minutes=settings.restore_minutes + 2.0)
+        location.save(str(home))
+        clock = location.pipeline().clock
+        seeded = seed_history(history, trace, day_start)
+        dagster_proc = start_dagster_dev(home, settings.ui_port)
+        print(f"Dagster UI: http://127.0.0.1:{settings.ui_port}  (pipeline 'demo'; {seeded} rows of {settings.prior_days} prior days seeded; "
+                  f"log in {home / 'dagster-dev.log'})", file=out, flush=True)
+        replay_settings = ReplaySettings(topic=TOPIC, speedup=k, partitions=partitions, hot_share=0.4, seed=settings.seed)
         producer = replay_in_background(servers, history_in, replay_settings, stop)
-        launcher.start(first)
-        stream = KafkaStreamResource.from_source(source)
+        launcher.start(first, reason="demo start")
+        from dagster import DagsterInstance
 
-        def replan(record) -> None:
-            policy.config = kale_config(record.downtime_s)  # plan with the measured restart cost
-
-        loop = LiveController(stream, launcher, policy, model, history, PIPELINE, forecast_horizon_s=7200 / speed,
-                              forecast_halflife_s=1800 / speed, on_rescale=replan)
-        started, last_decision = time.monotonic(), "none yet"
-        lag_samples, worker_samples = [], []
+        instance = DagsterInstance.from_config(str(home))
+        started, lags = time.monotonic(), []
         while not stop.is_set() and producer.is_alive():
             if max_wall_s is not None and time.monotonic() - started > max_wall_s:
                 break
-            tick_start = time.monotonic()
-            try:
-                tick = loop.tick()
-            except Exception as exc:  # keep the demo alive through a hiccup
-                print(f"\ntelemetry skipped: {exc}", file=out)
-                stop.wait(policy.sync_period_s)
-                continue
-            if tick.record is not None:
-                last_decision = f"{tick.record.from_workers}->{tick.record.to_workers} in {tick.record.downtime_s:.1f} s: {tick.record.reason[:60]}"
-            lag_samples.append(tick.time_lag_s * speed / 60)
-            worker_samples.append(tick.workers)
-            rate = launcher.throughput()["total"]
-            status = (
-                f"\rday {(time.monotonic() - started) * speed / 3600:5.2f} h | arrivals {tick.arrival_rate:5.0f}/s | "
-                f"lag {tick.time_lag_s * speed / 60:5.1f} min (trace) | workers {tick.workers} training {rate:4.0f}/s (emulated GPUs) "
-                f"| last: {last_decision}"
-            )
-            print(status[:200].ljust(200), end="", file=out, flush=True)
-            stop.wait(max(policy.sync_period_s - (time.monotonic() - tick_start), 0.05))
+            launcher.supervise_once()  # a crashed worker restarts the group at the same size (not a sizing decision)
+            status = launcher.status()
+            latest = history.stream(PIPELINE, start=clock.now() - 3600)
+            lag_min = float(latest["time_lag_s"].iloc[-1]) / 60 if not latest.empty else 0.0
+            lags.append(lag_min)
+            decision = latest_decision(instance)
+            decided = f"{decision.get('workers')} ({str(decision.get('reason', ''))[:70]})" if decision else "none yet"
+            print((f"\rday {(time.monotonic() - started) * k / 3600:5.2f} h ({k:g}x) | lag {lag_min:5.1f} min | workers {status.workers}"
+                   f"{' restarting' if status.rescaling else ''} | training {status.samples_per_s or 0.0:5.0f}/s (emulated GPUs) | Dagster decided: {decided}")[:220].ljust(220),
+                  end="", file=out, flush=True)
+            stop.wait(1.0)
+        restarts = [r.downtime_s for r in launcher.records[1:]]
         summary = {
-            "rescales": len(launcher.records) - 1,
-            "median_downtime_s": float(np.median([r.downtime_s for r in launcher.records[1:]])) if len(launcher.records) > 1 else 0.0,
-            "max_lag_trace_minutes": max(lag_samples, default=0.0),
-            "mean_workers": float(np.mean(worker_samples)) if worker_samples else 0.0,
+            "rescales": len(restarts),
+            "median_downtime_s": float(np.median(restarts)) if restarts else 0.0,
+            "max_lag_pipeline_minutes": max(lags, default=0.0),
         }
+        from dagster import DagsterRunStatus, RunsFilter
+
+        summary["decisions"] = len(decisions(instance))
+        summary["failed_runs"] = len(instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE])))
         print(f"\nsummary: {summary}", file=out)
     finally:
         stop.set()
         if service is not None:
             service.close()
-        if loop is not None:
-            with contextlib.suppress(Exception):  # a failed last rescale is already reported
-                loop.wait_idle(120)
-            loop.close()
         if launcher is not None:
             launcher.stop()
         if producer is not None:
             producer.join(timeout=10)
         stop_process_group(dagster_proc, 20.0)
+        if instance is not None:
+            instance.dispose()
         broker.stop()
         history.dispose()
     return summary

@@ -56,8 +56,22 @@ class _FittedSeries:
     _offset = None
 
     def _set_history(self, history: pd.DataFrame, refit: bool = True) -> None:
-        clean = prepare_history(history)
-        self.step_s = float((clean["timestamp"].iloc[1] - clean["timestamp"].iloc[0]).total_seconds()) if len(clean) > 1 else 60.0
+        """Take a clean history; without ``refit``, on the fitted grid (same start and step).
+
+        A newer history may start later than the fitted one (retention
+        trimmed its head) or earlier: either way it is put on the fitted
+        grid, so positions keep meaning the same instants.
+        """
+        if refit or self._offset is None:
+            clean = prepare_history(history)
+            self.step_s = float((clean["timestamp"].iloc[1] - clean["timestamp"].iloc[0]).total_seconds()) if len(clean) > 1 else 60.0
+            self._origin = clean["timestamp"].iloc[0]
+        else:
+            clean = prepare_history(history, step_s=self.step_s)
+            step = pd.Timedelta(seconds=self.step_s)
+            grid = pd.date_range(self._origin, clean["timestamp"].iloc[-1], freq=step)
+            rates = clean.set_index("timestamp")["rate"].reindex(grid, method="nearest", tolerance=step / 2)
+            clean = pd.DataFrame({"timestamp": grid, "rate": rates.to_numpy()})
         self.end = clean["timestamp"].iloc[-1].timestamp()
         rate = clean["rate"].to_numpy()
         if refit or self._offset is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Callable, Optional
 
 from kale_dagster.errors import KaleConfigError
@@ -46,6 +46,40 @@ class RescaleRecord:
     phases: dict = field(default_factory=dict, compare=False)  # where the downtime went, in seconds
 
 
+@dataclass(frozen=True)
+class LauncherStatus:
+    """What a launcher reports of its group now: the controller's view of what actually runs.
+
+    ``workers`` is the allocation (the running group, or the target of a
+    restart in progress: its GPUs are held); ``reported`` counts the ranks
+    that have reported metrics since the group started, and ``busy_share``
+    and ``samples_per_s`` are set once all have (a group still starting
+    gives no utilization, as pods that are not ready give HPA none).
+    ``downtimes_s`` are the latest restarts' measured downtimes, oldest first
+    (a start from no workers is not one).
+    ``measures`` says whether the launcher relays the workers' metrics at all.
+    """
+
+    workers: int
+    rescaling: bool = False
+    measures: bool = False
+    reported: int = 0
+    busy_share: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    downtimes_s: tuple[float, ...] = ()
+    emulated: bool = False
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "downtimes_s": list(self.downtimes_s)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LauncherStatus":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["downtimes_s"] = tuple(values.get("downtimes_s", ()))
+        return cls(**values)
+
+
 class RescaleFailed(RuntimeError):
     """The new worker group could not start; ``restored`` is the size put back (None if none)."""
 
@@ -60,10 +94,14 @@ class Launcher(ABC):
     #: Called with each record after a restart (e.g. to plan with the measured downtime).
     on_record: Optional[Callable[[RescaleRecord], None]] = None
 
+    #: How many recent restarts ``status`` reports.
+    recent_restarts = 5
+
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.records: list[RescaleRecord] = []
         self._clock = clock
         self._lock = threading.RLock()
+        self._target: Optional[int] = None  # set while a restart is in progress
 
     # --- filled in by each launcher ------------------------------------------------
 
@@ -85,7 +123,22 @@ class Launcher(ABC):
     def stop(self) -> None:
         """Stop every worker (each checkpoints and commits first)."""
 
+    def _measurements(self) -> dict:
+        """What the workers report (``reported``, ``busy_share``, ``samples_per_s``, ``emulated``);
+        nothing by default."""
+        return {}
+
     # --- shared ------------------------------------------------------------------------
+
+    def status(self) -> LauncherStatus:
+        target = self._target
+        if target is not None:
+            return LauncherStatus(workers=target, rescaling=True, downtimes_s=self._recent_downtimes())
+        return LauncherStatus(workers=self.workers, downtimes_s=self._recent_downtimes(), **self._measurements())
+
+    def _recent_downtimes(self) -> tuple[float, ...]:
+        """The latest restarts' downtimes; a start from nothing is not a restart."""
+        return tuple(r.downtime_s for r in self.records if r.from_workers > 0)[-self.recent_restarts:]
 
     def start(self, n: int, reason: str = "start") -> RescaleRecord:
         return self._restart(n, reason)
@@ -102,7 +155,11 @@ class Launcher(ABC):
             raise KaleConfigError("workers", f"must be >= 1, got {n}")
         with self._lock:
             started, previous = self._clock(), self.workers
-            phases = self._replace_group(n)
+            self._target = n
+            try:
+                phases = self._replace_group(n)
+            finally:
+                self._target = None
             record = RescaleRecord(time=time.time(), from_workers=previous, to_workers=n, downtime_s=self._clock() - started, reason=reason, phases=phases)
             self.records.append(record)
         if self.on_record is not None:

@@ -227,22 +227,22 @@ class LocalLauncher(Launcher):
                 return None
             return self._restart(self.workers, f"crash-restart (worker rank {dead[0].rank} exited {dead[0].proc.returncode})")
 
-    def throughput(self) -> dict:
-        """Latest samples/s per rank and in total, and the mean busy share (what GPU
-        utilization would read), from the workers' metrics events."""
-        latest = {w.rank: w.latest_metrics for w in self._group if w.latest_metrics}
-        per_rank = {rank: m["samples_per_s"] for rank, m in latest.items()}
-        busy = sum(m["busy_share"] for m in latest.values()) / len(latest) if latest else None
-        return {"workers": self.workers, "per_rank": per_rank, "total": sum(per_rank.values()), "busy_share": busy,
-                "emulated": self.settings.emulate_gpu_rate > 0}
+    def per_rank_rates(self) -> dict[int, float]:
+        """Latest samples/s of each rank that has reported (imbalance shows here)."""
+        return {w.rank: w.latest_metrics["samples_per_s"] for w in self._group if w.latest_metrics}
 
-    def record_throughput(self, history, pipeline: str) -> Optional[dict]:
-        """Append the group's measured samples/s to the metrics history (feeds the throughput model)."""
-        current = self.throughput()
-        if not current["per_rank"] or len(current["per_rank"]) < self.workers:
-            return None  # not every rank has reported since the last restart
-        history.append_throughput(pipeline, time.time(), self.workers, current["total"], emulated=current["emulated"])
-        return current
+    def _measurements(self) -> dict:
+        """The workers' latest metrics events: samples/s in total, and the mean busy share
+        (what GPU utilization would read), once every rank has reported."""
+        latest = [w.latest_metrics for w in self._group if w.latest_metrics]
+        complete = bool(latest) and len(latest) == len(self._group)
+        return {
+            "measures": True,
+            "reported": len(latest),
+            "busy_share": sum(m["busy_share"] for m in latest) / len(latest) if complete else None,
+            "samples_per_s": sum(m["samples_per_s"] for m in latest) if complete else None,
+            "emulated": self.settings.emulate_gpu_rate > 0,
+        }
 
     # --- internals ------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ Dagster runs each rescale in its own short-lived run process, while local
 workers must outlive it: ``kale trainer serve`` (or ``kale demo``) owns the
 ``LocalLauncher`` and serves
 
-* ``GET  /status``  -> workers, throughput, rescale records;
+* ``GET  /status``  -> the launcher's ``LauncherStatus`` and its rescale records;
 * ``POST /rescale`` ``{"workers": m, "reason": "..."}`` -> the rescale record
   (``{"changed": false}`` when already at m); 409 while another rescale runs.
 
@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 
 from kale_dagster.errors import KaleConfigError
-from kale_dagster.launchers.base import LauncherConfig, RescaleRecord
+from kale_dagster.launchers.base import LauncherConfig, LauncherStatus, RescaleRecord
 from kale_dagster.launchers.local import LocalLauncher
 from kale_dagster.stream.source import KafkaSource
 
@@ -56,7 +56,7 @@ class LauncherService:
                 if self.path != "/status":
                     return self._reply(404, {"error": f"unknown path {self.path}"})
                 launcher = service.launcher
-                self._reply(200, {"workers": launcher.workers, "throughput": launcher.throughput(), "records": [asdict(r) for r in launcher.records]})
+                self._reply(200, {**launcher.status().to_dict(), "records": [asdict(r) for r in launcher.records]})
 
             def do_POST(self):
                 if self.path != "/rescale":
@@ -121,7 +121,10 @@ class LocalTrainerClient:
 
     @property
     def workers(self) -> int:
-        return int(self._call("GET", "/status")["workers"])
+        return self.status().workers
+
+    def status(self) -> LauncherStatus:
+        return LauncherStatus.from_dict(self._call("GET", "/status"))
 
     def rescale(self, m: int, reason: str = "rescale") -> Optional[RescaleRecord]:
         answer = self._call("POST", "/rescale", {"workers": m, "reason": reason})

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Mapping, Optional
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation
@@ -56,6 +56,28 @@ class HPABehavior:
             scale_up=HPAScalingRules(0, (HPAScalingPolicy("Pods", 4, 15), HPAScalingPolicy("Percent", 100, 15)), "Max"),
             scale_down=HPAScalingRules(300, (HPAScalingPolicy("Percent", 100, 15),), "Max"),
         )
+
+    @classmethod
+    def from_spec(cls, spec: Mapping) -> "HPABehavior":
+        """From an HPA's ``spec.behavior`` as Kubernetes writes it (``scaleUp``/``scaleDown``, each with
+        ``stabilizationWindowSeconds``, ``policies`` and ``selectPolicy``); a direction left out keeps its default."""
+        default = cls.default()
+
+        def rules(key: str, fallback: HPAScalingRules) -> HPAScalingRules:
+            given = spec.get(key)
+            if given is None:
+                return fallback
+            unknown = set(given) - {"stabilizationWindowSeconds", "policies", "selectPolicy"}
+            if unknown:
+                raise KaleConfigError(f"behavior.{key}", f"unknown field(s) {', '.join(sorted(unknown))}")
+            policies = tuple(HPAScalingPolicy(p["type"], int(p["value"]), float(p["periodSeconds"])) for p in given.get("policies", ()))
+            return HPAScalingRules(float(given.get("stabilizationWindowSeconds", fallback.stabilization_window_seconds)),
+                                   policies or fallback.policies, given.get("selectPolicy", fallback.select_policy))
+
+        unknown = set(spec) - {"scaleUp", "scaleDown"}
+        if unknown:
+            raise KaleConfigError("behavior", f"unknown field(s) {', '.join(sorted(unknown))}; use scaleUp and scaleDown")
+        return cls(rules("scaleUp", default.scale_up), rules("scaleDown", default.scale_down))
 
 
 @dataclass
@@ -243,7 +265,10 @@ class HPAPolicy:
 
 
 def build(sizing: Sizing, **options) -> HPAPolicy:
-    """An HPA between the sizing's worker bounds; ``options`` are further ``HPAPolicy`` fields."""
+    """An HPA between the sizing's worker bounds; ``options`` are further ``HPAPolicy`` fields
+    (``behavior`` may be given as Kubernetes writes it, see ``HPABehavior.from_spec``)."""
+    if isinstance(options.get("behavior"), Mapping):
+        options = {**options, "behavior": HPABehavior.from_spec(options["behavior"])}
     return HPAPolicy(min_replicas=sizing.min_workers, max_replicas=sizing.max_workers, **options)
 
 

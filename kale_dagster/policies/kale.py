@@ -101,6 +101,10 @@ class KaleConfig:
         return self.scale_in_lag_guard_s or self.slo_s / 4
 
 
+#: The longest horizon the fallback projects a rescale over (a backlog that takes longer to clear is cleared anyway).
+MAX_FALLBACK_HORIZON_S = 6 * 3600.0
+
+
 def _fmt_rate(rate: float) -> str:
     return f"{rate:,.0f}/s"
 
@@ -228,7 +232,13 @@ class KalePolicy:
         why = f"fallback ({trigger}): measured {_fmt_rate(rate)}"
         if est.drain_rate > 0:
             why += f" + drain {_fmt_rate(est.drain_rate)} for backlog {obs.backlog:,.0f}"
-        horizon = np.full(max(1, math.ceil(2 * cfg.slo_s / cfg.plan_step_s)), rate)
+        # Judge the restart over long enough for the target to clear the backlog: with a deep backlog,
+        # twice the SLO can end before a restart pays back, while keeping an allocation that cannot
+        # keep up only grows the lag beyond it.
+        spare = float(self.model.predict(target)) - rate
+        drain_s = obs.backlog / spare if spare > 0 else 0.0
+        horizon_s = min(max(2 * cfg.slo_s, cfg.restart_s + drain_s), MAX_FALLBACK_HORIZON_S)
+        horizon = np.full(max(1, math.ceil(horizon_s / cfg.plan_step_s)), rate)
         return self._apply_guards(obs, {target}, horizon, why, [target], {}, policy=f"{self.name}/fallback")
 
     def _apply_guards(self, obs, candidates: set[int], rates, why, plan, details, policy) -> Decision:

@@ -50,6 +50,7 @@ from kale_dagster.forecast.evaluate import smape
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Observation, ScalingPolicy
+from kale_dagster.model.utilization import utilization
 from kale_dagster.sim.metrics import PaperMetrics, score_readings
 
 TICK_S = 15.0
@@ -184,14 +185,13 @@ def simulate(
                 measured = float(np.mean(rates[lo:minute])) if minute > 0 else rates[0]
                 consumption = float(np.mean(consumed_log[-window:])) / MINUTE if consumed_log else 0.0
                 capacity_now = 0.0 if restarting else model.predict(workers)
-                if busy_capacity > 0:  # the workers' busy share since the last sync: what GPU utilization reads
-                    utilization = min(busy_consumed / busy_capacity, 1.0)
-                else:
-                    utilization = 1.0 if queue.backlog > 1 else (min(measured / capacity_now, 1.0) if capacity_now > 0 else 0.0)
+                # The workers' busy share since the last sync is what GPU utilization reads.
+                busy_share = busy_consumed / busy_capacity if busy_capacity > 0 else None
+                busy = utilization(busy_share, queue.backlog, measured, capacity_now)
                 busy_consumed = busy_capacity = 0.0
                 obs = Observation(
                     time=now, workers=workers, arrival_rate=measured, consumption_rate=consumption,
-                    backlog=seen.backlog, time_lag_s=reported_lag(minute), utilization=utilization,
+                    backlog=seen.backlog, time_lag_s=reported_lag(minute), utilization=busy,
                     forecast=forecast, forecast_error=feed.recent_error(minute) if feed else None,
                     restarting=now < restart_until + config.metrics_window_s,
                 )

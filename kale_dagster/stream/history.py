@@ -1,4 +1,10 @@
-"""Metrics history: stream telemetry and worker throughput over time, kept next to Dagster.
+"""Metrics history: stream telemetry, worker throughput and fitted forecasters, kept next to Dagster.
+
+Times and rates are in the pipeline's units (``control.clock``: wall time
+unless the run is compressed).  Rows a demo or a backfill wrote rather
+than the metrics sensor are marked ``seeded``.  The latest fitted
+forecasters are kept as blobs, so the controller (in the sensor's process)
+re-uses what the refit run (in its own process) fitted.
 
 Default storage is ``$KALE_HISTORY_URL`` when set, else SQLite under
 ``$DAGSTER_HOME/kale/metrics.db`` (so it
@@ -11,6 +17,7 @@ i.e. the paper's 28 days at 1-minute resolution plus a margin.
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -36,6 +43,7 @@ STREAM_METRICS = sa.Table(
     sa.Column("committed_total", sa.BigInteger),
     sa.Column("partitions", sa.Integer),
     sa.Column("workers", sa.Integer),
+    sa.Column("seeded", sa.Boolean),
 )
 WORKER_THROUGHPUT = sa.Table(
     "kale_worker_throughput",
@@ -47,7 +55,17 @@ WORKER_THROUGHPUT = sa.Table(
     sa.Column("emulated", sa.Boolean, nullable=False, default=False),
 )
 
-_METRIC_COLUMNS = [c.name for c in STREAM_METRICS.columns if c.name not in ("pipeline", "ts")]
+FORECASTERS = sa.Table(
+    "kale_forecasters",
+    _META,
+    sa.Column("pipeline", sa.String(200), primary_key=True),
+    sa.Column("ts", sa.Float, primary_key=True),  # when it was fitted
+    sa.Column("model", sa.LargeBinary, nullable=False),  # the fitted forecaster, pickled
+)
+#: Fitted forecasters kept per pipeline.
+KEEP_FORECASTERS = 3
+
+_METRIC_COLUMNS = [c.name for c in STREAM_METRICS.columns if c.name not in ("pipeline", "ts", "workers", "seeded")]
 
 
 def default_url() -> str:
@@ -70,12 +88,24 @@ class MetricsHistory:
         self.retention_days = retention_days
         self.engine = sa.create_engine(self.url, future=True)
         _META.create_all(self.engine)
+        _add_missing_columns(self.engine)
 
-    def append_stream(self, pipeline: str, ts: float, metrics: dict, workers: Optional[int] = None) -> None:
-        row = {"pipeline": pipeline, "ts": ts, "workers": workers}
-        row.update({k: metrics.get(k) for k in _METRIC_COLUMNS if k != "workers"})
+    def append_stream(self, pipeline: str, ts: float, metrics: dict, workers: Optional[int] = None, seeded: bool = False) -> None:
+        row = {"pipeline": pipeline, "ts": ts, "workers": workers, "seeded": seeded}
+        row.update({k: metrics.get(k) for k in _METRIC_COLUMNS})
         self._upsert(STREAM_METRICS, row)
         self._trim(STREAM_METRICS, pipeline, ts)
+
+    def seed_stream(self, pipeline: str, rows: pd.DataFrame) -> int:
+        """Write many recorded rows at once (``ts`` and metric columns), marked ``seeded``; returns the count."""
+        records = [{"pipeline": pipeline, "ts": float(r["ts"]), "seeded": True, "workers": None, **{k: r.get(k) for k in _METRIC_COLUMNS}}
+                   for r in rows.to_dict("records")]
+        if records:
+            with self.engine.begin() as conn:
+                conn.execute(sa.delete(STREAM_METRICS).where(sa.and_(STREAM_METRICS.c.pipeline == pipeline, STREAM_METRICS.c.ts.in_([r["ts"] for r in records]))))
+                conn.execute(sa.insert(STREAM_METRICS), records)
+            self._trim(STREAM_METRICS, pipeline, max(r["ts"] for r in records))
+        return len(records)
 
     def append_throughput(self, pipeline: str, ts: float, workers: int, samples_per_s: float, emulated: bool = False) -> None:
         self._upsert(WORKER_THROUGHPUT, {"pipeline": pipeline, "ts": ts, "workers": workers, "samples_per_s": samples_per_s, "emulated": emulated})
@@ -93,6 +123,22 @@ class MetricsHistory:
         frame = self.stream(pipeline, start)
         frame = frame[frame["arrival_rate"].notna()]
         return pd.DataFrame({"timestamp": frame["timestamp"], "rate": frame["arrival_rate"].astype(float)}).reset_index(drop=True)
+
+    def save_forecaster(self, pipeline: str, fitted_at: float, model) -> None:
+        blob = pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL)
+        self._upsert(FORECASTERS, {"pipeline": pipeline, "ts": fitted_at, "model": blob})
+        with self.engine.begin() as conn:
+            keep = sa.select(FORECASTERS.c.ts).where(FORECASTERS.c.pipeline == pipeline).order_by(FORECASTERS.c.ts.desc()).limit(KEEP_FORECASTERS)
+            conn.execute(sa.delete(FORECASTERS).where(sa.and_(FORECASTERS.c.pipeline == pipeline, FORECASTERS.c.ts.not_in(keep.scalar_subquery()))))
+
+    def latest_forecaster(self, pipeline: str, after: Optional[float] = None) -> Optional[tuple[float, object]]:
+        """(fitted_at, forecaster) of the latest fit, or None; with ``after``, only a fit newer than it."""
+        query = sa.select(FORECASTERS.c.ts, FORECASTERS.c.model).where(FORECASTERS.c.pipeline == pipeline)
+        if after is not None:
+            query = query.where(FORECASTERS.c.ts > after)
+        with self.engine.connect() as conn:
+            row = conn.execute(query.order_by(FORECASTERS.c.ts.desc()).limit(1)).first()
+        return (float(row.ts), pickle.loads(row.model)) if row is not None else None
 
     # --- internals ------------------------------------------------------------
 
@@ -121,3 +167,14 @@ class MetricsHistory:
     def dispose(self) -> None:
         self.engine.dispose()
 
+
+
+def _add_missing_columns(engine) -> None:
+    """Columns added since a database was created (nullable ones only), so an older history keeps working."""
+    inspector = sa.inspect(engine)
+    for table in _META.sorted_tables:
+        have = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in have and column.nullable:
+                with engine.begin() as conn:
+                    conn.execute(sa.text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {column.type.compile(engine.dialect)}'))

@@ -290,6 +290,9 @@ class Worker:
                         # Nothing to train: the rank is ready, and an idle stream must not stall a rescale.
                         first_step_done = True
                         emit(WorkerEvent.STEP, rank=self.rank, step=step, first=True, caught_up=True)
+                        window = MetricsWindow()
+                    if first_step_done:
+                        window = self.report(window, step)  # an idle group reports too: 0 samples/s, 0% busy
                     if checkpoint_now:
                         self.checkpoint(step, trained_total, queue)
                         last_ckpt = time.monotonic()
@@ -319,9 +322,7 @@ class Worker:
                     # Metrics count from the first step: start-up is not idle time (HPA
                     # likewise ignores pods that are still initializing).
                     window = MetricsWindow()
-                if time.monotonic() - window.start >= args.metrics_every_s:
-                    emit(WorkerEvent.METRICS, rank=self.rank, world=self.world, **window.fields(), auc=self.auc.value(), step=step, emulated=bool(args.emulate_gpu_rate))
-                    window = MetricsWindow()
+                window = self.report(window, step)
                 if checkpoint_now:
                     self.checkpoint(step, trained_total, queue)
                     last_ckpt = time.monotonic()
@@ -332,6 +333,13 @@ class Worker:
             if trained_log is not None:
                 trained_log.close()
             consumer.close()
+
+    def report(self, window: MetricsWindow, step: int) -> MetricsWindow:
+        """Emit the window's metrics once it spans ``metrics_every_s``; the window to count in next."""
+        if time.monotonic() - window.start < self.args.metrics_every_s:
+            return window
+        emit(WorkerEvent.METRICS, rank=self.rank, world=self.world, **window.fields(), auc=self.auc.value(), step=step, emulated=bool(self.args.emulate_gpu_rate))
+        return MetricsWindow()
 
     def gather_status(self, mine: StepStatus) -> list[StepStatus]:
         """Every rank's status at this step boundary, in rank order."""

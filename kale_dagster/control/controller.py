@@ -1,0 +1,166 @@
+"""One pipeline's controller: observe -> decide -> act, once, for every caller.
+
+The metrics sensor calls :meth:`Controller.step` at every tick, and the
+``gpu_allocation`` asset when an operator materializes it; both hand it
+what actually runs and what was measured, in pipeline units
+(``control.clock``):
+
+1. observe: the stream (lag, time lag, rates averaged over the rate
+   window), what the launcher reports (workers allocated, their busy share,
+   a restart in progress), the fitted throughput model and the forecast,
+   into the same ``Observation`` the simulator builds, with the same
+   utilization formula (``model.utilization``);
+2. hold, without asking the policy, when the controller cannot see: the
+   launcher does not answer, or the stream has no rate yet (first reading,
+   telemetry gap).  A hold never scales in;
+3. decide: the pipeline's registered policy, rebuilt with the restart time
+   measured from recent rescales (their median; the declared one until
+   there is one) and its state restored from the previous decision;
+4. act: a rescale to the decided count when it differs from what runs,
+   nothing is restarting and the pipeline is not advisory.
+
+Pure: no Dagster, no I/O.  ``definitions.control`` gathers the inputs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from kale_dagster.forecast.base import Forecast
+from kale_dagster.forecast.evaluate import smape
+from kale_dagster.launchers.base import LauncherStatus
+from kale_dagster.model.throughput import ThroughputModel
+from kale_dagster.model.types import Decision, Observation, PartitionOffsets
+from kale_dagster.model.utilization import utilization
+from kale_dagster.policies import POLICIES, Sizing
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    """A pipeline's controller, as declared (times in pipeline seconds)."""
+
+    policy: str
+    min_workers: int
+    max_workers: int
+    slo_s: float
+    restart_s: float  # declared: used until a rescale has been measured
+    policy_options: Mapping = field(default_factory=dict)
+    advisory: bool = False
+    rate_window_s: float = 300.0  # arrival and consumption rates are averaged over this window
+    error_window_s: float = 3600.0  # the forecast's recent error is measured over this window
+
+
+@dataclass(frozen=True)
+class StreamReading:
+    """Telemetry at one tick, in pipeline units; rates are None until two readings exist."""
+
+    time: float
+    arrival_rate: Optional[float]
+    consumption_rate: Optional[float]
+    backlog: float
+    time_lag_s: float
+    partitions: tuple[PartitionOffsets, ...] = ()
+
+
+@dataclass(frozen=True)
+class ControlStep:
+    """What one step decided and why, and what to do about it."""
+
+    decision: Decision
+    observation: Optional[Observation]  # None when the controller held without observing
+    policy_state: dict
+    restart_s: float
+    restart_source: str
+    rescale_to: Optional[int] = None
+    held: str = ""  # why the policy was not asked, when it was not
+
+
+def restart_estimate(downtimes_s: Sequence[float], declared_s: float) -> tuple[float, str]:
+    """The restart time to plan with: the median of measured restarts, else the declared one."""
+    if downtimes_s:
+        return float(statistics.median(downtimes_s)), f"measured (median of the last {len(downtimes_s)} restarts)"
+    return declared_s, "declared (no restart measured yet)"
+
+
+def recent_forecast_error(times: Sequence[float], predicted: Sequence[float], actual: Sequence[float], now: float, window_s: float) -> Optional[float]:
+    """sMAPE of earlier one-step predictions against the rates that then arrived, over the last ``window_s``.
+
+    ``actual`` is NaN where nothing was measured.  None until the measured
+    pairs span half of the window (as the simulator requires half of its minutes).
+    """
+    pairs = [(a, p) for t, p, a in zip(times, predicted, actual) if now - window_s <= t <= now and a == a]
+    used = [t for t, _, a in zip(times, predicted, actual) if now - window_s <= t <= now and a == a]
+    if not pairs or max(used) - min(used) < window_s / 2:
+        return None
+    measured, forecast = zip(*pairs)
+    return smape(list(measured), list(forecast))
+
+
+class Controller:
+    """Turns what runs and what was measured into one decision (see the module docstring)."""
+
+    def __init__(self, settings: ControlSettings):
+        self.settings = settings
+        POLICIES[settings.policy]  # an unknown policy fails here, naming the choices
+
+    def observe(self, reading: StreamReading, status: LauncherStatus, model: ThroughputModel, forecast: Optional[Forecast],
+                forecast_error: Optional[float], rescale_in_flight: bool) -> Observation:
+        """The policy's view, built as the simulator builds it."""
+        workers = status.workers
+        # A group that has not reported since it started is still starting: no utilization, no action
+        # (pods that are not ready give HPA none).  Launchers that cannot see the workers' metrics never wait.
+        starting = status.measures and workers > 0 and status.busy_share is None
+        capacity = 0.0 if status.rescaling else float(model.predict(workers))
+        return Observation(
+            time=reading.time,
+            workers=workers,
+            arrival_rate=reading.arrival_rate or 0.0,
+            consumption_rate=reading.consumption_rate or 0.0,
+            backlog=reading.backlog,
+            time_lag_s=reading.time_lag_s,
+            utilization=utilization(status.busy_share, reading.backlog, reading.consumption_rate or 0.0, capacity),
+            partitions=reading.partitions,
+            forecast=forecast,
+            forecast_error=forecast_error,
+            restarting=status.rescaling or rescale_in_flight or starting,
+        )
+
+    def step(
+        self,
+        reading: StreamReading,
+        status: Optional[LauncherStatus],
+        model: ThroughputModel,
+        forecast: Optional[Forecast] = None,
+        forecast_error: Optional[float] = None,
+        policy_state: Optional[dict] = None,
+        rescale_in_flight: bool = False,
+        time_scale: float = 1.0,
+        launcher_error: str = "",
+        last_workers: Optional[int] = None,
+    ) -> ControlStep:
+        """One decision.  ``time_scale`` converts the launcher's wall-second downtimes to pipeline seconds;
+        ``last_workers`` is what the controller last knew runs, for a hold without a launcher."""
+        s = self.settings
+        state = dict(policy_state or {})
+        downtimes = [d * time_scale for d in (status.downtimes_s if status is not None else ())]
+        restart_s, restart_source = restart_estimate(downtimes, s.restart_s)
+        if status is None:
+            held = f"the launcher did not answer ({launcher_error or 'no status'})"
+            return self._hold(last_workers or s.min_workers, held, state, restart_s, restart_source)
+        if reading.arrival_rate is None:
+            return self._hold(status.workers, "no arrival rate yet (first reading, or a telemetry gap)", state, restart_s, restart_source)
+        obs = self.observe(reading, status, model, forecast, forecast_error, rescale_in_flight)
+        policy = POLICIES.build(s.policy, Sizing(min_workers=s.min_workers, max_workers=s.max_workers, slo_s=s.slo_s,
+                                                 restart_s=restart_s, model=model, partitions=len(reading.partitions) or None),
+                                **s.policy_options)
+        policy.load_state(state)
+        decision = policy.decide(obs)
+        act = decision.workers != obs.workers and not obs.restarting and not s.advisory
+        return ControlStep(decision, obs, policy.state(), restart_s, restart_source, rescale_to=decision.workers if act else None)
+
+    def _hold(self, workers: int, why: str, state: dict, restart_s: float, restart_source: str) -> ControlStep:
+        decision = Decision(workers, f"{self.settings.policy}/hold", f"hold at {workers}: {why}")
+        return ControlStep(decision, None, state, restart_s, restart_source, held=why)
+

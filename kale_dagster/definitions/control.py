@@ -1,0 +1,252 @@
+"""The controller's inputs and outputs in Dagster: one pipeline's control tick.
+
+``PipelineControl`` gathers what ``control.Controller`` needs from where it
+lives (the previous decision and its policy state from the
+``gpu_allocation`` asset's latest materialization, the fitted throughput
+model from ``throughput_model``'s, the fitted forecaster from the metrics
+history, what runs from the launcher, rescale and refit runs in flight
+from the run storage), calls it, and turns the step into Dagster events:
+
+* every decision, hold or change, is a ``gpu_allocation`` materialization
+  with its reason, the policy's state and the observation it saw;
+* a change is a ``RunRequest`` of ``<pipeline>_rescale`` tagged with the
+  target, one at a time; a failed rescale is retried with a growing delay,
+  and the decision says so;
+* a forecast older than the refit cadence is a ``RunRequest`` of
+  ``<pipeline>_refit``.
+
+The metrics sensor runs a tick on every reading; the ``gpu_allocation``
+asset runs ``decide`` when an operator materializes it.
+"""
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+from dagster import AssetKey, AssetMaterialization, DagsterRunStatus, MetadataValue, RunRequest, RunsFilter
+
+from kale_dagster.control.controller import ControlSettings, ControlStep, Controller, StreamReading, recent_forecast_error
+from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
+from kale_dagster.forecast.base import Forecast
+from kale_dagster.launchers.base import LauncherStatus
+from kale_dagster.model.throughput import ThroughputModel
+
+IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+#: A failed rescale is retried after this many wall seconds, doubled per consecutive failure, at most MAX_RETRY_S.
+RETRY_S, MAX_RETRY_S = 30.0, 600.0
+#: A backlog of more than this many wall seconds of arrivals keeps every worker busy: its throughput is its capacity.
+SATURATED_WALL_S = 2.0
+TARGET_TAG = "kale/target_workers"
+DECIDED_TAG = "kale/decided_at"
+
+
+def latest_metadata(instance, key: AssetKey) -> dict:
+    """Metadata values of the asset's latest materialization ({} when there is none)."""
+    event = instance.get_latest_materialization_event(key)
+    if event is None or event.asset_materialization is None:
+        return {}
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+
+@dataclass(frozen=True)
+class ControlCursor:
+    """What control ticks hand on: the one-step predictions made, for the forecast's recent error."""
+
+    predictions: list = field(default_factory=list)  # [pipeline time, predicted rate]
+    plotted_at: Optional[float] = None  # when the decision plot was last drawn (pipeline time)
+
+
+@dataclass
+class TickResult:
+    step: ControlStep
+    events: list
+    run_requests: list
+    cursor: ControlCursor
+
+
+class PipelineControl:
+    """Runs one pipeline's controller against Dagster, the metrics history and the launcher."""
+
+    def __init__(self, p: OnlineTrainingPipeline, rescale_job: Optional[str], refit_job: str):
+        self.p = p
+        self.rescale_job, self.refit_job = rescale_job, refit_job
+        self.allocation_key = AssetKey(p.key("gpu_allocation"))
+        self.controller = Controller(ControlSettings(
+            policy=p.policy, min_workers=p.min_workers, max_workers=p.max_workers, slo_s=p.slo_minutes * 60,
+            restart_s=p.restart_minutes * 60, policy_options=p.policy_options, advisory=p.advisory,
+        ))
+        self._forecaster: Optional[tuple] = None  # (fitted_at, model, steps): loaded once per fit
+        self._last_forecast: Optional[Forecast] = None
+        self._history = None
+
+    @property
+    def history(self):
+        """The pipeline's metrics history, opened once per process (the code server keeps it across ticks)."""
+        if self._history is None:
+            self._history = self.p.history()
+        return self._history
+
+    # --- inputs -----------------------------------------------------------------------
+
+    def launcher_status(self) -> tuple[Optional[LauncherStatus], str]:
+        try:
+            return self.p.launcher.build(self.p.name, self.p.source).status(), ""
+        except Exception as exc:  # unreachable service, API error: the controller holds and says why
+            return None, f"{self.p.launcher.describe()}: {type(exc).__name__}: {exc}"
+
+    def throughput_model(self, instance) -> tuple[ThroughputModel, str]:
+        meta = latest_metadata(instance, AssetKey(self.p.key("throughput_model")))
+        if meta.get("model"):
+            return ThroughputModel.from_dict(meta["model"]), str(meta.get("source", "fitted"))
+        return self.p.throughput_prior, "prior"
+
+    def forecast(self) -> Optional[Forecast]:
+        """The latest fitted forecaster, re-anchored on the rates measured since it was fitted."""
+        history = self.history
+        latest = history.latest_forecaster(self.p.name, after=self._forecaster[0] if self._forecaster else None)
+        if latest is not None:
+            fitted_at, saved = latest
+            self._forecaster = (fitted_at, saved["model"], saved["steps"])
+        if self._forecaster is None:
+            return None
+        _, model, steps = self._forecaster
+        self._last_forecast = model.predict(steps, history=history.arrival_history(self.p.name))
+        return self._last_forecast
+
+    def _runs(self, instance, job: Optional[str], statuses=None, limit: int = 1) -> list:
+        if job is None:
+            return []
+        return list(instance.get_run_records(RunsFilter(job_name=job, statuses=statuses), limit=limit))
+
+    # --- the step ------------------------------------------------------------------------
+
+    def decide(self, instance, reading: StreamReading, cursor: ControlCursor = ControlCursor()) -> tuple[ControlStep, dict]:
+        """One decision from everything the pipeline knows now; returns it and its metadata."""
+        p = self.p
+        history = self.history
+        previous = latest_metadata(instance, self.allocation_key)
+        status, launcher_error = self.launcher_status()
+        model, model_source = self.throughput_model(instance)
+        forecast = self.forecast()
+        error = self._forecast_error(history, cursor, reading.time)
+        in_flight = bool(self._runs(instance, self.rescale_job, IN_FLIGHT))
+        step = self.controller.step(
+            reading, status, model, forecast=forecast, forecast_error=error, policy_state=previous.get("policy_state"),
+            rescale_in_flight=in_flight, time_scale=p.clock.time_scale, launcher_error=launcher_error,
+            last_workers=previous.get("running_workers"),
+        )
+        note = ""
+        if step.rescale_to is not None:
+            wait, note = self._retry_wait(instance)
+            if wait:
+                step = replace(step, rescale_to=None)
+        if status is not None and not status.rescaling and status.samples_per_s and reading.backlog > (reading.arrival_rate or 0.0) * p.clock.duration(SATURATED_WALL_S):
+            # F(w) is what the workers deliver while they never wait for data (the paper's profiling); an idle
+            # group's rate is the arrival rate, not its capacity, so only saturated readings are recorded.
+            history.append_throughput(p.name, reading.time, status.workers, p.clock.rate(status.samples_per_s), emulated=status.emulated)
+        obs = step.observation
+        action = (f"rescale to {step.rescale_to} requested" if step.rescale_to is not None
+                  else "advisory: nothing applied" if p.advisory and step.decision.workers != (status.workers if status else None)
+                  else note or "none")
+        metadata = {
+            "workers": step.decision.workers,
+            "running_workers": status.workers if status is not None else previous.get("running_workers", p.min_workers),
+            "policy": step.decision.policy,
+            "reason": MetadataValue.text(step.decision.reason),
+            "action": action,
+            "plan": MetadataValue.json({"step_minutes": step.decision.plan_step_s / 60, "workers": list(step.decision.plan)}),
+            "policy_state": MetadataValue.json(step.policy_state),
+            "restart_s": round(step.restart_s, 1),
+            "restart_estimate": step.restart_source,
+            "throughput_model": model_source,
+            "forecast": forecast.model + (f" (fallback: {forecast.fallback})" if forecast is not None and forecast.fallback else "") if forecast is not None else "none",
+            "time": reading.time,
+            "time_scale": p.clock.time_scale,
+            "advisory": p.advisory,
+        }
+        if obs is not None:
+            metadata.update({"arrival_rate": obs.arrival_rate, "time_lag_s": obs.time_lag_s, "backlog": obs.backlog,
+                             "utilization": round(obs.utilization, 4), "restarting": obs.restarting})
+        if error is not None:
+            metadata["forecast_recent_smape"] = round(error, 4)
+        if step.held:
+            metadata["held"] = step.held
+        return step, metadata
+
+    def tick(self, instance, reading: StreamReading, cursor: ControlCursor, plot_dir: Optional[str] = None) -> TickResult:
+        """``decide``, then the events and run requests of the sensor tick."""
+        step, metadata = self.decide(instance, reading, cursor)
+        requests = []
+        if step.rescale_to is not None:
+            # The wall time of the decision, so a run's start and its rescale's end say how long acting took.
+            requests.append(RunRequest(job_name=self.rescale_job, run_key=f"{self.p.name}-rescale-{reading.time:.0f}-{step.rescale_to}",
+                                       tags={"kale/pipeline": self.p.name, TARGET_TAG: str(step.rescale_to), DECIDED_TAG: f"{time.time():.3f}"}))
+        refit = self._refit_request(instance, reading.time)
+        if refit is not None:
+            requests.append(refit)
+        plotted_at = cursor.plotted_at
+        changed = step.decision.workers != metadata["running_workers"]
+        if plot_dir is not None and (changed or plotted_at is None or reading.time - plotted_at >= 600):
+            metadata["plot"] = self._plot(step, reading.time, plot_dir)
+            plotted_at = reading.time
+        predictions = self._remember_prediction(cursor, reading.time)
+        event = AssetMaterialization(self.allocation_key, metadata=metadata)
+        return TickResult(step, [event], requests, ControlCursor(predictions, plotted_at))
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _retry_wait(self, instance) -> tuple[bool, str]:
+        """After failed rescales, wait RETRY_S x 2^(failures - 1) from the last failure."""
+        runs = self._runs(instance, self.rescale_job, limit=10)
+        failures = 0
+        for record in runs:
+            if record.dagster_run.status != DagsterRunStatus.FAILURE:
+                break
+            failures += 1
+        if not failures:
+            return False, ""
+        delay = min(RETRY_S * 2 ** (failures - 1), MAX_RETRY_S)
+        ended = runs[0].end_time or runs[0].create_timestamp.timestamp()
+        remaining = ended + delay - time.time()
+        if remaining > 0:
+            return True, f"the last {failures} rescale run(s) failed (see run {runs[0].dagster_run.run_id[:8]}); retrying in {remaining:.0f} s"
+        return False, f"retrying after {failures} failed rescale run(s)"
+
+    def _refit_request(self, instance, now: float) -> Optional[RunRequest]:
+        fitted_at = latest_metadata(instance, AssetKey(self.p.key("traffic_forecast"))).get("fitted_at")
+        refit_s = self.p.forecast_refit_minutes * 60
+        if fitted_at is not None and now - fitted_at < refit_s:
+            return None
+        if self._runs(instance, self.refit_job, IN_FLIGHT):
+            return None
+        return RunRequest(job_name=self.refit_job, run_key=f"{self.p.name}-refit-{int(now // refit_s)}", tags={"kale/pipeline": self.p.name})
+
+    def _remember_prediction(self, cursor: ControlCursor, now: float) -> list:
+        keep = [pair for pair in cursor.predictions if now - pair[0] <= self.controller.settings.error_window_s]
+        if self._last_forecast is not None and len(self._last_forecast):
+            keep.append([float(self._last_forecast.start), float(self._last_forecast.point[0])])
+        return keep
+
+    def _forecast_error(self, history, cursor: ControlCursor, now: float) -> Optional[float]:
+        if not cursor.predictions:
+            return None
+        times = np.array([t for t, _ in cursor.predictions])
+        measured = history.stream(self.p.name, start=float(times.min()) - 600)
+        measured = measured[measured["arrival_rate"].notna()]
+        if measured.empty:
+            return None
+        # The rate measured at the first reading at or after each predicted instant.
+        idx = np.searchsorted(measured["ts"].to_numpy(), times)
+        actual = np.where(idx < len(measured), measured["arrival_rate"].to_numpy()[np.minimum(idx, len(measured) - 1)], np.nan)
+        return recent_forecast_error(times, [v for _, v in cursor.predictions], actual, now, self.controller.settings.error_window_s)
+
+    def _plot(self, step: ControlStep, now: float, plot_dir: str) -> MetadataValue:
+        from kale_dagster.definitions.plots import plot_allocation, png_markdown
+
+        recent = self.history.stream(self.p.name, start=now - 2 * 86_400)
+        plan_times = pd.to_datetime(now + step.decision.plan_step_s * np.arange(len(step.decision.plan)), unit="s", utc=True)
+        png = plot_allocation(recent, plan_times, list(step.decision.plan), self.p.slo_minutes, f"{plot_dir}/{self.p.name}_allocation.png",
+                              title=f"{self.p.name}: {step.decision.workers} workers ({step.decision.policy})")
+        return png_markdown(png)

@@ -1,0 +1,253 @@
+"""The one controller: its step (table-driven), and the metrics sensor running it in a real Dagster instance.
+
+The sensor tests use the real embedded broker, a real Dagster instance and
+the real trainer service over loopback; only the workers behind the
+service are a stand-in (the real ones are exercised in test_trainer.py and
+test_demo.py), so that their busy share can be set.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kale_dagster.control.clock import PipelineClock
+from kale_dagster.control.controller import ControlSettings, Controller, StreamReading, recent_forecast_error, restart_estimate
+from kale_dagster.launchers.base import LauncherStatus, RescaleRecord
+from kale_dagster.model.throughput import ThroughputModel
+
+MODEL = ThroughputModel.linear(100.0)
+READING = StreamReading(time=1_800_000_000.0, arrival_rate=150.0, consumption_rate=150.0, backlog=0.0, time_lag_s=5.0)
+
+
+def _controller(**kw):
+    settings = dict(policy="static", min_workers=1, max_workers=8, slo_s=1200, restart_s=600, policy_options={"workers": 3})
+    settings.update(kw)
+    return Controller(ControlSettings(**settings))
+
+
+# (case, controller settings, launcher status or None, reading changes, rescale in flight, expected workers, expected rescale, hold reason)
+STEP_ROWS = [
+    ("acts when the decision differs from what runs", {}, LauncherStatus(workers=2), {}, False, 3, 3, ""),
+    ("nothing to do at the decided size", {}, LauncherStatus(workers=3), {}, False, 3, None, ""),
+    ("holds without a launcher, at what it last knew", {}, None, {}, False, 2, None, "the launcher did not answer"),
+    ("holds without a rate (first reading, telemetry gap)", {}, LauncherStatus(workers=2), {"arrival_rate": None}, False, 2, None, "no arrival rate"),
+    ("one rescale at a time: a run in flight", {}, LauncherStatus(workers=2), {}, True, 3, None, ""),
+    ("one rescale at a time: the launcher is restarting", {}, LauncherStatus(workers=2, rescaling=True), {}, False, 3, None, ""),
+    ("a group still starting gives no action", {}, LauncherStatus(workers=2, measures=True), {}, False, 3, None, ""),
+    ("a group that reported can be acted on", {}, LauncherStatus(workers=2, measures=True, reported=2, busy_share=0.9, samples_per_s=180.0), {}, False, 3, 3, ""),
+    ("advisory pipelines decide and never act", {"advisory": True}, LauncherStatus(workers=2), {}, False, 3, None, ""),
+]
+
+
+@pytest.mark.parametrize("case, settings, status, reading, in_flight, workers, rescale, held", STEP_ROWS, ids=[r[0] for r in STEP_ROWS])
+def test_step(case, settings, status, reading, in_flight, workers, rescale, held):
+    from dataclasses import replace
+
+    step = _controller(**settings).step(replace(READING, **reading), status, MODEL, rescale_in_flight=in_flight, launcher_error="refused", last_workers=2)
+    assert (step.decision.workers, step.rescale_to) == (workers, rescale)
+    assert held in step.held
+    if held:
+        assert step.decision.policy == "static/hold" and step.observation is None and step.decision.reason.startswith(f"hold at {workers}")
+
+
+def test_restart_time_is_the_median_of_measured_restarts_in_pipeline_seconds():
+    assert restart_estimate([], 600.0) == (600.0, "declared (no restart measured yet)")
+    status = LauncherStatus(workers=2, downtimes_s=(2.0, 4.0, 100.0))
+    step = _controller(policy="kale", policy_options={}).step(READING, status, MODEL, time_scale=10.0)
+    assert step.restart_s == pytest.approx(40.0) and "median of the last 3" in step.restart_source
+
+
+def test_hpa_state_survives_a_rebuilt_policy():
+    """Each step rebuilds the policy; its recommendations come back from the state the last step returned."""
+    controller = _controller(policy="hpa", policy_options={"sync_period_s": 15.0})
+    busy = LauncherStatus(workers=4, measures=True, reported=4, busy_share=1.0, samples_per_s=400.0)
+    idle = LauncherStatus(workers=5, measures=True, reported=5, busy_share=0.1, samples_per_s=50.0)  # the rescale to 5 applied
+    first = controller.step(READING, busy, MODEL)  # recommends 5; rate-limited up
+    assert first.decision.workers == 5 and first.policy_state["recommendations"]
+    later = StreamReading(**{**READING.__dict__, "time": READING.time + 60})
+    held = controller.step(later, idle, MODEL, policy_state=first.policy_state)
+    assert (held.decision.workers, held.rescale_to) == (5, None)  # the 5 of a minute ago holds scale-down (300 s window)
+    forgot = controller.step(later, idle, MODEL, policy_state={})
+    assert forgot.decision.workers == 1  # without the state HPA would drop at once
+
+
+def test_recent_forecast_error_needs_half_the_window():
+    times = [0.0, 600.0, 1200.0, 1800.0]
+    assert recent_forecast_error(times[:2], [100, 100], [110, 90], now=1800, window_s=3600) is None
+    error = recent_forecast_error(times, [100, 100, 100, 100], [100, 100, float("nan"), 300], now=1800, window_s=3600)
+    assert error == pytest.approx((0 + 0 + 1.0) / 3)
+
+
+# --- the metrics sensor running the controller --------------------------------------------------
+
+
+class StandInWorkers:
+    """Behind the real trainer service: a group whose busy share the test sets, and that can fail a rescale."""
+
+    def __init__(self, workers=2):
+        self.workers, self.busy, self.fail, self.records = workers, 1.0, False, []
+
+    def rescale(self, m, reason="rescale"):
+        if self.fail:
+            raise RuntimeError("the standbys did not come up")
+        if m == self.workers:
+            return None
+        record = RescaleRecord(time=time.time(), from_workers=self.workers, to_workers=m, downtime_s=0.5, reason=reason)
+        self.workers = m
+        self.records.append(record)
+        return record
+
+    def status(self):
+        rate = 100.0 * self.workers * self.busy
+        return LauncherStatus(workers=self.workers, measures=True, reported=self.workers, busy_share=self.busy, samples_per_s=rate,
+                              downtimes_s=tuple(r.downtime_s for r in self.records))
+
+
+@pytest.fixture
+def controlled(kafka_broker, tmp_path):
+    """A pipeline on the embedded broker, an HPA with a 60-second scale-down window, 30x pipeline time."""
+    from dagster import instance_for_test
+
+    from kale_dagster import KafkaSource, LocalLauncherConfig, OnlineTrainingPipeline, build_definitions
+    from kale_dagster.launchers.service import LauncherService
+    from kale_dagster.stream.producer import ensure_topic
+
+    ensure_topic(kafka_broker.bootstrap_servers, "events", 2)
+    workers = StandInWorkers()
+    service = LauncherService(workers, port=0).start()
+    p = OnlineTrainingPipeline(
+        name="ctl", source=KafkaSource(kafka_broker.bootstrap_servers, ("events",), "ctl-trainer", request_timeout_ms=3000),
+        min_workers=1, max_workers=8, policy="hpa", throughput_prior=MODEL,
+        policy_options={"behavior": {"scaleDown": {"stabilizationWindowSeconds": 60, "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]}}},
+        clock=PipelineClock(30.0, wall_start=time.time()), launcher=LocalLauncherConfig(service.url),
+        history_url=f"sqlite:///{tmp_path / 'm.db'}",
+    )
+    defs = build_definitions(p)
+    with instance_for_test() as instance:
+        yield {"p": p, "defs": defs, "instance": instance, "workers": workers, "service": service, "servers": kafka_broker.bootstrap_servers}
+    service.close()
+
+
+def _tick(env, cursor=None):
+    from dagster import build_sensor_context
+
+    sensor = {s.name: s for s in env["defs"].get_repository_def().sensor_defs}["ctl_stream_metrics"]
+    resource = env["defs"].get_repository_def().get_top_level_resources()["kale_stream_ctl"]
+    return sensor(build_sensor_context(instance=env["instance"], cursor=cursor, resources={"kale_stream_ctl": resource}))
+
+
+def _decision(result) -> dict:
+    event = next(e for e in result.asset_events if e.asset_key.path == ["ctl", "gpu_allocation"])
+    return {k: v.value for k, v in event.metadata.items()}
+
+
+def _produce(servers, n):
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=servers)
+    for i in range(n):
+        producer.send("events", value=b"x" * 29, partition=i % 2)
+    producer.close()
+
+
+@pytest.mark.integration
+def test_sensor_decides_at_every_reading_and_hpa_windows_hold_across_ticks(controlled):
+    from dagster import AssetKey
+
+    env = controlled
+    _produce(env["servers"], 40)
+    first = _tick(env)
+    assert _decision(first)["held"].startswith("no arrival rate")  # one reading: no rate yet, no decision on it
+    refit = [r for r in first.run_requests if r.job_name == "ctl_refit"]
+    assert len(refit) == 1  # no forecast yet: a refit is requested at once
+
+    time.sleep(0.5)
+    _produce(env["servers"], 40)
+    second = _tick(env, first.cursor)
+    decision = _decision(second)
+    assert decision["workers"] == 3 and decision["running_workers"] == 2 and decision["action"] == "rescale to 3 requested"
+    rescale = next(r for r in second.run_requests if r.job_name == "ctl_rescale")
+    assert rescale.tags["kale/target_workers"] == "3" and float(rescale.tags["kale/decided_at"]) <= time.time()
+    # The run applies the target it was requested with.
+    env["instance"].report_runless_asset_event(second.asset_events[-1])
+    assert env["defs"].resolve_job_def("ctl_rescale").execute_in_process(instance=env["instance"], tags=rescale.tags).success
+    assert env["workers"].workers == 3
+
+    env["workers"].busy = 0.2  # HPA now recommends 1, but its 60-s scale-down window remembers the 3
+    third = _tick(env, second.cursor)
+    env["instance"].report_runless_asset_event(third.asset_events[-1])
+    assert (_decision(third)["workers"], _decision(third)["action"]) == (3, "none")
+    time.sleep(2.5)  # 75 pipeline seconds at 30x: the window has passed
+    fourth = _tick(env, third.cursor)
+    assert _decision(fourth)["workers"] == 1 and "ctl_rescale" in [r.job_name for r in fourth.run_requests]
+    records = env["instance"].fetch_materializations(AssetKey(["ctl", "gpu_allocation"]), limit=10).records
+    assert len(records) == 2  # every decision is an event (the test reported two of them to the instance)
+
+
+@pytest.mark.integration
+def test_a_failed_rescale_is_retried_later_and_the_decision_says_so(controlled):
+    env = controlled
+    _produce(env["servers"], 40)
+    first = _tick(env)
+    time.sleep(0.5)
+    second = _tick(env, first.cursor)
+    env["instance"].report_runless_asset_event(second.asset_events[-1])
+    rescale = next(r for r in second.run_requests if r.job_name == "ctl_rescale")
+    env["workers"].fail = True
+    failed = env["defs"].resolve_job_def("ctl_rescale").execute_in_process(instance=env["instance"], tags=rescale.tags, raise_on_error=False)
+    assert not failed.success
+    third = _tick(env, second.cursor)
+    decision = _decision(third)
+    assert decision["workers"] == 3 and "ctl_rescale" not in [r.job_name for r in third.run_requests]
+    assert "the last 1 rescale run(s) failed" in decision["action"] and "retrying in" in decision["action"]
+
+    env["service"].close()  # the trainer service is gone: hold, and say where it was looked for
+    fourth = _tick(env, third.cursor)
+    assert _decision(fourth)["held"].startswith(f"the launcher did not answer (the local trainer service at {env['service'].url}")
+    assert not [r for r in fourth.run_requests if r.job_name == "ctl_rescale"]
+
+
+def test_clock_converts_between_wall_and_pipeline_time():
+    clock = PipelineClock(48.0, wall_start=1000.0, pipeline_start=5000.0)
+    assert clock.at(1010.0) == 5480.0 and clock.wall_at(5480.0) == 1010.0
+    assert clock.duration(2.0) == 96.0 and clock.rate(96.0) == 2.0 and clock.wall_duration(600.0) == 12.5
+    assert PipelineClock().at(123.0) == 123.0
+
+
+def test_threading_lock_is_not_held_by_status():
+    """status() answers while a rescale is in progress (a sensor tick must not wait for a restart)."""
+    from kale_dagster.launchers.base import Launcher
+
+    class Slow(Launcher):
+        def __init__(self):
+            super().__init__()
+            self.n, self.release = 1, threading.Event()
+
+        @property
+        def workers(self):
+            return self.n
+
+        def _running_at(self, n):
+            return n == self.n
+
+        def _replace_group(self, n):
+            self.release.wait(10)
+            self.n = n
+            return {}
+
+        def stop(self):
+            pass
+
+    slow = Slow()
+    thread = threading.Thread(target=slow.rescale, args=(4,))
+    thread.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    status = slow.status()
+    assert time.monotonic() - started < 0.1 and status.rescaling and status.workers == 4
+    slow.release.set()
+    thread.join()
+    assert not slow.status().rescaling and slow.status().downtimes_s
