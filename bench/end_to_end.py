@@ -233,17 +233,20 @@ def sim_config(cal: "Calibration", speed: float, warmup: int) -> SimConfig:
 
 
 def run_sim(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tuned: Optional[dict] = None) -> dict:
-    """The simulator's prediction for one policy, in trace units, from the calibration alone."""
+    """The simulator's prediction for one policy, in trace units, from the calibration alone.
+
+    As live, the policy acts from the segment's start and the forecaster also sees the seeded prior days.
+    """
     policy_name, options = policy_options(name, speed, tuned)
     model = in_trace_units(cal.model, speed)
-    rates = frame["rate"].to_numpy() * PEAK_WALL_RATE / speed
-    times = pd.DatetimeIndex(frame["timestamp"])
     start = segment_start(frame)
-    if not POLICIES[policy_name].uses_forecast:  # no forecaster to warm: the run starts where the live one does
-        rates, times, start = rates[start:], times[start:], 0
+    trace = frame.assign(rate=frame["rate"] * PEAK_WALL_RATE / speed)
+    live, prior = trace.iloc[start:], trace.iloc[:start]
     policy = POLICIES.build(policy_name, Sizing(1, MAX_WORKERS, SLO_MIN * 60, cal.restart_s * speed, model), **options)
     factory = (lambda: make_forecaster("prophet", horizon_s=7200.0)) if POLICIES[policy_name].uses_forecast else None
-    return simulate(rates, times, policy, model, sim_config(cal, speed, start + WARMUP_MIN), forecaster_factory=factory).metrics.to_json()
+    result = simulate(live["rate"].to_numpy(), pd.DatetimeIndex(live["timestamp"]), policy, model, sim_config(cal, speed, WARMUP_MIN),
+                      forecaster_factory=factory, forecast_history=prior.reset_index(drop=True))
+    return result.metrics.to_json()
 
 
 def cost(m: dict, hours: float) -> float:
@@ -311,12 +314,14 @@ def cpu_seconds(pgid: int) -> dict:
         if int(fields[2]) != pgid:
             continue
         ticks = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
-        role = "daemon" if "dagster-daemon" in cmd or "daemon" in cmd.split()[-2:] else "webserver" if "webserver" in cmd else "code server and runs"
+        # Runs are children of the code server: their CPU counts there once they are reaped.
+        role = ("daemon" if "_daemon" in cmd or "dagster-daemon" in cmd else "webserver" if "webserver" in cmd
+                else "code server and runs" if "grpc" in cmd or "code-server" in cmd or "execute" in cmd else "dagster dev")
         roles[role] = roles.get(role, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
     return roles
 
 
-def run_live(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tuned: Optional[dict], log_dir: str) -> dict:
+def run_live(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tuned: Optional[dict], log_dir: str, label: str) -> dict:
     """One live run through Dagster; its metrics and Dagster's cost."""
     from dagster import DagsterInstance, RunsFilter
 
@@ -340,7 +345,7 @@ def run_live(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", t
             wall_start = time.time() + 60  # dagster dev is up well before: the trace, the clock and the sensors start together
             location = DemoLocation(bootstrap_servers=servers, trainer_url=service.url, time_scale=speed, wall_start=wall_start,
                                     pipeline_start=pipeline_start, worker_rate=WORKER_RATE, max_workers=MAX_WORKERS, slo_minutes=SLO_MIN,
-                                    restart_minutes=(RESTORE_TRACE_S + cal.restart_s * speed) / 60, policy=policy_name,
+                                    restart_minutes=cal.restart_s * speed / 60, policy=policy_name,
                                     policy_options=options, samples_per_record=SAMPLES_PER_RECORD, autostart=False)
             location.save(str(home))
             ts = (prior["timestamp"] - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
@@ -374,7 +379,7 @@ def run_live(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", t
         rows = history.stream(PIPELINE)
         history.dispose()
     rows = rows[~rows["seeded"].fillna(False).astype(bool)]
-    rows.to_csv(f"{log_dir}/{name}-timeline.csv", index=False)
+    rows.to_csv(f"{log_dir}/{label}-timeline.csv", index=False)
     clock = location.pipeline().clock
     scored_from = pipeline_start + WARMUP_MIN * 60
     scored = rows[rows["ts"] >= scored_from]
@@ -420,7 +425,7 @@ def main() -> int:
     cal.save(f"{args.out}/calibration.json")
     print(f"calibration: F(w) = w / ({' + '.join(f'{t:.3g}' + x for t, x in zip(cal.model.theta, ('', '/w', '*w')))}) "
           f"(fit MAPE {cal.model.fit_mape:.1f}%); restart median {cal.restart_s:.2f} s wall = {cal.restart_s * args.speedup / 60:.1f} trace min "
-          f"(+{RESTORE_TRACE_S / 60:.0f} min EMULATED restore); latency {cal.latency_s:.2f} s + {cal.latency_per_worker_s:.2f} s per worker", flush=True)
+          f"(with the {RESTORE_TRACE_S / 60:.0f}-min EMULATED restore); latency {cal.latency_s:.2f} s + {cal.latency_per_worker_s:.2f} s per worker", flush=True)
     tuned, sweep = tune_hpa(frame, args.speedup, cal, args.hours)
     print("tuned HPA (simulated sweep, lowest GPU-min + 8 x lag-min + 100 x violation-min): " + json.dumps(tuned), flush=True)
     for c, setting, m in sweep[:5]:
@@ -429,7 +434,7 @@ def main() -> int:
     runs: dict = {name: [] for name in names}
     for r in range(args.repeats):
         for name in names:
-            result = run_live(name, frame, args.speedup, cal, tuned, args.out)
+            result = run_live(name, frame, args.speedup, cal, tuned, args.out, f"{name}-{r + 1}")
             runs[name].append(result)
             m, d = result["metrics"], result["dagster"]
             print(f"{name} run {r + 1}: " + ", ".join(f"{k} {m[k]:.3g}" for k in keys)
@@ -458,7 +463,7 @@ def main() -> int:
     to_step = [x for name in names for run in runs[name] for x in run["dagster"]["decision_to_first_step_s"]]
     ticks = [run["dagster"]["tick_wall_s_median"] for name in names for run in runs[name]]
     cpu = {role: statistics.median(run["dagster"]["cpu_share_of_one_core"].get(role, 0.0) for name in names for run in runs[name])
-           for role in ("daemon", "webserver", "code server and runs")}
+           for role in ("daemon", "webserver", "code server and runs", "dagster dev")}
     print(f"\nDagster's cost: tick period median {statistics.median(ticks):.1f} s wall ({statistics.median(ticks) * args.speedup / 60:.1f} trace min); "
           f"decision -> rescale run start median {np.median(latency):.1f} s, p95 {np.percentile(latency, 95):.1f} s "
           f"({np.median(latency) * args.speedup / 60:.1f} trace min); decision -> first step median {np.median(to_step):.1f} s; "

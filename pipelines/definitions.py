@@ -27,6 +27,7 @@ ctr_production = OnlineTrainingPipeline(
     throughput_prior=ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786)),
     global_batch=16384,
     advisory=True,
+    autostart=False,  # an example: its sensors and schedule wait for an operator, not for a cluster that is not there
     launcher=KubernetesLauncherConfig(
         image="registry.example.com/ctr-trainer:1.4",
         namespace="ml",

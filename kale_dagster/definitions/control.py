@@ -112,7 +112,10 @@ class PipelineControl:
         if self._forecaster is None:
             return None
         _, model, steps = self._forecaster
-        self._last_forecast = model.predict(steps, history=history.arrival_history(self.p.name))
+        try:
+            self._last_forecast = model.predict(steps, history=history.arrival_history(self.p.name))
+        except Exception:  # a history the fit cannot take: Kale falls back to measured rates ("no forecast")
+            self._last_forecast = None
         return self._last_forecast
 
     def _runs(self, instance, job: Optional[str], statuses=None, limit: int = 1) -> list:
@@ -161,7 +164,7 @@ class PipelineControl:
             "restart_s": round(step.restart_s, 1),
             "restart_estimate": step.restart_source,
             "throughput_model": model_source,
-            "forecast": forecast.model + (f" (fallback: {forecast.fallback})" if forecast is not None and forecast.fallback else "") if forecast is not None else "none",
+            "forecast": "none" if forecast is None else forecast.model + (f" (fallback: {forecast.fallback})" if forecast.fallback else ""),
             "time": reading.time,
             "time_scale": p.clock.time_scale,
             "advisory": p.advisory,

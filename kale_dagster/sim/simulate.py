@@ -95,11 +95,12 @@ class SimConfig:
 class _ForecastFeed:
     """Keeps Kale's forecast current: refit on cadence, re-predict from fresh history."""
 
-    def __init__(self, factory: Callable, times: pd.DatetimeIndex, rates: np.ndarray, cfg: SimConfig):
+    def __init__(self, factory: Callable, times: pd.DatetimeIndex, rates: np.ndarray, cfg: SimConfig, prior: Optional[pd.DataFrame] = None):
         self.factory = factory
         self.times = times
         self.rates = rates
         self.cfg = cfg
+        self.prior = prior if prior is not None else pd.DataFrame({"timestamp": pd.DatetimeIndex([], tz="UTC"), "rate": []})
         self.model = None
         self.next_refit = 0
         self.forecast: Optional[Forecast] = None
@@ -107,9 +108,9 @@ class _ForecastFeed:
 
     def update(self, minute: int) -> Optional[Forecast]:
         """Called at minute boundaries; ``minute`` observations are known."""
-        if minute < 2 or minute % max(int(self.cfg.forecast_every_s // MINUTE), 1):
+        if minute + len(self.prior) < 2 or minute % max(int(self.cfg.forecast_every_s // MINUTE), 1):
             return self.forecast
-        history = pd.DataFrame({"timestamp": self.times[:minute], "rate": self.rates[:minute]})
+        history = pd.concat([self.prior, pd.DataFrame({"timestamp": self.times[:minute], "rate": self.rates[:minute]})], ignore_index=True)
         steps = max(int(self.cfg.forecast_horizon_s // MINUTE), 1)
         if self.model is None or minute >= self.next_refit:
             self.model = self.factory().fit(history)
@@ -138,8 +139,14 @@ def simulate(
     config: SimConfig = SimConfig(),
     forecaster_factory: Optional[Callable] = None,
     progress: Optional[Callable[[int, int], None]] = None,
+    forecast_history: Optional[pd.DataFrame] = None,
 ) -> SimResult:
-    """Run ``policy`` over per-minute arrival ``rates`` (samples/s) at ``times``."""
+    """Run ``policy`` over per-minute arrival ``rates`` (samples/s) at ``times``.
+
+    ``forecast_history`` (``timestamp``, ``rate``) is what was recorded before
+    ``times[0]``: the forecaster sees it, the simulated workers never did
+    (a pipeline whose history was seeded, or that ran under another policy).
+    """
     rates = np.asarray(rates, dtype=float)
     n = len(rates)
     if n == 0:
@@ -163,7 +170,7 @@ def simulate(
         lag = seen.time_lag()
         latency = config.pipeline_latency_s + config.pipeline_latency_per_worker_s * workers
         return lag + latency if lag > 0 or rates[minute] > 0 else 0.0
-    feed = _ForecastFeed(forecaster_factory, times, rates, config) if forecaster_factory else None
+    feed = _ForecastFeed(forecaster_factory, times, rates, config, forecast_history) if forecaster_factory else None
     ticks_per_min = int(MINUTE // TICK_S)
     sync_ticks = max(int(round(policy.sync_period_s / TICK_S)), 1)
     consumed_log: list[float] = []
