@@ -1,13 +1,19 @@
-"""Backtest Kale against HPA (headline), KEDA and static on two traces, in one run.
+"""Backtest Kale against HPA, KEDA and static, each tuned as its users would, on two traces.
 
 1. a 14-day synthetic trace (seed 0), first 7 days warm-up;
-2. ../shared/traces/nyc_taxi.csv (NAB), its last 35 days, first 7 warm-up.
+2. ../shared/traces/nyc_taxi.csv (NAB), its last 35 days, first 7 warm-up;
+3. with --dev, every other trace there, its last 14 days, first 7 warm-up.
 
-Prints the paper's metrics per policy, Kale's ratios to default HPA against
-the targets, and any swept baseline setting that has no more GPU hours than
-Kale and lower accumulated lag.
+Prints the paper's metrics per policy at its defaults, Kale planning with the
+true F(w) and restart time (what estimating them costs), Kale with a perfect
+forecast (its planning error alone), Kale with the paper's Algorithm 1
+instead of our stabilizer, the offline optimum (perfect foresight), each
+policy's cost over the optimum's (Kale's own objective), each baseline's
+Pareto frontier over its swept grid, the headline (Kale against the best
+setting with at least Kale's GPU hours, and against the default), any swept
+setting that dominates Kale, and the wall time (policy-days per second).
 
-    python bench/backtest_vs_baselines.py [--nyc PATH] [--skip-nyc]
+    python bench/backtest_vs_baselines.py [--traces DIR] [--skip-nyc] [--dev] [--json FILE]
 """
 
 from __future__ import annotations
@@ -22,59 +28,83 @@ import pandas as pd
 
 from kale_dagster.forecast.history import prepare_history, read_trace_csv
 from kale_dagster.policies import POLICIES
-from kale_dagster.sim.backtest import Backtest, BacktestSettings, dominating_baselines
+from kale_dagster.sim.backtest import KALE_VARIANTS, Backtest, BacktestSettings, compare
 from kale_dagster.sim.trace import synth_trace
 
-TARGETS = {  # Kale / default HPA, from the issue
-    "accumulated_lag_minutes": 0.25,
-    "downtime_minutes": 0.6,
-    "gpu_hours": 1.0,
-}
-MAX_SLO_VIOLATION = 0.02
-DEFAULT_NYC = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "nyc_taxi.csv"
+DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+VARIANT_LABELS = {"kale_oracle": "kale, true F(w) and restart", "kale_perfect_forecast": "kale, perfect forecast",
+                  "kale_paper_stabilizer": "kale, the paper's stabilizer"}
+ROW = "{:<34}{:>14,.0f}{:>10.2%}{:>10,.0f}{:>9,.0f}{:>10}{:>9.1f}"
 
 
-def run(label: str, history: pd.DataFrame, warmup_days: float) -> dict:
+def _row(label: str, m: dict) -> str:
+    return ROW.format(label[:34], m["accumulated_lag_minutes"], m["slo_violation_rate"], m["downtime_minutes"], m["gpu_hours"], m["rescales"], m["max_lag_minutes"])
+
+
+def run(label: str, history: pd.DataFrame, warmup_days: float, variants=tuple(KALE_VARIANTS)) -> dict:
     started = time.perf_counter()
     bt = Backtest(history, BacktestSettings(warmup_days=warmup_days))
-    policies = {name: bt.run(bt.policy(name)).metrics.to_json() for name in POLICIES}
-    sweeps = bt.sweeps(list(POLICIES))
+    report = compare(bt, list(POLICIES), variants=variants)
     elapsed = time.perf_counter() - started
-    kale, hpa = policies["kale"], policies["hpa"]
-    print(f"\n== {label}: {len(bt.rates) / 1440:.1f} days, {warmup_days:g} warm-up, {elapsed:.0f} s ==")
-    print(f"{'policy':<8}{'acc lag min':>14}{'SLO viol':>10}{'downtime':>10}{'GPU h':>9}{'rescales':>10}{'max lag':>9}")
-    for name, m in policies.items():
-        print(f"{name:<8}{m['accumulated_lag_minutes']:>14,.0f}{m['slo_violation_rate']:>10.2%}{m['downtime_minutes']:>10,.0f}{m['gpu_hours']:>9,.0f}{m['rescales']:>10}{m['max_lag_minutes']:>9.1f}")
-    print("Kale / default HPA (target):")
-    for key, target in TARGETS.items():
-        ratio = kale[key] / hpa[key] if hpa[key] else float("nan")
-        print(f"  {key:<26}{ratio:8.3f}  (<= {target})  {'met' if ratio <= target else 'MISSED'}")
-    print(f"  {'slo_violation_rate':<26}{kale['slo_violation_rate']:8.2%}  (<= {MAX_SLO_VIOLATION:.0%})  {'met' if kale['slo_violation_rate'] <= MAX_SLO_VIOLATION else 'MISSED'}")
-    for name, rows in sweeps.items():
-        print(f"{name} sweep: " + "; ".join(f"{list(r['setting'].values())[0]}: lag {r['accumulated_lag_minutes']:,.0f}, GPU h {r['gpu_hours']:,.0f}" for r in rows))
-    beaten = dominating_baselines(kale, sweeps)
+    del report["timelines"]
+    days = len(bt.rates) / 1440
+    runs = len(POLICIES) + len(report["kale_variants"]) + sum(len(rows) for rows in report["sweeps"].values())
+    report["wall_s"] = elapsed
+    report["policy_days_per_s"] = runs * days / elapsed
+    print(f"\n== {label}: {days:.1f} days, {warmup_days:g} warm-up; {runs} runs in {elapsed:.0f} s ({report['policy_days_per_s']:.1f} policy-days/s) ==")
+    print(f"{'policy':<34}{'acc lag min':>14}{'SLO viol':>10}{'downtime':>10}{'GPU h':>9}{'rescales':>10}{'max lag':>9}")
+    for name, m in report["policies"].items():
+        print(_row(name + (" (default)" if name != "kale" else ""), m))
+    for key, m in report["kale_variants"].items():
+        print(_row(VARIANT_LABELS[key], m))
+    print(_row("offline optimum", report["optimum"]))
+    for name, frontier in report["frontiers"].items():
+        print(f"{name} frontier ({len(frontier)} of {len(report['sweeps'][name])} settings):")
+        for r in frontier:
+            print(_row("  " + ",".join(str(v) for v in r["setting"].values()), r))
+    for name, h in report["headline"].items():
+        best = h["best_at_kales_gpu_hours"]
+        vs_best = f"{h['lag_ratio_vs_best']:.3f}x" if h["lag_ratio_vs_best"] is not None else "n/a"
+        print(f"Kale / {name}: lag {h['lag_ratio_vs_default'] if h['lag_ratio_vs_default'] is not None else float('nan'):.3f}x of the default; "
+              + (f"{vs_best} of the best setting with >= Kale's GPU hours ({best['setting']}, {best['gpu_hours']:,.0f} GPU h)" if best else "no setting with >= Kale's GPU hours"))
+    print("cost over the offline optimum's: " + ", ".join(f"{k} {r:.3f}x" for k, r in report["cost_over_optimum"].items() if k != "optimum")
+          + f" (best baseline: {report['best_baseline_by_cost']})")
+    beaten = report["kale_dominated_by"]
     print("swept settings with <= Kale's GPU hours and lower accumulated lag: " + (", ".join(beaten) if beaten else "none"))
-    return {"policies": policies, "sweeps": sweeps}
+    return report
+
+
+def last_days(history: pd.DataFrame, days: float) -> pd.DataFrame:
+    return history[history["timestamp"] >= history["timestamp"].iloc[-1] - pd.Timedelta(days=days)].reset_index(drop=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nyc", type=Path, default=DEFAULT_NYC)
+    parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="the development set (nyc_taxi.csv and the others)")
     parser.add_argument("--skip-nyc", action="store_true")
-    parser.add_argument("--json", type=Path, help="also write all figures to this file")
+    parser.add_argument("--dev", action="store_true", help="also every other trace of the development set, its last 14 days "
+                        "(7 warm-up), with the perfect-forecast variant only")
+    parser.add_argument("--json", type=Path, help="write all figures to this file (rewritten after each trace)")
     args = parser.parse_args()
     out = {}
+
+    def record(key: str, report: dict) -> None:
+        out[key] = report
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2))
+
     synth = synth_trace(days=14, seed=0)
-    out["synthetic_14d"] = run("synthetic 14 days (seed 0)", prepare_history(pd.DataFrame({"timestamp": synth.timestamp, "rate": synth.value / 60})), 7)
+    record("synthetic_14d", run("synthetic 14 days (seed 0)", prepare_history(pd.DataFrame({"timestamp": synth.timestamp, "rate": synth.value / 60})), 7))
+    nyc = args.traces / "nyc_taxi.csv"
+    if (not args.skip_nyc or args.dev) and not nyc.is_file():
+        print(f"the development set is not at {args.traces}; pass --traces DIR, or --skip-nyc", file=sys.stderr)
+        return 2
     if not args.skip_nyc:
-        if not args.nyc.is_file():
-            print(f"nyc_taxi trace not found at {args.nyc}; pass --nyc PATH or --skip-nyc", file=sys.stderr)
-            return 2
-        nyc = read_trace_csv(args.nyc)
-        tail = nyc[nyc["timestamp"] >= nyc["timestamp"].iloc[-1] - pd.Timedelta(days=35)].reset_index(drop=True)
-        out["nyc_taxi_last_35d"] = run("nyc_taxi, last 35 days", tail, 7)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
+        record("nyc_taxi_last_35d", run("nyc_taxi, last 35 days", last_days(read_trace_csv(nyc), 35), 7))
+    if args.dev:
+        for path in sorted(args.traces.glob("*.csv")):
+            if path.name != nyc.name:
+                record(path.stem + "_last_14d", run(f"{path.stem}, last 14 days", last_days(read_trace_csv(path), 14), 7, variants=("kale_perfect_forecast",)))
     return 0
 
 

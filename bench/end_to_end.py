@@ -44,6 +44,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from kale_dagster.control.controller import ControlSettings, Controller
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.demo import GROUP, PIPELINE, TOPIC
 from kale_dagster.demo.definitions import DemoLocation
@@ -52,7 +53,7 @@ from kale_dagster.forecast import make_forecaster
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.model.throughput import ThroughputModel
-from kale_dagster.policies import POLICIES, Sizing
+from kale_dagster.policies import POLICIES
 from kale_dagster.processes import stop_process_group
 from kale_dagster.sim.metrics import score_readings
 from kale_dagster.sim.simulate import SimConfig, simulate
@@ -229,7 +230,8 @@ def sim_config(cal: "Calibration", speed: float, warmup: int) -> SimConfig:
                      forecast_every_s=max(60.0, 60.0 * round(tick_s(speed) / 60)), refit_every_s=3600.0, forecast_horizon_s=7200,
                      commit_interval_s=CHECKPOINT_TRACE_S, pipeline_latency_s=cal.latency_s * speed,
                      pipeline_latency_per_worker_s=cal.latency_per_worker_s * speed,
-                     metrics_window_s=60.0 * round(2.0 * speed / 60 + 1))  # a restarted group reports after its first metrics window
+                     metrics_window_s=60.0 * round(2.0 * speed / 60 + 1),  # a restarted group reports after its first metrics window
+                     profile_workers=tuple(int(w) for w, *_ in cal.points))  # live, the calibration is in the throughput history
 
 
 def run_sim(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tuned: Optional[dict] = None) -> dict:
@@ -242,9 +244,10 @@ def run_sim(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tu
     start = segment_start(frame)
     trace = frame.assign(rate=frame["rate"] * PEAK_WALL_RATE / speed)
     live, prior = trace.iloc[start:], trace.iloc[:start]
-    policy = POLICIES.build(policy_name, Sizing(1, MAX_WORKERS, SLO_MIN * 60, cal.restart_s * speed, model), **options)
+    controller = Controller(ControlSettings(policy=policy_name, min_workers=1, max_workers=MAX_WORKERS, slo_s=SLO_MIN * 60,
+                                            restart_s=cal.restart_s * speed, policy_options=options))
     factory = (lambda: make_forecaster("prophet", horizon_s=7200.0)) if POLICIES[policy_name].uses_forecast else None
-    result = simulate(live["rate"].to_numpy(), pd.DatetimeIndex(live["timestamp"]), policy, model, sim_config(cal, speed, WARMUP_MIN),
+    result = simulate(live["rate"].to_numpy(), pd.DatetimeIndex(live["timestamp"]), controller, model, sim_config(cal, speed, WARMUP_MIN),
                       forecaster_factory=factory, forecast_history=prior.reset_index(drop=True))
     return result.metrics.to_json()
 

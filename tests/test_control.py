@@ -74,6 +74,28 @@ def test_hpa_state_survives_a_rebuilt_policy():
     assert forgot.decision.workers == 1  # without the state HPA would drop at once
 
 
+def test_a_policy_that_plans_with_estimates_is_rebuilt_when_they_change_and_keeps_its_memory():
+    kale = _controller(policy="kale", policy_options={})
+    at_declared = kale.step(READING, LauncherStatus(workers=2), MODEL)
+    first = kale.policy_in_use
+    first.last_change_time = 123.0  # what Kale remembers
+    kale.step(READING, LauncherStatus(workers=2), MODEL)
+    assert kale.policy_in_use is first  # nothing new learned: the same object decides
+    kale.step(READING, LauncherStatus(workers=2, downtimes_s=(300.0,)), ThroughputModel.linear(120.0))
+    rebuilt = kale.policy_in_use
+    assert rebuilt is not first and rebuilt.model == ThroughputModel.linear(120.0) and rebuilt.config.restart_s == 300.0
+    assert rebuilt.last_change_time == 123.0 and at_declared.restart_s == 600.0
+
+
+def test_a_baseline_keeps_the_settings_it_was_configured_with():
+    """KEDA's lagThreshold, derived once from the model, does not move when the controller refits the model."""
+    keda = _controller(policy="keda", policy_options={}, partitions=12)
+    keda.step(READING, LauncherStatus(workers=2), MODEL)
+    threshold = keda.policy_in_use.metadata.lag_threshold
+    keda.step(READING, LauncherStatus(workers=2), ThroughputModel.linear(300.0))
+    assert keda.policy_in_use.metadata.lag_threshold == threshold == 6000  # 60 s of one worker at 100/s
+
+
 def test_recent_forecast_error_needs_half_the_window():
     times = [0.0, 600.0, 1200.0, 1800.0]
     assert recent_forecast_error(times[:2], [100, 100], [110, 90], now=1800, window_s=3600) is None

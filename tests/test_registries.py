@@ -20,7 +20,7 @@ import pytest
 
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline
 from kale_dagster.model.types import Decision, Observation
-from kale_dagster.policies import POLICIES, PolicySpec, Sizing
+from kale_dagster.policies import POLICIES, PolicySpec
 from kale_dagster.sim.trace import synth_trace
 
 # --- the toy policy: its "own file" ----------------------------------------------------------
@@ -49,8 +49,8 @@ class HalfMaxPolicy:
 TOY = PolicySpec(
     name="toy",
     description="half the maximum, always",
-    build=lambda sizing: HalfMaxPolicy(max(sizing.max_workers // 2, 1)),
-    sweep=lambda sizing: [({"workers": w}, HalfMaxPolicy(w)) for w in (1, 2)],
+    build=lambda sizing, workers=None: HalfMaxPolicy(workers or max(sizing.max_workers // 2, 1)),
+    sweep=lambda sizing: [({"workers": w}, {"workers": w}) for w in (1, 2)],
 )
 
 
@@ -80,14 +80,14 @@ def test_pipeline_accepts_registered_policies_only(toy):
 
 
 def test_backtest_runs_and_sweeps_a_registered_policy(toy):
-    from kale_dagster.sim.backtest import Backtest, BacktestSettings
+    from kale_dagster.sim.backtest import Backtest, BacktestSettings, compare
 
     bt = Backtest(_history(days=1), BacktestSettings(peak_workers=8, max_workers=8))
-    result = bt.run(bt.policy("toy"))
+    result = bt.run("toy")
     assert set(result.timeline["workers"]) == {4} and result.metrics.rescales == 0
-    sweeps = bt.sweeps(["kale", "toy"])
-    assert list(sweeps) == ["toy"]  # Kale has no sweep; the toy's two settings ran
-    assert [row["setting"] for row in sweeps["toy"]] == [{"workers": 1}, {"workers": 2}]
+    report = compare(bt, ["static", "toy"])
+    assert [row["setting"] for row in report["sweeps"]["toy"]] == [{"workers": 1}, {"workers": 2}]  # the toy's two settings ran
+    assert report["sweeps"]["toy"][0]["gpu_hours"] < report["sweeps"]["toy"][1]["gpu_hours"]
 
 
 def test_cli_lists_and_runs_a_registered_policy(toy, tmp_path, capsys):

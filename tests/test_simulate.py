@@ -86,17 +86,30 @@ def test_policies_see_the_workers_busy_share_as_utilization():
     assert seen[1:] == pytest.approx([0.5] * (len(seen) - 1))
 
 
+class OneChange:
+    """2 workers, then 3 from minute 5; remembers nothing."""
+
+    name, sync_period_s = "one", 60.0
+
+    def __init__(self, told=None):
+        self.told = told if told is not None else []
+
+    def decide(self, obs):
+        from kale_dagster import Decision
+
+        self.told.append(obs.restarting)
+        return Decision(3 if obs.time >= _times(1)[0].timestamp() + 300 else 2, "one", "")
+
+    def state(self):
+        return {}
+
+    def load_state(self, state):
+        pass
+
+
 def test_restart_downtime_and_rescale_are_counted():
-    class OneChange:
-        name, sync_period_s = "one", 60.0
-
-        def decide(self, obs):
-            from kale_dagster import Decision
-
-            return Decision(3 if obs.time >= _times(1)[0].timestamp() + 300 else 2, "one", "")
-
     rates = np.full(30, 150.0)
-    res = simulate(rates, _times(30), OneChange(), LINEAR, SimConfig(restart_s=240, slo_s=120))
+    res = simulate(rates, _times(30), OneChange(), LINEAR, SimConfig(restart_s=240, slo_s=120, restart_jitter=0))
     m = res.metrics
     assert m.rescales == 1
     assert m.downtime_minutes == pytest.approx(4)
@@ -110,17 +123,7 @@ def test_restart_downtime_and_rescale_are_counted():
 def test_a_restarted_group_reports_after_one_metrics_window(window_s, blind_syncs):
     """A 4-minute restart decided at minute 5 blinds the syncs at minutes 6-8, and one metrics window more (HPA ignores unready pods)."""
     told = []
-
-    class OneChange:
-        name, sync_period_s = "one", 60.0
-
-        def decide(self, obs):
-            from kale_dagster import Decision
-
-            told.append(obs.restarting)
-            return Decision(3 if obs.time >= _times(1)[0].timestamp() + 300 else 2, "one", "")
-
-    res = simulate(np.full(20, 150.0), _times(20), OneChange(), LINEAR, SimConfig(restart_s=240, metrics_window_s=window_s))
+    res = simulate(np.full(20, 150.0), _times(20), OneChange(told), LINEAR, SimConfig(restart_s=240, metrics_window_s=window_s, restart_jitter=0))
     assert sum(told) == blind_syncs and told[6:6 + blind_syncs] == [True] * blind_syncs
     assert res.metrics.downtime_minutes == pytest.approx(4)  # reporting late is not downtime
 
@@ -161,7 +164,7 @@ def test_kale_beats_default_hpa_on_a_diurnal_day():
     hist = pd.read_csv(FIXTURES / "diurnal_3d_10min.csv")
     history = pd.DataFrame({"timestamp": pd.to_datetime(hist.timestamp, utc=True), "rate": hist.value / 600})
     bt = Backtest(history, BacktestSettings(warmup_days=2, forecaster="prophet"))
-    kale, hpa = bt.run(bt.policy("kale")).metrics, bt.run(bt.policy("hpa")).metrics
+    kale, hpa = bt.run("kale").metrics, bt.run("hpa").metrics
     assert kale.accumulated_lag_minutes < hpa.accumulated_lag_minutes
     assert kale.downtime_minutes < hpa.downtime_minutes
     assert kale.gpu_hours <= hpa.gpu_hours
@@ -194,5 +197,98 @@ def test_cli_json_and_plot(tmp_path):
     out = json.loads(proc.stdout)
     keys = {"accumulated_lag_minutes", "slo_violation_rate", "downtime_minutes", "gpu_hours", "rescales", "max_lag_minutes"}
     assert set(out["policies"]) == {"hpa", "static"} and set(out["policies"]["hpa"]) == keys
-    assert [row["setting"]["target_utilization_pct"] for row in out["sweeps"]["hpa"]] == [50, 60, 70, 80, 90]
+    grid = {(r["setting"]["target_utilization_pct"], r["setting"]["scale_down_window_s"], r["setting"]["rate_policies"]) for r in out["sweeps"]["hpa"]}
+    assert len(grid) == len(out["sweeps"]["hpa"]) == 30  # target x scale-down window x rate policies
+    frontier = out["frontiers"]["hpa"]
+    assert frontier and all(r in out["sweeps"]["hpa"] for r in frontier)
     assert png.stat().st_size > 10_000
+
+
+# --- what the controller knows: estimates, not the simulator's truth -----------------------------
+
+
+@pytest.fixture
+def stepper():
+    """A registered policy that plans with the estimates: 1, 2, 3, 4 workers, 30 minutes each; records each build's sizing."""
+    from kale_dagster import Decision
+    from kale_dagster.policies import POLICIES, PolicySpec
+
+    built = []
+
+    class Stepper:
+        name, sync_period_s = "stepper", 60.0
+
+        def decide(self, obs):
+            return Decision(min(1 + int((obs.time - _times(1)[0].timestamp()) // 1800), 4), self.name, "")
+
+        def state(self):
+            return {}
+
+        def load_state(self, state):
+            pass
+
+    def build(sizing):
+        built.append(sizing)
+        return Stepper()
+
+    POLICIES.register(PolicySpec(name="stepper", description="test", build=build, uses_estimates=True))
+    yield built
+    POLICIES.unregister("stepper")
+
+
+def _stepped(config, prior):
+    from kale_dagster.control.controller import ControlSettings, Controller
+
+    controller = Controller(ControlSettings(policy="stepper", min_workers=1, max_workers=8, slo_s=1200, restart_s=240))
+    # Arrivals far above capacity: every minute the workers run is saturated, so each yields a measurement.
+    return simulate(np.full(150, 1000.0), _times(150), controller, LINEAR, config, prior=prior)
+
+
+def test_the_controller_learns_throughput_and_restart_time_from_what_it_measures(stepper):
+    wrong = ThroughputModel.linear(50.0)  # the declared prior is off by half
+    res = _stepped(SimConfig(restart_s=240, restart_jitter=0.3, throughput_noise=0.0, refit_every_s=600), wrong)
+    assert stepper[0].model == wrong and stepper[0].restart_s == 240  # before any measurement: what was declared
+    last = stepper[-1]
+    assert last.model.predict(4) == pytest.approx(LINEAR.predict(4), rel=1e-6)  # fitted on 3+ measured counts
+    assert last.restart_s != 240  # the median of the restarts it saw, each 240 s x a lognormal factor
+    downtimes = res.timeline["restarting"].sum() * 60
+    assert res.metrics.rescales == 3 and abs(downtimes - 3 * 240) > 15  # the world's restarts vary too
+
+
+def test_oracle_plans_with_the_truth_and_noise_is_seeded(stepper):
+    _stepped(SimConfig(restart_s=240, restart_jitter=0.3, oracle=True), ThroughputModel.linear(50.0))
+    assert {(s.model, s.restart_s) for s in stepper} == {(LINEAR, 240)}
+    stepper.clear()
+    noisy = SimConfig(restart_s=240, restart_jitter=0.3, throughput_noise=0.1, refit_every_s=600, seed=7)
+    first = _stepped(noisy, LINEAR).metrics
+    fitted_first = stepper[-1].model
+    stepper.clear()
+    assert _stepped(noisy, LINEAR).metrics == first and stepper[-1].model == fitted_first  # same seed, same world
+    assert fitted_first != LINEAR  # 10% measurement noise: the fit is close, not exact
+    assert fitted_first.predict(4) == pytest.approx(LINEAR.predict(4), rel=0.15)
+
+
+@pytest.mark.parametrize("rows, frontier", [
+    # (GPU hours, lag) per setting -> the settings on the frontier, by GPU hours
+    ([(10, 100), (20, 50), (30, 10)], [(10, 100), (20, 50), (30, 10)]),  # each trades GPUs for lag: all on it
+    ([(10, 100), (20, 100), (30, 10)], [(10, 100), (30, 10)]),  # more GPUs, no less lag: dominated
+    ([(10, 100), (10, 100), (5, 200)], [(5, 200), (10, 100), (10, 100)]),  # ties do not dominate each other
+    ([(40, 0), (10, 0)], [(10, 0)]),
+])
+def test_pareto_frontier(rows, frontier):
+    from kale_dagster.sim.backtest import pareto_frontier
+
+    got = pareto_frontier([{"gpu_hours": g, "accumulated_lag_minutes": lag} for g, lag in rows])
+    assert [(r["gpu_hours"], r["accumulated_lag_minutes"]) for r in got] == frontier
+
+
+@pytest.mark.parametrize("rows, best", [
+    ([(90, 10), (100, 40), (120, 30)], (120, 30)),  # least lag among those with >= Kale's 100 GPU h
+    ([(100, 40), (150, 40)], (100, 40)),  # equal lag: the cheaper one
+    ([(50, 0), (99, 1)], None),  # none uses as many GPU hours as Kale
+])
+def test_best_setting_at_kales_gpu_hours(rows, best):
+    from kale_dagster.sim.backtest import best_at_kales_gpu_hours
+
+    got = best_at_kales_gpu_hours({"gpu_hours": 100, "accumulated_lag_minutes": 20}, [{"gpu_hours": g, "accumulated_lag_minutes": lag} for g, lag in rows])
+    assert (None if got is None else (got["gpu_hours"], got["accumulated_lag_minutes"])) == best

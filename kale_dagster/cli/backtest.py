@@ -7,7 +7,7 @@ import json
 from kale_dagster.cli.progress import ProgressBar
 from kale_dagster.forecast.history import read_trace_csv
 from kale_dagster.policies import POLICIES
-from kale_dagster.sim.backtest import Backtest, BacktestSettings, dominating_baselines
+from kale_dagster.sim.backtest import KALE_VARIANTS, Backtest, BacktestSettings, compare
 
 _COLUMNS = (
     ("accumulated_lag_minutes", "acc. lag (min)", "{:,.0f}"),
@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     parser.add_argument("--forecaster", default="prophet", help="Kale's forecaster (default prophet)")
     parser.add_argument("--refit-minutes", type=float, default=1440.0, help="forecaster refit cadence (default 1440)")
     parser.add_argument("--no-sweeps", action="store_true", help="skip the baseline sweeps")
+    parser.add_argument("--no-variants", action="store_true",
+                        help="skip Kale planning with the true F(w) and restart time, and Kale with the paper's stabilizer")
+    parser.add_argument("--no-optimum", action="store_true", help="skip the offline optimum (perfect foresight, dynamic program)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="PNG", help="write arrivals, capacity and lag per policy to this PNG")
     parser.set_defaults(handler=run)
@@ -56,28 +59,53 @@ def run(args) -> int:
     )
     backtest = Backtest(read_trace_csv(args.trace), settings)
     bar = ProgressBar("backtest", enabled=not args.json)
-    results = {name: backtest.run(backtest.policy(name), bar.update) for name in names}
-    sweeps = {} if args.no_sweeps else backtest.sweeps(names, bar.update)
+    report = compare(backtest, names, sweeps=not args.no_sweeps, variants=() if args.no_variants else tuple(KALE_VARIANTS), optimum=not args.no_optimum, done=bar.update)
     bar.close()
-    report = {"policies": {name: r.metrics.to_json() for name, r in results.items()}, "sweeps": sweeps}
     if args.plot:
         from kale_dagster.definitions.plots import plot_backtest
 
-        plot_backtest({name: r.timeline for name, r in results.items()}, settings.slo_minutes, args.plot)
+        plot_backtest({name: report["timelines"][name] for name in names}, settings.slo_minutes, args.plot)
+    del report["timelines"]
     if args.json:
         print(json.dumps(report))
         return 0
-    _print_table(report["policies"], "policy")
-    for name, rows in sweeps.items():
+    rows = {**report["policies"], **{_VARIANT_LABELS[k]: m for k, m in report["kale_variants"].items()}}
+    if "optimum" in report:
+        rows["offline optimum"] = report["optimum"]
+    _print_table(rows, "policy (defaults)")
+    for name, frontier in report["frontiers"].items():
         print()
-        _print_table({json.dumps(row["setting"]): row for row in rows}, f"{name} sweep")
-    if "kale" in report["policies"] and sweeps:
-        beaten = dominating_baselines(report["policies"]["kale"], sweeps)
+        _print_table({_label(row["setting"]): row for row in frontier}, f"{name}: Pareto frontier of {len(report['sweeps'][name])} settings")
+    if report["headline"]:
         print()
-        print("baseline settings with <= Kale's GPU hours and lower accumulated lag: " + (", ".join(beaten) if beaten else "none"))
+        for name, h in report["headline"].items():
+            best = h["best_at_kales_gpu_hours"]
+            line = f"Kale vs {name}: lag {_times(h['lag_ratio_vs_default'])} of the default's"
+            line += (f"; {_times(h['lag_ratio_vs_best'])} of the best setting with >= Kale's GPU hours ({_label(best['setting'])}, "
+                     f"{best['gpu_hours']:,.0f} GPU h)" if best else "; no setting uses as many GPU hours as Kale")
+            print(line)
+        if "cost_over_optimum" in report:
+            ratios = report["cost_over_optimum"]
+            print("cost (GPU-min + 8 x lag-min + 100 x violation-min) over the offline optimum's: "
+                  + ", ".join(f"{_VARIANT_LABELS.get(k, k)} {r:.3g}x" for k, r in ratios.items() if k != "optimum")
+                  + (f" (best baseline: {report['best_baseline_by_cost']})" if "best_baseline_by_cost" in report else ""))
+        beaten = report["kale_dominated_by"]
+        print("swept settings with <= Kale's GPU hours and lower accumulated lag: " + (", ".join(beaten) if beaten else "none"))
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0
+
+
+_VARIANT_LABELS = {"kale_oracle": "kale, true F(w) and restart", "kale_perfect_forecast": "kale, perfect forecast",
+                   "kale_paper_stabilizer": "kale, paper's stabilizer"}
+
+
+def _times(ratio) -> str:
+    return "n/a (it has no lag)" if ratio is None else f"{ratio:.3g}x"
+
+
+def _label(setting: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in setting.items())
 
 
 def _print_table(rows: dict, title: str) -> None:

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape
 from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.model.throughput import ThroughputModel
-from kale_dagster.model.types import Decision, Observation, PartitionOffsets
+from kale_dagster.model.types import Decision, Observation, PartitionOffsets, ScalingPolicy
 from kale_dagster.model.utilization import utilization
 from kale_dagster.policies import POLICIES, Sizing
 
@@ -50,6 +50,8 @@ class ControlSettings:
     advisory: bool = False
     rate_window_s: float = 300.0  # arrival and consumption rates are averaged over this window
     error_window_s: float = 3600.0  # the forecast's recent error is measured over this window
+    adequate_workers: Optional[int] = None  # the static baseline's fixed allocation (Sizing.adequate_workers)
+    partitions: Optional[int] = None  # for policies that need it when readings carry no per-partition offsets
 
 
 @dataclass(frozen=True)
@@ -70,11 +72,17 @@ class ControlStep:
 
     decision: Decision
     observation: Optional[Observation]  # None when the controller held without observing
-    policy_state: dict
     restart_s: float
     restart_source: str
     rescale_to: Optional[int] = None
     held: str = ""  # why the policy was not asked, when it was not
+    state: Union[dict, Callable[[], dict]] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def policy_state(self) -> dict:
+        """What the policy remembers after this step, to restore in the next (read before the controller steps
+        again; taken on demand because a long-lived caller, the simulator, never needs it)."""
+        return self.state() if callable(self.state) else dict(self.state)
 
 
 def restart_estimate(downtimes_s: Sequence[float], declared_s: float) -> tuple[float, str]:
@@ -99,11 +107,50 @@ def recent_forecast_error(times: Sequence[float], predicted: Sequence[float], ac
 
 
 class Controller:
-    """Turns what runs and what was measured into one decision (see the module docstring)."""
+    """Turns what runs and what was measured into one decision (see the module docstring).
 
-    def __init__(self, settings: ControlSettings):
+    The policy is built from the registry with what the controller knows
+    (the fitted model, the restart estimate); one that plans with them
+    (``PolicySpec.uses_estimates``) is rebuilt, its state carried over,
+    whenever they change.  Between changes the same object decides, so a
+    long-lived controller (the simulator) pays no rebuild per tick.
+    ``build`` replaces the registry: :meth:`fixed` wraps a policy that keeps
+    what it was built with.
+    """
+
+    def __init__(self, settings: ControlSettings, build: Optional[Callable[[Sizing], ScalingPolicy]] = None):
         self.settings = settings
-        POLICIES[settings.policy]  # an unknown policy fails here, naming the choices
+        learns = False
+        if build is None:
+            spec = POLICIES[settings.policy]  # an unknown policy fails here, naming the choices
+            build = lambda sizing: spec.build(sizing, **settings.policy_options)  # noqa: E731
+            learns = spec.uses_estimates
+        self._build = build
+        self._learns = learns  # rebuilt when the estimates change; the others keep the settings they were built with
+        self._built: Optional[tuple[Sizing, ScalingPolicy]] = None
+
+    @classmethod
+    def fixed(cls, policy: ScalingPolicy, settings: ControlSettings) -> "Controller":
+        """A controller around a policy already built: it plans with what it was built with, whatever is measured."""
+        return cls(settings, build=lambda sizing: policy)
+
+    @property
+    def policy_in_use(self) -> Optional[ScalingPolicy]:
+        """The policy the last step decided with (None before the first)."""
+        return self._built[1] if self._built is not None else None
+
+    def policy(self, sizing: Sizing, state: Optional[dict] = None) -> ScalingPolicy:
+        """The policy for this knowledge; ``state`` (a previous decision's) replaces what it remembers."""
+        if self._built is None or (self._learns and self._built[0] != sizing):
+            previous = self._built[1] if self._built is not None else None
+            policy = self._build(sizing)
+            if state is None and previous is not None and previous is not policy:
+                policy.load_state(previous.state())  # new knowledge, same memory
+            self._built = (sizing, policy)
+        policy = self._built[1]
+        if state is not None:
+            policy.load_state(state)
+        return policy
 
     def observe(self, reading: StreamReading, status: LauncherStatus, model: ThroughputModel, forecast: Optional[Forecast],
                 forecast_error: Optional[float], rescale_in_flight: bool) -> Observation:
@@ -141,26 +188,26 @@ class Controller:
         last_workers: Optional[int] = None,
     ) -> ControlStep:
         """One decision.  ``time_scale`` converts the launcher's wall-second downtimes to pipeline seconds;
-        ``last_workers`` is what the controller last knew runs, for a hold without a launcher."""
+        ``last_workers`` is what the controller last knew runs, for a hold without a launcher;
+        ``policy_state`` None continues from the policy's memory (fresh the first time)."""
         s = self.settings
-        state = dict(policy_state or {})
         downtimes = [d * time_scale for d in (status.downtimes_s if status is not None else ())]
         restart_s, restart_source = restart_estimate(downtimes, s.restart_s)
         if status is None:
             held = f"the launcher did not answer ({launcher_error or 'no status'})"
-            return self._hold(last_workers or s.min_workers, held, state, restart_s, restart_source)
+            return self._hold(last_workers or s.min_workers, held, policy_state, restart_s, restart_source)
         if reading.arrival_rate is None:
-            return self._hold(status.workers, "no arrival rate yet (first reading, or a telemetry gap)", state, restart_s, restart_source)
+            return self._hold(status.workers, "no arrival rate yet (first reading, or a telemetry gap)", policy_state, restart_s, restart_source)
         obs = self.observe(reading, status, model, forecast, forecast_error, rescale_in_flight)
-        policy = POLICIES.build(s.policy, Sizing(min_workers=s.min_workers, max_workers=s.max_workers, slo_s=s.slo_s,
-                                                 restart_s=restart_s, model=model, partitions=len(reading.partitions) or None),
-                                **s.policy_options)
-        policy.load_state(state)
+        policy = self.policy(Sizing(min_workers=s.min_workers, max_workers=s.max_workers, slo_s=s.slo_s, restart_s=restart_s, model=model,
+                                    adequate_workers=s.adequate_workers, partitions=len(reading.partitions) or s.partitions), policy_state)
         decision = policy.decide(obs)
         act = decision.workers != obs.workers and not obs.restarting and not s.advisory
-        return ControlStep(decision, obs, policy.state(), restart_s, restart_source, rescale_to=decision.workers if act else None)
+        return ControlStep(decision, obs, restart_s, restart_source, rescale_to=decision.workers if act else None, state=policy.state)
 
-    def _hold(self, workers: int, why: str, state: dict, restart_s: float, restart_source: str) -> ControlStep:
+    def _hold(self, workers: int, why: str, state: Optional[dict], restart_s: float, restart_source: str) -> ControlStep:
+        if state is None:
+            state = self._built[1].state() if self._built is not None else {}
         decision = Decision(workers, f"{self.settings.policy}/hold", f"hold at {workers}: {why}")
-        return ControlStep(decision, None, state, restart_s, restart_source, held=why)
+        return ControlStep(decision, None, restart_s, restart_source, held=why, state=dict(state))
 

@@ -30,7 +30,7 @@ from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape
 from kale_dagster.forecast.history import infer_step_s, prepare_history
 from kale_dagster.forecast.naive import DAY_S, WEEK_S
-from kale_dagster.model.throughput import ThroughputModel
+from kale_dagster.model.throughput import ThroughputModel, estimate_throughput
 from kale_dagster.policies import POLICIES
 
 #: Stream metrics older than this (pipeline seconds) are not "current" for a decision.
@@ -113,12 +113,8 @@ def throughput_model_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
            description="Resource-throughput model F(w) fitted by NNLS on measured worker throughput; the configured prior until enough worker counts were measured.")
     def throughput_model(context: AssetExecutionContext) -> Output:
         measured = p.history().throughput(p.name, start=p.clock.now() - 7 * DAY_S)
-        form = "sync" if p.global_batch else "async"
-        need = 4 if form == "sync" else 3
-        model, source = p.throughput_prior, "prior"
-        if measured["workers"].nunique() >= need:
-            model = ThroughputModel.fit(measured["workers"], measured["samples_per_s"], form=form, global_batch=p.global_batch)
-            source = "fitted"
+        model, source = estimate_throughput(measured["workers"], measured["samples_per_s"], p.throughput_prior,
+                                            form="sync" if p.global_batch else "async", global_batch=p.global_batch)
         metadata = {
             "source": source,
             "model": MetadataValue.json(model.to_dict()),
@@ -170,7 +166,7 @@ def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
            description="What-if: every registered policy replayed on this pipeline's own recorded arrivals (last 14 days).")
     def policy_backtest(context: AssetExecutionContext, model: ThroughputModel) -> Output:
         from kale_dagster.definitions.plots import plot_backtest
-        from kale_dagster.sim.backtest import Backtest, BacktestSettings
+        from kale_dagster.sim.backtest import Backtest, BacktestSettings, Run
 
         history = p.history().arrival_history(p.name, start=p.clock.now() - 14 * DAY_S)
         if len(history) < 60:
@@ -182,7 +178,7 @@ def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             warmup_days=min(2.0, span_days / 2), forecaster=p.forecaster, model=model, scale_trace=False,
         )
         bt = Backtest(history, settings)
-        runs = {name: bt.run(bt.policy(name)) for name in POLICIES}
+        runs = dict(zip(POLICIES, bt.run_many([Run(name) for name in POLICIES])))
         value = {name: r.metrics.to_json() for name, r in runs.items()}
         png = plot_backtest({name: r.timeline for name, r in runs.items()}, p.slo_minutes, plot_path(context, p, "backtest"))
         return Output(value, metadata={"days_replayed": round(span_days, 2), "results": MetadataValue.md(backtest_table(value)), "plot": png_markdown(png)})

@@ -214,3 +214,15 @@ class ThroughputModel:
         coeffs = ", ".join(f"t{i}={t:.4g}" for i, t in enumerate(self.theta))
         head = f"F(w) = {self.global_batch:g} / (t0 + t1/w + t2/w^2 + t3*w)" if self.form == "sync" else "F(w) = w / (t0 + t1/w + t2*w)"
         return f"{head}; {coeffs}"
+
+
+def estimate_throughput(workers: Sequence[float], rates: Sequence[float], prior: ThroughputModel, form: Form = "async",
+                        global_batch: Optional[float] = None) -> tuple[ThroughputModel, str]:
+    """F(w) as a controller can know it: fitted on measured saturated throughput once the measurements
+    cover as many worker counts as the form has coefficients, the declared ``prior`` until then.
+
+    The ``throughput_model`` asset and the simulator's controller both estimate this way.
+    """
+    if len(np.unique(np.asarray(workers, dtype=float))) >= _PARAMS[form]:
+        return ThroughputModel.fit(workers, rates, form=form, global_batch=global_batch), "fitted"
+    return prior, "prior"

@@ -26,8 +26,16 @@ from kale_dagster.model.types import Decision, Observation
 from kale_dagster.policies.hpa_replicas import DEFAULT_TOLERANCE, Pod, external_per_pod_replicas, resource_replicas
 from kale_dagster.policies.registry import PolicySpec, Sizing
 
-#: Target utilizations (percent) a backtest sweeps.
+#: What a backtest sweeps, as users tune an HPA in front of slow restarts: the target utilization (percent),
+#: the scale-down stabilization window (s) and the rate policies (upstream's, or damped ones that allow
+#: doubling per 15 minutes and halving per 30).
 SWEEP_TARGETS = (50, 60, 70, 80, 90)
+SWEEP_SCALE_DOWN_WINDOWS_S = (300, 1800, 3600)
+SWEEP_RATE_POLICIES = {
+    "upstream": {},
+    "damped": {"scaleUp": {"policies": [{"type": "Percent", "value": 100, "periodSeconds": 900}]},
+               "scaleDown": {"policies": [{"type": "Percent", "value": 50, "periodSeconds": 1800}]}},
+}
 
 
 @dataclass(frozen=True)
@@ -272,8 +280,19 @@ def build(sizing: Sizing, **options) -> HPAPolicy:
     return HPAPolicy(min_replicas=sizing.min_workers, max_replicas=sizing.max_workers, **options)
 
 
-def sweep(sizing: Sizing) -> list[tuple[dict, HPAPolicy]]:
-    return [({"target_utilization_pct": t}, build(sizing, target_utilization=t)) for t in SWEEP_TARGETS]
+def sweep_behavior(scale_down_window_s: float, rate_policies: str) -> dict:
+    """An HPA ``behavior`` as a manifest writes it, for one swept setting."""
+    rates = SWEEP_RATE_POLICIES[rate_policies]
+    behavior = {"scaleDown": {**rates.get("scaleDown", {}), "stabilizationWindowSeconds": scale_down_window_s}}
+    if "scaleUp" in rates:
+        behavior["scaleUp"] = rates["scaleUp"]
+    return behavior
+
+
+def sweep(sizing: Sizing) -> list[tuple[dict, dict]]:
+    return [({"target_utilization_pct": t, "scale_down_window_s": w, "rate_policies": r},
+             {"target_utilization": t, "behavior": sweep_behavior(w, r)})
+            for t in SWEEP_TARGETS for w in SWEEP_SCALE_DOWN_WINDOWS_S for r in SWEEP_RATE_POLICIES]
 
 
 SPEC = PolicySpec(name="hpa", description="Kubernetes HorizontalPodAutoscaler on GPU utilization (upstream port)", build=build, sweep=sweep)

@@ -6,8 +6,9 @@ One decision, in stages that are each small and testable:
    forecast error too large -> the reactive policy on measured rates acts;
 2. estimate: workers per plan step from the forecast (upper band or a
    quantile) plus the backlog's drain rate (``kale_dagster.model.estimator``);
-3. stabilize: the paper's Algorithm 1 (``kale_dagster.model.stabilizer``); the
-   levels of the stabilized plan are the candidate targets;
+3. stabilize: our variant of the paper's Algorithm 1, or the paper's own with
+   ``stabilizer="paper"`` (``kale_dagster.model.stabilizer`` names the
+   differences); the levels of the stabilized plan are the candidate targets;
 4. guards: no scale-in on a forecast alone while measured lag is high (as
    AWS predictive scaling) and none within ``tau_s`` of the last rescale;
 5. restart-cost test: every remaining candidate, and keeping the current
@@ -15,7 +16,9 @@ One decision, in stages that are each small and testable:
    the restart's downtime (``kale_dagster.model.projection``); the cheapest in
    GPU-minutes + ``lag_weight`` x lag-minutes + ``violation_weight`` x
    minutes above the SLO wins.  A rescale is thus made only when what it
-   buys over the horizon exceeds what its downtime costs.
+   buys over the horizon exceeds what its downtime costs.  This test, the
+   backlog's drain rate in stage 2 and the guards of stage 4 are our
+   additions to the paper.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.estimator import estimate_workers, resample_max
 from kale_dagster.model.projection import project
-from kale_dagster.model.stabilizer import stabilize
+from kale_dagster.model.stabilizer import Mode, stabilize
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation
 from kale_dagster.policies.registry import PolicySpec, Sizing
@@ -66,6 +69,7 @@ class KaleConfig:
     violation_weight: float = 100.0
     projection_tick_s: float = 300.0
     sync_period_s: float = 60.0
+    stabilizer: Mode = "kale"  # "paper": Algorithm 1 exactly as published
 
     def __post_init__(self):
         def need(ok: bool, name: str, problem: str):
@@ -87,6 +91,7 @@ class KaleConfig:
         for name in ("lag_weight", "violation_weight"):
             need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         need(self.projection_tick_s > 0, "projection_tick_s", f"must be > 0, got {self.projection_tick_s}")
+        need(self.stabilizer in ("kale", "paper"), "stabilizer", f"must be 'kale' or 'paper', got {self.stabilizer!r}")
 
     @property
     def drain_window(self) -> float:
@@ -206,7 +211,7 @@ class KalePolicy:
 
         rates = self._planned_rates(obs)
         raw_plan, drain = self._estimate(obs, rates)
-        plan = stabilize(raw_plan, cfg.plan_step_s / 60, rho=cfg.rho, tau_minutes=cfg.tau_s / 60)
+        plan = stabilize(raw_plan, cfg.plan_step_s / 60, rho=cfg.rho, tau_minutes=cfg.tau_s / 60, mode=cfg.stabilizer)
         peak_i = int(np.argmax(rates))
         why = (
             f"forecast peak {_fmt_rate(rates[peak_i])} in {peak_i * cfg.plan_step_s / 60:.0f} min needs "
@@ -273,4 +278,5 @@ SPEC = PolicySpec(
     description="forecast-driven allocation: estimator, stabilizer, guards and the restart-cost test",
     build=build,
     uses_forecast=True,
+    uses_estimates=True,
 )

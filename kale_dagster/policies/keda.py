@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal, Optional, Sequence
+from typing import Literal, Mapping, Optional, Sequence
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation, PartitionOffsets
@@ -170,22 +170,31 @@ class KedaKafkaPolicy:
         return replace(decision, reason=f"total lag {lag:,} (threshold {self.metadata.lag_threshold} per replica); {decision.reason}")
 
 
-#: lagThreshold settings a backtest sweeps, in seconds of one worker's throughput.
+#: What a backtest sweeps: lagThreshold, in seconds of one worker's throughput, and the scale-down
+#: stabilization window of the HPA KEDA drives (advanced.horizontalPodAutoscalerConfig.behavior).
+#: cooldownPeriod is not swept: it acts only when scaling to zero, and the backtest keeps min_workers >= 1.
 SWEEP_SECONDS_OF_WORK = (6, 30, 60, 300, 600)
+SWEEP_SCALE_DOWN_WINDOWS_S = (300, 1800, 3600)
 #: Partitions assumed when the sizing does not say (the paper's topic has 800).
 DEFAULT_PARTITIONS = 800
 
 
-def build(sizing: Sizing, seconds_of_work: float = 60.0, **options) -> KedaKafkaPolicy:
-    """KEDA with ``lagThreshold`` = ``seconds_of_work`` of one worker's throughput."""
-    per_worker = float(sizing.model.predict(1))
-    meta = KafkaScalerMetadata(lag_threshold=max(int(per_worker * seconds_of_work), 1))
-    return KedaKafkaPolicy(meta, min_replicas=sizing.min_workers, max_replicas=sizing.max_workers,
+def build(sizing: Sizing, seconds_of_work: float = 60.0, lag_threshold: Optional[int] = None, **options) -> KedaKafkaPolicy:
+    """KEDA with ``lagThreshold`` as given, else ``seconds_of_work`` of one worker's throughput; ``behavior``
+    (of the HPA KEDA creates) may be given as Kubernetes writes it."""
+    if lag_threshold is None:
+        lag_threshold = max(int(float(sizing.model.predict(1)) * seconds_of_work), 1)
+    if isinstance(options.get("behavior"), Mapping):
+        options = {**options, "behavior": HPABehavior.from_spec(options["behavior"])}
+    return KedaKafkaPolicy(KafkaScalerMetadata(lag_threshold=lag_threshold), min_replicas=sizing.min_workers, max_replicas=sizing.max_workers,
                            partition_count=sizing.partitions or DEFAULT_PARTITIONS, **options)
 
 
-def sweep(sizing: Sizing) -> list[tuple[dict, KedaKafkaPolicy]]:
-    return [({"lag_threshold_seconds_of_work": s}, build(sizing, seconds_of_work=s)) for s in SWEEP_SECONDS_OF_WORK]
+def sweep(sizing: Sizing) -> list[tuple[dict, dict]]:
+    per_worker = float(sizing.model.predict(1))
+    return [({"lag_threshold_seconds_of_work": s, "scale_down_window_s": w},
+             {"lag_threshold": max(int(per_worker * s), 1), "behavior": {"scaleDown": {"stabilizationWindowSeconds": w}}})
+            for s in SWEEP_SECONDS_OF_WORK for w in SWEEP_SCALE_DOWN_WINDOWS_S]
 
 
 SPEC = PolicySpec(name="keda", description="KEDA's Apache Kafka scaler driving an HPA on consumer lag (upstream port)", build=build, sweep=sweep)

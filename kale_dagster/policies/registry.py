@@ -51,10 +51,10 @@ class Sizing:
 
 
 Build = Callable[..., ScalingPolicy]
-Sweep = Callable[[Sizing], Sequence[tuple[dict, ScalingPolicy]]]
+Sweep = Callable[[Sizing], Sequence[tuple[dict, dict]]]
 
 
-def _no_sweep(sizing: Sizing) -> Sequence[tuple[dict, ScalingPolicy]]:
+def _no_sweep(sizing: Sizing) -> Sequence[tuple[dict, dict]]:
     return ()
 
 
@@ -63,9 +63,13 @@ class PolicySpec:
     """A registered policy.
 
     ``build(sizing, **options)`` makes a fresh policy; ``sweep(sizing)`` the
-    settings a backtest tries for a baseline, each as (label, policy);
-    ``uses_forecast`` says whether the policy reads ``Observation.forecast``
-    (the backtest feeds a forecaster only to those).
+    settings a backtest tries for a baseline, as a user would tune it, each
+    as (label, options of ``build``); ``uses_forecast`` says whether the
+    policy reads ``Observation.forecast`` (the backtest feeds a forecaster
+    only to those); ``uses_estimates`` whether it plans with the sizing's
+    throughput model and restart time, so the controller rebuilds it when
+    its estimates change (the others keep the settings they were built
+    with, as a user configured them).
     """
 
     name: str
@@ -73,6 +77,7 @@ class PolicySpec:
     build: Build
     sweep: Sweep = _no_sweep
     uses_forecast: bool = False
+    uses_estimates: bool = False
 
 
 class PolicyRegistry(Mapping[str, PolicySpec]):

@@ -38,10 +38,10 @@ def build(sizing: Sizing, workers: Optional[int] = None) -> StaticPolicy:
     return StaticPolicy(workers if workers is not None else (sizing.adequate_workers or sizing.max_workers))
 
 
-def sweep(sizing: Sizing) -> list[tuple[dict, StaticPolicy]]:
+def sweep(sizing: Sizing) -> list[tuple[dict, dict]]:
     adequate = sizing.adequate_workers or sizing.max_workers
     levels = sorted({max(1, round(share * adequate)) for share in SWEEP_SHARES})
-    return [({"workers": w}, StaticPolicy(w)) for w in levels]
+    return [({"workers": w}, {"workers": w}) for w in levels]
 
 
 SPEC = PolicySpec(name="static", description="a fixed allocation (the adequate one covers the peak)", build=build, sweep=sweep)

@@ -2,25 +2,36 @@
 
 The trace is resampled to minutes and scaled so its peak rate equals the
 throughput of ``peak_workers`` workers.  Each policy (any name in
-``kale_dagster.policies.POLICIES``) runs through the simulator with
-identical settings; each baseline is also swept over the settings its spec
-lists, so a reader can check that no setting of it beats Kale at equal or
-lower GPU hours.
+``kale_dagster.policies.POLICIES``) runs through the simulator under the
+pipeline's ``Controller`` with identical settings.  Kale plans with what it
+estimates (F(w) fitted on a noisy profile and on saturated minutes, the
+restart time from the restarts it saw); ``oracle=True`` hands it the truth
+to show what estimation costs.  Each baseline is also swept over the
+settings a user would tune (its spec's grid); the Pareto frontier of (GPU
+hours, accumulated lag) per baseline, and the best setting with at least
+Kale's GPU hours, are what Kale is compared with.  Independent runs go to
+parallel processes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
+from kale_dagster.control.controller import ControlSettings, Controller
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import make_forecaster
 from kale_dagster.model.throughput import ThroughputModel
-from kale_dagster.model.types import ScalingPolicy
 from kale_dagster.policies import POLICIES, Sizing
+from kale_dagster.policies.kale import KaleConfig
+from kale_dagster.sim.metrics import objective
+from kale_dagster.sim.oracle import Hindsight, OracleSchedule, SchedulePolicy, optimal_schedule
 from kale_dagster.sim.simulate import SimConfig, SimResult, simulate
 
 #: Default worker model for backtests: ~1,000 samples/s per worker with a
@@ -43,6 +54,10 @@ class BacktestSettings:
     model: ThroughputModel = field(default=DEFAULT_MODEL)
     scale_trace: bool = True  # False: replay recorded rates as they are (a pipeline's own history)
     policy_options: Mapping[str, Mapping] = field(default_factory=dict)  # policy name -> options of its build
+    throughput_noise: float = 0.05  # relative noise of each throughput measurement Kale fits F(w) on
+    restart_jitter: float = 0.2  # lognormal sigma of each restart around restart_minutes
+    seed: int = 0
+    processes: Optional[int] = None  # parallel simulations; None = the machine's cores
 
     def __post_init__(self):
         if not 1 <= self.min_workers <= self.peak_workers <= self.max_workers:
@@ -89,40 +104,113 @@ class Backtest:
         warmup = int(settings.warmup_days * 1440)
         if warmup >= len(self.rates):
             raise KaleConfigError("warmup_days", f"warm-up of {settings.warmup_days:g} days covers the whole {len(self.rates) / 1440:.1f}-day trace")
-        self.sim_config = SimConfig(
-            restart_s=settings.restart_minutes * 60,
-            slo_s=settings.slo_minutes * 60,
-            warmup_steps=warmup,
-            max_workers=settings.max_workers,
-            refit_every_s=settings.refit_minutes * 60,
-            forecast_every_s=settings.forecast_minutes * 60,
-            forecast_horizon_s=settings.horizon_minutes * 60,
-        )
         s = settings
         # The "adequate" allocation covers the trace's peak: peak_workers by construction when scaled.
         adequate = s.peak_workers if s.scale_trace else s.model.min_workers_for(float(self.rates.max()), s.max_workers, s.min_workers)
         self.sizing = Sizing(min_workers=s.min_workers, max_workers=s.max_workers, slo_s=s.slo_minutes * 60,
                              restart_s=s.restart_minutes * 60, model=s.model, adequate_workers=adequate)
+        # Before going live, F(w) is profiled at a few counts up to the peak (the paper's section 3.3).
+        profile = tuple(sorted({1, max(1, -(-s.peak_workers // 4)), max(1, -(-s.peak_workers // 2)), s.peak_workers}))
+        self.sim_config = SimConfig(
+            restart_s=s.restart_minutes * 60,
+            slo_s=s.slo_minutes * 60,
+            warmup_steps=warmup,
+            max_workers=s.max_workers,
+            refit_every_s=s.refit_minutes * 60,
+            forecast_every_s=s.forecast_minutes * 60,
+            forecast_horizon_s=s.horizon_minutes * 60,
+            throughput_noise=s.throughput_noise,
+            restart_jitter=s.restart_jitter,
+            profile_workers=profile,
+            seed=s.seed,
+        )
 
-    def policy(self, name: str) -> ScalingPolicy:
-        """A fresh registered policy, built from this backtest's sizing and options."""
-        return POLICIES.build(name, self.sizing, **self.settings.policy_options.get(name, {}))
+    def control_settings(self, name: str, options: Optional[Mapping] = None) -> ControlSettings:
+        """The controller's settings for policy ``name`` with ``options`` (default: the settings' for it)."""
+        s, z = self.settings, self.sizing
+        options = s.policy_options.get(name, {}) if options is None else options
+        return ControlSettings(policy=name, min_workers=z.min_workers, max_workers=z.max_workers, slo_s=z.slo_s, restart_s=z.restart_s,
+                               policy_options=dict(options), adequate_workers=z.adequate_workers, partitions=z.partitions)
 
-    def run(self, policy: ScalingPolicy, progress: Optional[Callable[[int, int], None]] = None) -> SimResult:
+    def controller(self, name: str, options: Optional[Mapping] = None) -> Controller:
+        """The pipeline's controller for a registered policy."""
+        return Controller(self.control_settings(name, options))
+
+    def run(self, name: str, options: Optional[Mapping] = None, oracle: bool = False, perfect_forecast: bool = False,
+            progress: Optional[Callable[[int, int], None]] = None) -> SimResult:
+        """One registered policy over the trace.  ``oracle`` plans with the true F(w) and restart time;
+        ``perfect_forecast`` forecasts with the trace's true future."""
         factory = None
-        if POLICIES[policy.name].uses_forecast:
+        if POLICIES[name].uses_forecast:
             s = self.settings
-            factory = lambda: make_forecaster(s.forecaster, horizon_s=s.horizon_minutes * 60)  # noqa: E731
-        return simulate(self.rates, self.times, policy, self.settings.model, self.sim_config, forecaster_factory=factory, progress=progress)
+            factory = ((lambda: Hindsight(self.times, self.rates)) if perfect_forecast
+                       else (lambda: make_forecaster(s.forecaster, horizon_s=s.horizon_minutes * 60)))
+        config = replace(self.sim_config, oracle=oracle) if oracle else self.sim_config
+        return simulate(self.rates, self.times, self.controller(name, options), self.settings.model, config,
+                        forecaster_factory=factory, progress=progress)
 
-    def sweeps(self, names: Sequence[str], progress: Optional[Callable[[int, int], None]] = None) -> dict[str, list[dict]]:
-        """Each named policy over the settings its spec sweeps (none for Kale)."""
-        out: dict[str, list[dict]] = {}
-        for name in names:
-            settings = POLICIES[name].sweep(self.sizing)
-            if settings:
-                out[name] = [{"setting": label, **self.run(policy, progress).metrics.to_json()} for label, policy in settings]
-        return out
+    def run_many(self, runs: Sequence["Run"], done: Optional[Callable[[int, int], None]] = None) -> list[SimResult]:
+        """Runs in parallel processes; ``done(k, n)`` as they finish."""
+        workers = min(self.settings.processes or os.cpu_count() or 1, len(runs))
+        if workers <= 1:
+            results = []
+            for run in runs:
+                results.append(self.run(*run))
+                if done:
+                    done(len(results), len(runs))
+            return results
+        # fork: the children share the prepared trace instead of pickling it per run.
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_adopt, initargs=(self,)) as pool:
+            futures = [pool.submit(_run_adopted, run) for run in runs]
+            for k, future in enumerate(futures, 1):
+                future.result()
+                if done:
+                    done(k, len(runs))
+            return [f.result() for f in futures]
+
+    def optimum(self, max_labels: int = 24) -> tuple[OracleSchedule, SimResult]:
+        """The offline optimum of Kale's own cost (``sim.oracle``), replayed in the simulator."""
+        s, z, kale = self.settings, self.sizing, KaleConfig()
+        schedule = optimal_schedule(self.rates, s.model, z.restart_s, z.slo_s, z.min_workers, z.max_workers, kale.plan_step_s,
+                                    kale.lag_weight, kale.violation_weight, max_labels)
+        policy = SchedulePolicy(schedule.workers, self.times[0].timestamp())
+        replay = Controller.fixed(policy, self.control_settings(policy.name))
+        return schedule, simulate(self.rates, self.times, replay, s.model, self.sim_config)
+
+
+class Run(NamedTuple):
+    """One simulation of a comparison."""
+
+    name: str
+    options: Optional[Mapping] = None
+    oracle: bool = False
+    perfect_forecast: bool = False
+
+
+_ADOPTED: Optional[Backtest] = None
+
+
+def _adopt(backtest: Backtest) -> None:
+    global _ADOPTED
+    _ADOPTED = backtest
+
+
+def _run_adopted(run: Run) -> SimResult:
+    return _ADOPTED.run(*run)
+
+
+def pareto_frontier(rows: Sequence[dict]) -> list[dict]:
+    """Settings no other setting beats on both GPU hours and accumulated lag, by GPU hours."""
+    def beaten(r: dict) -> bool:
+        return any(o["gpu_hours"] <= r["gpu_hours"] and o["accumulated_lag_minutes"] <= r["accumulated_lag_minutes"]
+                   and (o["gpu_hours"], o["accumulated_lag_minutes"]) != (r["gpu_hours"], r["accumulated_lag_minutes"]) for o in rows)
+    return sorted((r for r in rows if not beaten(r)), key=lambda r: r["gpu_hours"])
+
+
+def best_at_kales_gpu_hours(kale: dict, rows: Sequence[dict]) -> Optional[dict]:
+    """The baseline setting with the lowest accumulated lag among those with at least Kale's GPU hours."""
+    eligible = [r for r in rows if r["gpu_hours"] >= kale["gpu_hours"]]
+    return min(eligible, key=lambda r: (r["accumulated_lag_minutes"], r["gpu_hours"])) if eligible else None
 
 
 def dominating_baselines(kale: dict, sweeps: dict[str, list[dict]]) -> list[str]:
@@ -133,3 +221,64 @@ def dominating_baselines(kale: dict, sweeps: dict[str, list[dict]]) -> list[str]
             if row["gpu_hours"] <= kale["gpu_hours"] and row["accumulated_lag_minutes"] < kale["accumulated_lag_minutes"]:
                 found.append(f"{name} {row['setting']}")
     return found
+
+
+#: Kale's variants a comparison also runs (with ``variants=True``): what its estimates, its forecast and its
+#: changes to the paper do.
+KALE_VARIANTS = {
+    "kale_oracle": Run("kale", oracle=True),  # plans with the true F(w) and restart time: the gap is what estimating them costs
+    "kale_perfect_forecast": Run("kale", perfect_forecast=True),  # the trace's true future: what remains is planning error
+    "kale_paper_stabilizer": Run("kale", {"stabilizer": "paper"}),  # the paper's Algorithm 1 instead of our variant
+}
+
+
+def compare(backtest: Backtest, names: Sequence[str], sweeps: bool = True, variants: Sequence[str] = tuple(KALE_VARIANTS),
+            optimum: bool = True, done: Optional[Callable[[int, int], None]] = None) -> dict:
+    """Every named policy at its defaults, Kale's ``variants`` (keys of ``KALE_VARIANTS``), each baseline's
+    sweep and frontier, the offline optimum, each one's cost over the optimum's, and the headline: Kale
+    against each baseline's default and its best setting at no fewer GPU hours."""
+    extra = [(key, KALE_VARIANTS[key]) for key in variants] if "kale" in names else []
+    runs = [Run(name) for name in names] + [run for _, run in extra]
+    grid = [(name, label, options) for name in names for label, options in POLICIES[name].sweep(backtest.sizing)] if sweeps else []
+    results = backtest.run_many(runs + [Run(name, options) for name, _, options in grid], done)
+    report: dict = {"policies": {name: r.metrics.to_json() for name, r in zip(names, results)},
+                    "timelines": {name: r.timeline for name, r in zip(names, results)}}
+    report["kale_variants"] = {key: r.metrics.to_json() for (key, _), r in zip(extra, results[len(names):])}
+    swept: dict = {}
+    for (name, label, _), result in zip(grid, results[len(runs):]):
+        swept.setdefault(name, []).append({"setting": label, **result.metrics.to_json()})
+    report["sweeps"] = swept
+    report["frontiers"] = {name: pareto_frontier(rows) for name, rows in swept.items()}
+    kale = report["policies"].get("kale")
+    report["headline"] = {}
+    report["kale_dominated_by"] = dominating_baselines(kale, swept) if kale else []
+    minutes = float(len(backtest.rates) - backtest.sim_config.warmup_steps)
+    if optimum:
+        schedule, replay = backtest.optimum()
+        report["optimum"] = {**replay.metrics.to_json(), "max_labels": schedule.max_labels, "step_minutes": schedule.step_minutes}
+        costs = {"optimum": objective(report["optimum"], minutes)}
+        costs.update({name: objective(m, minutes) for name, m in report["policies"].items()})
+        costs.update({key: objective(m, minutes) for key, m in report["kale_variants"].items()})
+        baselines = [(objective(r, minutes), f"{name} {r['setting']}") for name, rows in swept.items() for r in rows]
+        baselines += [(costs[name], f"{name} (default)") for name in names if name != "kale"]
+        if baselines:
+            costs["best_baseline"], report["best_baseline_by_cost"] = min(baselines)
+        report["costs"] = costs
+        report["cost_over_optimum"] = {k: c / costs["optimum"] for k, c in costs.items()}
+    if kale:
+        for name, rows in swept.items():
+            best = best_at_kales_gpu_hours(kale, rows)
+            default = report["policies"][name]
+            report["headline"][name] = {
+                "default": default,
+                "lag_ratio_vs_default": lag_ratio(kale, default),
+                "best_at_kales_gpu_hours": best,
+                "lag_ratio_vs_best": lag_ratio(kale, best) if best else None,
+            }
+    return report
+
+
+def lag_ratio(kale: dict, other: dict) -> Optional[float]:
+    """Kale's accumulated lag over another's (None when the other has none)."""
+    lag = other["accumulated_lag_minutes"]
+    return kale["accumulated_lag_minutes"] / lag if lag else None

@@ -54,3 +54,10 @@ def score_readings(
         rescales=int(rescales),
         max_lag_minutes=float(lag.max() / 60.0) if len(lag) else 0.0,
     )
+
+
+def objective(metrics: dict, minutes: float, lag_weight: float = 8.0, violation_weight: float = 100.0) -> float:
+    """Kale's own cost over ``minutes`` scored minutes, in GPU-minutes: GPU-minutes + ``lag_weight`` x
+    lag-minutes + ``violation_weight`` x minutes above the SLO (the defaults are Kale's)."""
+    return (metrics["gpu_hours"] * 60.0 + lag_weight * metrics["accumulated_lag_minutes"]
+            + violation_weight * metrics["slo_violation_rate"] * minutes)

@@ -8,9 +8,15 @@ around them is simulated:
   sample's lag is its age when consumed (``kale_dagster.model.backlog``);
 * a rescale pauses consumption for ``restart_s`` (pause-and-restart, the
   paper's 10 minutes for a 1B-parameter model);
-* policies are called every ``sync_period_s`` of their own (HPA 15 s, KEDA
-  15 s, Kale 60 s) with what telemetry would report (utilization is the
+* the pipeline's ``Controller`` (the one the Dagster sensor runs) decides
+  every ``sync_period_s`` of the policy's own (HPA 15 s, KEDA 15 s, Kale 60
+  s) from what telemetry and the launcher would report (utilization is the
   workers' busy share since the last sync, what GPU utilization reads);
+* the controller learns, as a real one: F(w) from noisy measurements of
+  saturated minutes (and an optional profiling run), the restart time from
+  the restarts it saw, each of which takes ``restart_s`` times a lognormal
+  factor (``SimConfig.throughput_noise``, ``restart_jitter``; ``oracle``
+  hands it the truth instead, to measure what estimation costs);
 * Kale's forecaster is refitted every ``refit_every_s`` and re-predicted
   from the latest observations every ``forecast_every_s`` (the paper's
   10 minutes);
@@ -39,17 +45,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import numpy as np
 import pandas as pd
 
+from kale_dagster.control.controller import ControlSettings, Controller, StreamReading
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape
+from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.model.backlog import FifoBacklog
-from kale_dagster.model.throughput import ThroughputModel
-from kale_dagster.model.types import Observation, ScalingPolicy
+from kale_dagster.model.throughput import ThroughputModel, estimate_throughput
+from kale_dagster.model.types import ScalingPolicy
 from kale_dagster.model.utilization import utilization
 from kale_dagster.sim.metrics import PaperMetrics, score_readings
 
@@ -80,9 +88,16 @@ class SimConfig:
     pipeline_latency_s: float = 0.0  # a sample's time inside the trainer before it can be committed...
     pipeline_latency_per_worker_s: float = 0.0  # ...plus this per worker
     metrics_window_s: float = 0.0  # a restarted group's first metrics come this long after it resumes
+    # What a controller cannot know exactly (see _Measurements):
+    throughput_noise: float = 0.05  # relative standard deviation of each measured (saturated) minute's throughput
+    restart_jitter: float = 0.2  # sigma of the lognormal factor on restart_s that each restart actually takes
+    profile_workers: tuple[int, ...] = ()  # worker counts profiled before the run (the paper's section 3.3); () = none
+    seed: int = 0
+    oracle: bool = False  # a Controller plans with the true F(w) and the nominal restart_s instead of its estimates
 
     def __post_init__(self):
-        may_be_zero = ("restart_s", "commit_interval_s", "pipeline_latency_s", "pipeline_latency_per_worker_s", "metrics_window_s")
+        may_be_zero = ("restart_s", "commit_interval_s", "pipeline_latency_s", "pipeline_latency_per_worker_s", "metrics_window_s",
+                       "throughput_noise", "restart_jitter")
         for name in (*may_be_zero, "refit_every_s", "forecast_every_s", "forecast_horizon_s", "rate_window_s", "error_window_s"):
             if getattr(self, name) < 0 or (name not in may_be_zero and getattr(self, name) == 0):
                 raise KaleConfigError(name, f"must be > 0, got {getattr(self, name)}")
@@ -90,6 +105,61 @@ class SimConfig:
             raise KaleConfigError("slo_s", f"must be > 0, got {self.slo_s}")
         if self.warmup_steps < 0:
             raise KaleConfigError("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+
+
+class _Measurements:
+    """What the running system tells the controller, and what the controller makes of it.
+
+    The world: each restart takes ``restart_s`` times a lognormal factor;
+    each minute the workers never waited for data yields a throughput
+    measurement with relative noise (profiling runs before the start yield
+    more).  The controller: F(w) refitted on those measurements (profile
+    plus the last week) at the forecaster's refit cadence, from ``prior``
+    until they cover enough worker counts, and the restart time as the
+    median of the last restarts it saw (the declared ``restart_s`` before
+    the first), exactly as the Dagster path estimates both.  With
+    ``oracle`` the controller is handed the true model and the nominal time.
+    """
+
+    WINDOW_S = 7 * 86_400.0  # measurements the live throughput_model asset fits on
+    RESTARTS_KEPT = 5  # as LauncherStatus.downtimes_s
+
+    def __init__(self, truth: ThroughputModel, prior: ThroughputModel, config: SimConfig):
+        self.truth, self.prior, self.config = truth, prior, config
+        self._restart_rng = np.random.default_rng([config.seed, 1])
+        self._noise_rng = np.random.default_rng([config.seed, 2])
+        self.restarts: list[float] = []
+        self.profile = [(float(w), self._noisy(truth.predict(w))) for w in config.profile_workers]
+        self.online: list[tuple[int, float, float]] = []  # (minute, workers, samples/s)
+        self._model, self._next_fit = prior, 0
+        self._refit_minutes = max(int(config.refit_every_s // MINUTE), 1)
+
+    def _noisy(self, rate: float) -> float:
+        return max(float(rate) * (1.0 + self.config.throughput_noise * self._noise_rng.standard_normal()), 1e-9)
+
+    def restart(self) -> float:
+        """How long this restart takes (the world's draw), remembered as the controller measures it."""
+        jitter = self._restart_rng.lognormal(0.0, self.config.restart_jitter) if self.config.restart_jitter > 0 else 1.0
+        self.restarts.append(self.config.restart_s * jitter)
+        return self.restarts[-1]
+
+    def downtimes(self) -> tuple[float, ...]:
+        return () if self.config.oracle else tuple(self.restarts[-self.RESTARTS_KEPT:])
+
+    def saturated(self, minute: int, workers: int, rate: float) -> None:
+        self.online.append((minute, float(workers), self._noisy(rate)))
+
+    def model(self, minute: int) -> ThroughputModel:
+        if self.config.oracle:
+            return self.truth
+        if minute >= self._next_fit:
+            self._next_fit = minute + self._refit_minutes
+            recent = [(w, r) for m, w, r in self.online if m >= minute - self.WINDOW_S / MINUTE]
+            points = self.profile + recent
+            if points:
+                ws, rs = zip(*points)
+                self._model, _ = estimate_throughput(ws, rs, self.prior, form=self.truth.form, global_batch=self.truth.global_batch)
+        return self._model
 
 
 class _ForecastFeed:
@@ -134,18 +204,23 @@ class _ForecastFeed:
 def simulate(
     rates: np.ndarray,
     times: pd.DatetimeIndex,
-    policy: ScalingPolicy,
+    policy: Union[ScalingPolicy, Controller],
     model: ThroughputModel,
     config: SimConfig = SimConfig(),
     forecaster_factory: Optional[Callable] = None,
     progress: Optional[Callable[[int, int], None]] = None,
     forecast_history: Optional[pd.DataFrame] = None,
+    prior: Optional[ThroughputModel] = None,
 ) -> SimResult:
-    """Run ``policy`` over per-minute arrival ``rates`` (samples/s) at ``times``.
+    """Run a controller (or a policy as built) over per-minute arrival ``rates`` (samples/s) at ``times``.
 
-    ``forecast_history`` (``timestamp``, ``rate``) is what was recorded before
-    ``times[0]``: the forecaster sees it, the simulated workers never did
-    (a pipeline whose history was seeded, or that ran under another policy).
+    ``model`` is the workers' true F(w).  A :class:`Controller` plans, as a
+    real one, with what it learns (see :class:`_Measurements`), starting
+    from ``prior`` (default: the true model) unless ``config.oracle``; a bare
+    policy keeps what it was built with.  ``forecast_history`` (``timestamp``,
+    ``rate``) is what was recorded before ``times[0]``: the forecaster sees
+    it, the simulated workers never did (a pipeline whose history was
+    seeded, or that ran under another policy).
     """
     rates = np.asarray(rates, dtype=float)
     n = len(rates)
@@ -153,6 +228,12 @@ def simulate(
         raise KaleConfigError("rates", "the trace is empty")
     if n <= config.warmup_steps:
         raise KaleConfigError("warmup_steps", f"warm-up ({config.warmup_steps} min) covers the whole trace ({n} min)")
+    settings = ControlSettings(policy=policy.name if not isinstance(policy, Controller) else policy.settings.policy,
+                               min_workers=1, max_workers=config.max_workers, slo_s=config.slo_s, restart_s=config.restart_s,
+                               rate_window_s=config.rate_window_s, error_window_s=config.error_window_s)
+    controller = policy if isinstance(policy, Controller) else Controller.fixed(policy, settings)
+    learned = _Measurements(model, prior or model, config)
+    capacity_of = np.asarray(model.predict(np.arange(config.max_workers + 1)), dtype=float)  # F(w) per count, once
     epoch = times[0].timestamp()
     workers = config.initial_workers if config.initial_workers is not None else model.min_workers_for(rates[0], config.max_workers)
     queue = FifoBacklog(now=epoch)
@@ -172,7 +253,7 @@ def simulate(
         return lag + latency if lag > 0 or rates[minute] > 0 else 0.0
     feed = _ForecastFeed(forecaster_factory, times, rates, config, forecast_history) if forecaster_factory else None
     ticks_per_min = int(MINUTE // TICK_S)
-    sync_ticks = max(int(round(policy.sync_period_s / TICK_S)), 1)
+    sync_ticks = None
     consumed_log: list[float] = []
     rows = np.zeros((n, 5))  # workers, capacity, lag_s, restarting, consumed
     decisions = []
@@ -181,41 +262,46 @@ def simulate(
     for minute in range(n):
         if feed is not None:
             forecast = feed.update(minute)
+        planning_model = learned.model(minute)
         restarting_ticks = 0
         consumed_minute = 0.0
         for k in range(ticks_per_min):
             now = epoch + minute * MINUTE + k * TICK_S
             restarting = now < restart_until
-            if (minute * ticks_per_min + k) % sync_ticks == 0:
+            if sync_ticks is None or (minute * ticks_per_min + k) % sync_ticks == 0:
                 window = max(int(config.rate_window_s // MINUTE), 1)
                 lo = max(minute - window, 0)
                 measured = float(np.mean(rates[lo:minute])) if minute > 0 else rates[0]
                 consumption = float(np.mean(consumed_log[-window:])) / MINUTE if consumed_log else 0.0
-                capacity_now = 0.0 if restarting else model.predict(workers)
-                # The workers' busy share since the last sync is what GPU utilization reads.
-                busy_share = busy_consumed / busy_capacity if busy_capacity > 0 else None
-                busy = utilization(busy_share, queue.backlog, measured, capacity_now)
+                # The workers' busy share since the last sync is what GPU utilization reads; with no capacity since
+                # (the first sync, the one a restart ends at), what the stream implies.  A restarted group reports
+                # only after a full metrics window.
+                if busy_capacity > 0:
+                    busy_share = busy_consumed / busy_capacity
+                else:
+                    busy_share = utilization(None, queue.backlog, measured, 0.0 if restarting else capacity_of[workers])
+                starting = now < restart_until + config.metrics_window_s
                 busy_consumed = busy_capacity = 0.0
-                obs = Observation(
-                    time=now, workers=workers, arrival_rate=measured, consumption_rate=consumption,
-                    backlog=seen.backlog, time_lag_s=reported_lag(minute), utilization=busy,
-                    forecast=forecast, forecast_error=feed.recent_error(minute) if feed else None,
-                    restarting=now < restart_until + config.metrics_window_s,
-                )
-                decision = policy.decide(obs)
-                target = max(min(decision.workers, config.max_workers), 0)
+                reading = StreamReading(now, measured, consumption, seen.backlog, reported_lag(minute))
+                status = LauncherStatus(workers, rescaling=restarting, measures=True, busy_share=None if starting else busy_share,
+                                        downtimes_s=learned.downtimes())
+                step = controller.step(reading, status, planning_model, forecast=forecast,
+                                       forecast_error=feed.recent_error(minute) if feed else None)
+                if sync_ticks is None:  # the policy's cadence, known once it is built
+                    sync_ticks = max(int(round(controller.policy_in_use.sync_period_s / TICK_S)), 1)
+                target = max(min(step.decision.workers, config.max_workers), 0)
                 if minute == 0 and k == 0 and config.initial_workers is None:
                     workers = target  # the job starts at the policy's first answer, no restart
-                elif target != workers:
-                    decisions.append((now, target, decision.policy, decision.reason))
+                elif step.rescale_to is not None and target != workers:
+                    decisions.append((now, target, step.decision.policy, step.decision.reason))
                     workers = target
-                    restart_until = now + config.restart_s
-                    restarting = config.restart_s > 0
+                    restart_until = now + learned.restart()
+                    restarting = restart_until > now
                     rescales_scored += minute >= config.warmup_steps
                     if committed is not None:  # the graceful stop checkpoints and commits; the next group's clock starts after the restart
                         commit()
                         next_commit = restart_until + config.commit_interval_s
-            capacity = 0.0 if restarting else model.predict(workers)
+            capacity = 0.0 if restarting else capacity_of[workers]
             consumed = queue.step(TICK_S, rates[minute] * TICK_S, capacity)
             consumed_minute += consumed
             busy_consumed += consumed
@@ -228,7 +314,9 @@ def simulate(
             restarting_ticks += restarting
         consumed_log.append(consumed_minute)
         restarting_share = restarting_ticks / ticks_per_min
-        rows[minute] = (workers, model.predict(workers) * (1 - restarting_share), reported_lag(minute), restarting_share, consumed_minute)
+        if restarting_ticks == 0 and workers > 0 and consumed_minute >= capacity_of[workers] * MINUTE * (1 - 1e-9):
+            learned.saturated(minute, workers, consumed_minute / MINUTE)  # never waited for data: a throughput measurement
+        rows[minute] = (workers, capacity_of[workers] * (1 - restarting_share), reported_lag(minute), restarting_share, consumed_minute)
         if progress:
             progress(minute + 1, n)
     timeline = pd.DataFrame(

@@ -1,0 +1,203 @@
+"""The physical limit: the cheapest worker schedule with perfect foresight, under the simulator's model.
+
+Kale minimises GPU-minutes + ``lag_weight`` x lag-minutes +
+``violation_weight`` x minutes above the SLO over a forecast; this finds
+the schedule that minimises the same cost over the whole trace knowing
+every arrival, so a policy's cost over the oracle's says how far from the
+limit it is (planning error plus forecast error plus estimation error).
+
+A dynamic program over (decision step, workers).  A step is the plan step
+(or the restart time, if longer); changing the count at a step's start
+pauses consumption for the restart time, during which the new GPUs are
+held.  The backlog is carried exactly as the simulator's fluid FIFO queue
+(the time lag of a backlog is read from the cumulative arrivals: the oldest
+waiting sample is the one that arrived when the arrivals still to be
+consumed began).  A state's label is (cost so far, backlog): at each
+(step, workers) only labels no other beats on both are kept, and at most
+``max_labels`` of those, evenly spread from the cheapest to the emptiest
+queue.  That cap makes the schedule feasible but possibly not optimal, so
+its cost is an upper bound on the optimum: ``kale backtest`` reports the
+cap, and the bench checks that a larger one changes nothing that matters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.forecast.base import Forecast
+from kale_dagster.model.throughput import ThroughputModel
+from kale_dagster.model.types import Decision, Observation
+
+MINUTE = 60.0
+
+
+@dataclass(frozen=True)
+class OracleSchedule:
+    workers: np.ndarray  # per minute
+    cost: float  # the DP's own account of the objective over the whole trace
+    step_minutes: int
+    max_labels: int
+
+
+class _Arrivals:
+    """Cumulative arrivals, to read a backlog's time lag at a minute's end."""
+
+    def __init__(self, rates: np.ndarray):
+        self.rates = rates
+        self.cumulative = np.concatenate([[0.0], np.cumsum(rates * MINUTE)])
+
+    def time_lag(self, minute_end: int, backlog: np.ndarray) -> np.ndarray:
+        """Age, at the end of minute ``minute_end - 1``, of the oldest of ``backlog`` waiting samples (FIFO)."""
+        position = self.cumulative[minute_end] - backlog
+        j = np.clip(np.searchsorted(self.cumulative, position, side="right") - 1, 0, len(self.rates) - 1)
+        rate = self.rates[j]
+        within = np.where(rate > 0, (position - self.cumulative[j]) / np.where(rate > 0, rate, 1.0), 0.0)
+        lag = minute_end * MINUTE - (j * MINUTE + within)
+        return np.where(backlog > 1e-9, np.maximum(lag, 0.0), 0.0)
+
+
+def _prune(cost: np.ndarray, backlog: np.ndarray, max_labels: int) -> np.ndarray:
+    """Indices of the labels no other beats on both cost and backlog, at most ``max_labels``, cheapest first."""
+    order = np.lexsort((cost, backlog))  # by backlog, then cost
+    best = np.minimum.accumulate(cost[order])
+    keep = order[np.concatenate([[True], cost[order][1:] < best[:-1] - 1e-9])]
+    keep = keep[np.argsort(cost[keep], kind="stable")]
+    if len(keep) > max_labels:
+        keep = keep[np.unique(np.linspace(0, len(keep) - 1, max_labels).round().astype(int))]
+    return keep
+
+
+def optimal_schedule(
+    rates: np.ndarray,
+    model: ThroughputModel,
+    restart_s: float,
+    slo_s: float,
+    min_workers: int = 1,
+    max_workers: int = 32,
+    plan_step_s: float = 600.0,
+    lag_weight: float = 8.0,
+    violation_weight: float = 100.0,
+    max_labels: int = 24,
+) -> OracleSchedule:
+    """The cheapest schedule for per-minute arrival ``rates`` (samples/s); see the module docstring."""
+    rates = np.asarray(rates, dtype=float)
+    if len(rates) == 0:
+        raise KaleConfigError("rates", "the trace is empty")
+    if not 1 <= min_workers <= max_workers:
+        raise KaleConfigError("min_workers", f"need 1 <= min_workers <= max_workers, got {min_workers} and {max_workers}")
+    if max_labels < 1:
+        raise KaleConfigError("max_labels", f"must be >= 1, got {max_labels}")
+    step = max(int(round(plan_step_s / MINUTE)), math.ceil(restart_s / MINUTE), 1)
+    arrivals = _Arrivals(rates)
+    counts = np.arange(min_workers, max_workers + 1)
+    capacity = np.asarray(model.predict(counts), dtype=float)
+    steps = math.ceil(len(rates) / step)
+    # Share of each minute of a step that consumes after a restart at the step's start.
+    serving = np.clip((np.arange(1, step + 1) * MINUTE - restart_s) / MINUTE, 0.0, 1.0)
+
+    def advance(k: int, backlog: np.ndarray, cap: np.ndarray, restarted: np.ndarray, workers: np.ndarray):
+        """Play step ``k`` for labels (backlog, capacity, restarted?): the backlog after it, and its cost."""
+        cost = workers * float(min(step, len(rates) - k * step))  # GPU-minutes
+        for i in range(step):
+            m = k * step + i
+            if m >= len(rates):
+                break
+            share = np.where(restarted, serving[i], 1.0)
+            backlog = np.maximum(backlog + (rates[m] - cap * share) * MINUTE, 0.0)
+            lag = arrivals.time_lag(m + 1, backlog)
+            cost = cost + lag_weight * lag / MINUTE + violation_weight * (lag > slo_s)
+        return backlog, cost
+
+    # Labels per worker count: cost, backlog, and for the backtrack (parent count index, parent label index).
+    labels = []
+    for wi in range(len(counts)):  # the first step starts at any count without a restart
+        b, c = advance(0, np.zeros(1), np.full(1, capacity[wi]), np.zeros(1, bool), np.full(1, counts[wi]))
+        labels.append((c, b))
+    parents: list[list[tuple[np.ndarray, np.ndarray]]] = []
+    for k in range(1, steps):
+        # A restart can come from any label of any count: only the union's undominated labels matter.
+        all_cost = np.concatenate([c for c, _ in labels])
+        all_backlog = np.concatenate([b for _, b in labels])
+        origin_w = np.concatenate([np.full(len(c), wi) for wi, (c, _) in enumerate(labels)])
+        origin_l = np.concatenate([np.arange(len(c)) for c, _ in labels])
+        union = _prune(all_cost, all_backlog, max_labels)
+        new_labels, step_parents = [], []
+        for wi in range(len(counts)):
+            stay_c, stay_b = labels[wi]
+            n_stay = len(stay_c)
+            backlog = np.concatenate([stay_b, all_backlog[union]])
+            restarted = np.concatenate([np.zeros(n_stay, bool), origin_w[union] != wi])
+            b, c = advance(k, backlog, np.full(len(backlog), capacity[wi]), restarted, np.full(len(backlog), counts[wi]))
+            c = c + np.concatenate([stay_c, all_cost[union]])
+            pw = np.concatenate([np.full(n_stay, wi), origin_w[union]])
+            pl = np.concatenate([np.arange(n_stay), origin_l[union]])
+            keep = _prune(c, b, max_labels)
+            new_labels.append((c[keep], b[keep]))
+            step_parents.append((pw[keep], pl[keep]))
+        labels = new_labels
+        parents.append(step_parents)
+    # Backtrack from the cheapest final label.
+    finals = [(float(c.min()), wi, int(c.argmin())) for wi, (c, _) in enumerate(labels)]
+    cost, wi, li = min(finals)
+    chosen = [wi]
+    for k in range(steps - 2, -1, -1):
+        pw, pl = parents[k][wi]
+        wi, li = int(pw[li]), int(pl[li])
+        chosen.append(wi)
+    per_step = counts[np.array(chosen[::-1])]
+    return OracleSchedule(np.repeat(per_step, step)[: len(rates)], cost, step, max_labels)
+
+
+@dataclass
+class SchedulePolicy:
+    """Replays a per-minute schedule in the simulator, so the oracle is scored as every policy is."""
+
+    workers: np.ndarray
+    start: float  # epoch seconds of the schedule's first minute
+    name: str = "oracle"
+    sync_period_s: float = 60.0
+
+    def decide(self, obs: Observation) -> Decision:
+        minute = min(max(int((obs.time - self.start) // MINUTE), 0), len(self.workers) - 1)
+        return Decision(int(self.workers[minute]), self.name, "the offline optimum's schedule")
+
+    def state(self) -> dict:
+        return {}
+
+    def load_state(self, state: dict) -> None:
+        pass
+
+
+class Hindsight:
+    """A perfect forecaster for the simulator: the trace's true future rates, with no band.
+
+    Kale run on it shows its planning error alone (the oracle adds what
+    foresight of every minute, not just the horizon, would buy).
+    """
+
+    name = "hindsight"
+
+    def __init__(self, times: pd.DatetimeIndex, rates: np.ndarray):
+        self.starts = np.array([t.timestamp() for t in times])
+        self.rates = np.asarray(rates, dtype=float)
+        self._last = None
+
+    def fit(self, history: pd.DataFrame) -> "Hindsight":
+        self._last = pd.Timestamp(history["timestamp"].iloc[-1]).timestamp()
+        return self
+
+    def predict(self, steps: int, history: Optional[pd.DataFrame] = None) -> Forecast:
+        if history is not None:
+            self.fit(history)
+        start = self._last + MINUTE
+        first = int(np.searchsorted(self.starts, start))
+        point = self.rates[first:first + steps]
+        if len(point) < steps:  # past the trace's end: its last rate holds
+            point = np.concatenate([point, np.full(steps - len(point), self.rates[-1])])
+        return Forecast(start=start, step_s=MINUTE, point=point, lower=point, upper=point, model=self.name)
