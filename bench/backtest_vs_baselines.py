@@ -28,12 +28,10 @@ import pandas as pd
 
 from kale_dagster.forecast.history import prepare_history, read_trace_csv
 from kale_dagster.policies import POLICIES
-from kale_dagster.sim.backtest import KALE_VARIANTS, Backtest, BacktestSettings, compare
+from kale_dagster.sim.backtest import KALE_VARIANTS, VARIANT_LABELS, Backtest, BacktestSettings, compare
 from kale_dagster.sim.trace import synth_trace
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-VARIANT_LABELS = {"kale_oracle": "kale, true F(w) and restart", "kale_perfect_forecast": "kale, perfect forecast",
-                  "kale_paper_stabilizer": "kale, the paper's stabilizer"}
 ROW = "{:<34}{:>14,.0f}{:>10.2%}{:>10,.0f}{:>9,.0f}{:>10}{:>9.1f}"
 
 
@@ -62,11 +60,14 @@ def run(label: str, history: pd.DataFrame, warmup_days: float, variants=tuple(KA
         print(f"{name} frontier ({len(frontier)} of {len(report['sweeps'][name])} settings):")
         for r in frontier:
             print(_row("  " + ",".join(str(v) for v in r["setting"].values()), r))
+    def times(ratio) -> str:
+        return "n/a (no lag)" if ratio is None else f"{ratio:.3f}x"
+
     for name, h in report["headline"].items():
         best = h["best_at_kales_gpu_hours"]
-        vs_best = f"{h['lag_ratio_vs_best']:.3f}x" if h["lag_ratio_vs_best"] is not None else "n/a"
-        print(f"Kale / {name}: lag {h['lag_ratio_vs_default'] if h['lag_ratio_vs_default'] is not None else float('nan'):.3f}x of the default; "
-              + (f"{vs_best} of the best setting with >= Kale's GPU hours ({best['setting']}, {best['gpu_hours']:,.0f} GPU h)" if best else "no setting with >= Kale's GPU hours"))
+        print(f"Kale / {name}: lag {times(h['lag_ratio_vs_default'])} of the default's; "
+              + (f"{times(h['lag_ratio_vs_best'])} of the best setting with >= Kale's GPU hours ({best['setting']}, {best['gpu_hours']:,.0f} GPU h)"
+                 if best else "no setting with >= Kale's GPU hours"))
     print("cost over the offline optimum's: " + ", ".join(f"{k} {r:.3f}x" for k, r in report["cost_over_optimum"].items() if k != "optimum")
           + f" (best baseline: {report['best_baseline_by_cost']})")
     beaten = report["kale_dominated_by"]

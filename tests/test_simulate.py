@@ -292,3 +292,15 @@ def test_best_setting_at_kales_gpu_hours(rows, best):
 
     got = best_at_kales_gpu_hours({"gpu_hours": 100, "accumulated_lag_minutes": 20}, [{"gpu_hours": g, "accumulated_lag_minutes": lag} for g, lag in rows])
     assert (None if got is None else (got["gpu_hours"], got["accumulated_lag_minutes"])) == best
+
+
+@pytest.mark.slow
+def test_cli_report_names_the_frontier_the_optimum_and_the_costs(capsys):
+    from kale_dagster.cli import main
+
+    assert main(["backtest", "--trace", str(FIXTURES / "diurnal_3d_10min.csv"), "--policies", "hpa,static", "--warmup-days", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "hpa: Pareto frontier of 30 settings" in out and "static: Pareto frontier of 6 settings" in out
+    optimum = next(line for line in out.splitlines() if line.startswith("offline optimum"))
+    assert float(optimum.split()[-3].replace(",", "")) < 1344  # GPU h: fewer than the static peak allocation's
+    assert "over the offline optimum's: hpa " in out and "(best baseline: static" in out

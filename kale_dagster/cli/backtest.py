@@ -7,7 +7,7 @@ import json
 from kale_dagster.cli.progress import ProgressBar
 from kale_dagster.forecast.history import read_trace_csv
 from kale_dagster.policies import POLICIES
-from kale_dagster.sim.backtest import KALE_VARIANTS, Backtest, BacktestSettings, compare
+from kale_dagster.sim.backtest import KALE_VARIANTS, VARIANT_LABELS, Backtest, BacktestSettings, compare
 
 _COLUMNS = (
     ("accumulated_lag_minutes", "acc. lag (min)", "{:,.0f}"),
@@ -69,7 +69,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    rows = {**report["policies"], **{_VARIANT_LABELS[k]: m for k, m in report["kale_variants"].items()}}
+    rows = {**report["policies"], **{VARIANT_LABELS[k]: m for k, m in report["kale_variants"].items()}}
     if "optimum" in report:
         rows["offline optimum"] = report["optimum"]
     _print_table(rows, "policy (defaults)")
@@ -84,20 +84,16 @@ def run(args) -> int:
             line += (f"; {_times(h['lag_ratio_vs_best'])} of the best setting with >= Kale's GPU hours ({_label(best['setting'])}, "
                      f"{best['gpu_hours']:,.0f} GPU h)" if best else "; no setting uses as many GPU hours as Kale")
             print(line)
-        if "cost_over_optimum" in report:
-            ratios = report["cost_over_optimum"]
-            print("cost (GPU-min + 8 x lag-min + 100 x violation-min) over the offline optimum's: "
-                  + ", ".join(f"{_VARIANT_LABELS.get(k, k)} {r:.3g}x" for k, r in ratios.items() if k != "optimum")
-                  + (f" (best baseline: {report['best_baseline_by_cost']})" if "best_baseline_by_cost" in report else ""))
         beaten = report["kale_dominated_by"]
         print("swept settings with <= Kale's GPU hours and lower accumulated lag: " + (", ".join(beaten) if beaten else "none"))
+    if "cost_over_optimum" in report:
+        print()
+        print("cost (GPU-min + 8 x lag-min + 100 x violation-min) over the offline optimum's: "
+              + ", ".join(f"{VARIANT_LABELS.get(k, k)} {r:.3g}x" for k, r in report["cost_over_optimum"].items() if k != "optimum")
+              + (f" (best baseline: {report['best_baseline_by_cost']})" if "best_baseline_by_cost" in report else ""))
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0
-
-
-_VARIANT_LABELS = {"kale_oracle": "kale, true F(w) and restart", "kale_perfect_forecast": "kale, perfect forecast",
-                   "kale_paper_stabilizer": "kale, paper's stabilizer"}
 
 
 def _times(ratio) -> str:

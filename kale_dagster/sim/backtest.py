@@ -230,6 +230,8 @@ KALE_VARIANTS = {
     "kale_perfect_forecast": Run("kale", perfect_forecast=True),  # the trace's true future: what remains is planning error
     "kale_paper_stabilizer": Run("kale", {"stabilizer": "paper"}),  # the paper's Algorithm 1 instead of our variant
 }
+VARIANT_LABELS = {"kale_oracle": "kale, true F(w) and restart", "kale_perfect_forecast": "kale, perfect forecast",
+                  "kale_paper_stabilizer": "kale, the paper's stabilizer"}
 
 
 def compare(backtest: Backtest, names: Sequence[str], sweeps: bool = True, variants: Sequence[str] = tuple(KALE_VARIANTS),
