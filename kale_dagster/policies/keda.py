@@ -86,7 +86,6 @@ class KafkaScalerMetadata:
 def total_lag(partition_lags: Sequence[int], meta: KafkaScalerMetadata) -> tuple[int, int]:
     """getTotalLag given per-partition lags: (lag used for scaling, lag used for activation)."""
     lag = sum(partition_lags)
-    with_lag = sum(1 for x in partition_lags if x > 0)
     partitions = len(partition_lags)
     activation = lag
     if not meta.allow_idle_consumers or meta.limit_to_partitions_with_lag or meta.ensure_even_distribution_of_partitions:
@@ -94,7 +93,7 @@ def total_lag(partition_lags: Sequence[int], meta: KafkaScalerMetadata) -> tuple
         if meta.ensure_even_distribution_of_partitions:
             lag = next_factor_balancing_partitions(lag, partitions, meta.lag_threshold) * meta.lag_threshold
         if meta.limit_to_partitions_with_lag:
-            upper = with_lag
+            upper = sum(1 for x in partition_lags if x > 0)
         if lag // meta.lag_threshold > upper:
             lag = upper * meta.lag_threshold
     return lag, activation
@@ -140,7 +139,7 @@ class KedaKafkaPolicy:
             raise KaleConfigError("partition_count", "needed when observations carry no per-partition offsets")
         n = self.partition_count
         base, extra = divmod(int(round(obs.backlog)), n)
-        return [base + (1 if i < extra else 0) for i in range(n)]
+        return [base + 1] * extra + [base] * (n - extra)
 
     def _lag(self, p: PartitionOffsets) -> int:
         m = self.metadata
