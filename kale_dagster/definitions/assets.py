@@ -30,7 +30,7 @@ from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape
 from kale_dagster.forecast.history import infer_step_s, prepare_history
 from kale_dagster.forecast.naive import DAY_S, WEEK_S
-from kale_dagster.model.throughput import ThroughputModel, estimate_throughput
+from kale_dagster.model.throughput import FIT_WINDOW_S, ThroughputModel, estimate_throughput
 from kale_dagster.policies import POLICIES
 
 #: Stream metrics older than this (pipeline seconds) are not "current" for a decision.
@@ -112,7 +112,7 @@ def throughput_model_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
     @asset(key=p.key("throughput_model"), group_name=p.name,
            description="Resource-throughput model F(w) fitted by NNLS on measured worker throughput; the configured prior until enough worker counts were measured.")
     def throughput_model(context: AssetExecutionContext) -> Output:
-        measured = p.history().throughput(p.name, start=p.clock.now() - 7 * DAY_S)
+        measured = p.history().throughput(p.name, start=p.clock.now() - FIT_WINDOW_S)
         model, source = estimate_throughput(measured["workers"], measured["samples_per_s"], p.throughput_prior,
                                             form="sync" if p.global_batch else "async", global_batch=p.global_batch)
         metadata = {

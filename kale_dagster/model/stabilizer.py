@@ -23,9 +23,10 @@ by its visible length.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Literal, Sequence, get_args
 
 Mode = Literal["kale", "paper"]
+MODES: tuple[str, ...] = get_args(Mode)
 
 from kale_dagster.errors import KaleConfigError
 
@@ -54,7 +55,7 @@ def stabilize(plan: Sequence[int], step_minutes: float, rho: int = 1, tau_minute
         raise KaleConfigError("rho", f"must be >= 1 worker, got {rho}")
     if tau_minutes < 0:
         raise KaleConfigError("tau_minutes", f"must be >= 0, got {tau_minutes}")
-    if mode not in ("kale", "paper"):
+    if mode not in MODES:
         raise KaleConfigError("stabilizer", f"must be 'kale' or 'paper', got {mode!r}")
     out = [int(x) for x in plan]
     if mode == "paper":

@@ -216,6 +216,10 @@ class ThroughputModel:
         return f"{head}; {coeffs}"
 
 
+#: Measurements older than this are not fitted: the workers' code, data and hardware drift.
+FIT_WINDOW_S = 7 * 86_400.0
+
+
 def estimate_throughput(workers: Sequence[float], rates: Sequence[float], prior: ThroughputModel, form: Form = "async",
                         global_batch: Optional[float] = None) -> tuple[ThroughputModel, str]:
     """F(w) as a controller can know it: fitted on measured saturated throughput once the measurements

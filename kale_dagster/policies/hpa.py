@@ -198,7 +198,7 @@ class HPAPolicy:
     metric: Literal["utilization", "lag"] = "utilization"
     target_utilization: int = 80
     target_lag_per_worker: float = 100_000.0
-    behavior: HPABehavior = field(default_factory=HPABehavior.default)
+    behavior: HPABehavior = field(default_factory=HPABehavior.default)  # or a Mapping, as Kubernetes writes it
     tolerance: float = DEFAULT_TOLERANCE
     sync_period_s: float = 15.0
     name: str = "hpa"
@@ -207,6 +207,8 @@ class HPAPolicy:
     down_events: list = field(default_factory=list)
 
     def __post_init__(self):
+        if isinstance(self.behavior, Mapping):  # as Kubernetes writes it (HPABehavior.from_spec)
+            self.behavior = HPABehavior.from_spec(self.behavior)
         if not 1 <= self.min_replicas <= self.max_replicas:
             raise KaleConfigError("min_replicas", f"need 1 <= min_replicas <= max_replicas, got {self.min_replicas} and {self.max_replicas}")
         if self.metric not in ("utilization", "lag"):
@@ -275,8 +277,6 @@ class HPAPolicy:
 def build(sizing: Sizing, **options) -> HPAPolicy:
     """An HPA between the sizing's worker bounds; ``options`` are further ``HPAPolicy`` fields
     (``behavior`` may be given as Kubernetes writes it, see ``HPABehavior.from_spec``)."""
-    if isinstance(options.get("behavior"), Mapping):
-        options = {**options, "behavior": HPABehavior.from_spec(options["behavior"])}
     return HPAPolicy(min_replicas=sizing.min_workers, max_replicas=sizing.max_workers, **options)
 
 

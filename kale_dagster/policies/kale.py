@@ -33,7 +33,7 @@ from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.estimator import estimate_workers, resample_max
 from kale_dagster.model.projection import project
-from kale_dagster.model.stabilizer import Mode, stabilize
+from kale_dagster.model.stabilizer import MODES, Mode, stabilize
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation
 from kale_dagster.policies.registry import PolicySpec, Sizing
@@ -91,7 +91,7 @@ class KaleConfig:
         for name in ("lag_weight", "violation_weight"):
             need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         need(self.projection_tick_s > 0, "projection_tick_s", f"must be > 0, got {self.projection_tick_s}")
-        need(self.stabilizer in ("kale", "paper"), "stabilizer", f"must be 'kale' or 'paper', got {self.stabilizer!r}")
+        need(self.stabilizer in MODES, "stabilizer", f"must be 'kale' or 'paper', got {self.stabilizer!r}")
 
     @property
     def drain_window(self) -> float:

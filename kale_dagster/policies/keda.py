@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal, Mapping, Optional, Sequence
+from typing import Literal, Optional, Sequence
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation, PartitionOffsets
@@ -113,7 +113,7 @@ class KedaKafkaPolicy:
     max_replicas: int = 100
     partition_count: Optional[int] = None
     cooldown_period_s: float = 300.0
-    behavior: HPABehavior = field(default_factory=HPABehavior.default)
+    behavior: HPABehavior = field(default_factory=HPABehavior.default)  # or a Mapping, as Kubernetes writes it
     name: str = "keda"
     sync_period_s: float = 15.0
     _hpa: HPAPolicy = field(init=False)
@@ -183,8 +183,6 @@ def build(sizing: Sizing, seconds_of_work: float = 60.0, lag_threshold: Optional
     (of the HPA KEDA creates) may be given as Kubernetes writes it."""
     if lag_threshold is None:
         lag_threshold = max(int(float(sizing.model.predict(1)) * seconds_of_work), 1)
-    if isinstance(options.get("behavior"), Mapping):
-        options = {**options, "behavior": HPABehavior.from_spec(options["behavior"])}
     return KedaKafkaPolicy(KafkaScalerMetadata(lag_threshold=lag_threshold), min_replicas=sizing.min_workers, max_replicas=sizing.max_workers,
                            partition_count=sizing.partitions or DEFAULT_PARTITIONS, **options)
 

@@ -254,8 +254,8 @@ def compare(backtest: Backtest, names: Sequence[str], sweeps: bool = True, varia
     kale = report["policies"].get("kale")
     report["headline"] = {}
     report["kale_dominated_by"] = dominating_baselines(kale, swept) if kale else []
-    minutes = float(len(backtest.rates) - backtest.sim_config.warmup_steps)
     if optimum:
+        minutes = float(len(backtest.rates) - backtest.sim_config.warmup_steps)
         schedule, replay = backtest.optimum()
         report["optimum"] = {**replay.metrics.to_json(), "max_labels": schedule.max_labels, "step_minutes": schedule.step_minutes}
         costs = {"optimum": objective(report["optimum"], minutes)}

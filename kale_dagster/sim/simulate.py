@@ -54,9 +54,9 @@ from kale_dagster.control.controller import ControlSettings, Controller, StreamR
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape
-from kale_dagster.launchers.base import LauncherStatus
+from kale_dagster.launchers.base import Launcher, LauncherStatus
 from kale_dagster.model.backlog import FifoBacklog
-from kale_dagster.model.throughput import ThroughputModel, estimate_throughput
+from kale_dagster.model.throughput import FIT_WINDOW_S, ThroughputModel, estimate_throughput
 from kale_dagster.model.types import ScalingPolicy
 from kale_dagster.model.utilization import utilization
 from kale_dagster.sim.metrics import PaperMetrics, score_readings
@@ -121,9 +121,6 @@ class _Measurements:
     ``oracle`` the controller is handed the true model and the nominal time.
     """
 
-    WINDOW_S = 7 * 86_400.0  # measurements the live throughput_model asset fits on
-    RESTARTS_KEPT = 5  # as LauncherStatus.downtimes_s
-
     def __init__(self, truth: ThroughputModel, prior: ThroughputModel, config: SimConfig):
         self.truth, self.prior, self.config = truth, prior, config
         self._restart_rng = np.random.default_rng([config.seed, 1])
@@ -144,7 +141,7 @@ class _Measurements:
         return self.restarts[-1]
 
     def downtimes(self) -> tuple[float, ...]:
-        return () if self.config.oracle else tuple(self.restarts[-self.RESTARTS_KEPT:])
+        return () if self.config.oracle else tuple(self.restarts[-Launcher.recent_restarts:])
 
     def saturated(self, minute: int, workers: int, rate: float) -> None:
         self.online.append((minute, float(workers), self._noisy(rate)))
@@ -154,7 +151,7 @@ class _Measurements:
             return self.truth
         if minute >= self._next_fit:
             self._next_fit = minute + self._refit_minutes
-            recent = [(w, r) for m, w, r in self.online if m >= minute - self.WINDOW_S / MINUTE]
+            recent = [(w, r) for m, w, r in self.online if m >= minute - FIT_WINDOW_S / MINUTE]
             points = self.profile + recent
             if points:
                 ws, rs = zip(*points)
