@@ -70,8 +70,11 @@ def test_hpa_state_survives_a_rebuilt_policy():
     later = StreamReading(**{**READING.__dict__, "time": READING.time + 60})
     held = controller.step(later, idle, MODEL, policy_state=first.policy_state)
     assert (held.decision.workers, held.rescale_to) == (5, None)  # the 5 of a minute ago holds scale-down (300 s window)
-    forgot = controller.step(later, idle, MODEL, policy_state={})
-    assert forgot.decision.workers == 1  # without the state HPA would drop at once
+    past_window = StreamReading(**{**READING.__dict__, "time": READING.time + 301})
+    dropped = controller.step(past_window, idle, MODEL, policy_state=held.policy_state)
+    assert dropped.decision.workers == 1  # the window since the 5 was recommended has passed
+    fresh = controller.step(past_window, idle, MODEL, policy_state={})
+    assert fresh.decision.workers == 5  # a controller without the state starts a window of its own (recordInitialRecommendation)
 
 
 def test_a_policy_that_plans_with_estimates_is_rebuilt_when_they_change_and_keeps_its_memory():

@@ -18,10 +18,11 @@ from kale_dagster.forecast.base import Forecast
 
 @dataclass(frozen=True)
 class PartitionOffsets:
-    """One partition's end offset and the trainer group's committed offset (None if none)."""
+    """One partition's end offset (None: missing from the broker's answer) and the trainer group's
+    committed offset (None if none)."""
 
     partition: int
-    end_offset: int
+    end_offset: Optional[int]
     committed: Optional[int]
     earliest_offset: int = 0
 

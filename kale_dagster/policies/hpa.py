@@ -1,13 +1,17 @@
-"""Port of the Kubernetes HPA control loop with scaling behaviors (horizontal.go).
+"""Port of the Kubernetes HPA control loop (horizontal.go).
 
 Stages, as upstream keeps them apart:
 
-1. replica calculation (``hpa_replicas``) from the metric;
-2. :func:`stabilize_recommendation`: up-window minimum and down-window
-   maximum of recent recommendations;
-3. :func:`rate_limit`: the scaling policies (Pods / Percent per period,
-   selectPolicy Max / Min / Disabled) applied against recent scale events,
-   then min/max replicas.
+1. replica calculation (``hpa_replicas``) from the metric, with the
+   tolerances (per direction when ``behavior`` sets them);
+2. with ``behavior``: :func:`stabilize_recommendation` (up-window minimum and
+   down-window maximum of recent recommendations), then :func:`rate_limit`
+   (the scaling policies, Pods / Percent per period, selectPolicy Max / Min /
+   Disabled, against recent scale events), then min/max replicas;
+3. without ``behavior`` (the legacy path, what an HPA written with no
+   ``behavior`` gets): :func:`stabilize_recommendation_legacy` (the
+   controller's 5-minute downscale window) and
+   :func:`convert_desired_replicas_with_rules` (at most max(2 x current, 4)).
 
 :class:`HPAPolicy` drives those stages each sync period (15 s by default)
 on either GPU utilization (a Resource metric with a target utilization,
@@ -23,7 +27,7 @@ from typing import Literal, Mapping, Optional
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation
-from kale_dagster.policies.hpa_replicas import DEFAULT_TOLERANCE, Pod, external_per_pod_replicas, resource_replicas
+from kale_dagster.policies.hpa_replicas import DEFAULT_TOLERANCE, Pod, Tolerances, external_per_pod_replicas, resource_replicas
 from kale_dagster.policies.registry import PolicySpec, Sizing
 
 #: What a backtest sweeps, as users tune an HPA in front of slow restarts: the target utilization (percent),
@@ -31,6 +35,11 @@ from kale_dagster.policies.registry import PolicySpec, Sizing
 #: doubling per 15 minutes and halving per 30).
 SWEEP_TARGETS = (50, 60, 70, 80, 90)
 SWEEP_SCALE_DOWN_WINDOWS_S = (300, 1800, 3600)
+#: horizontal.go's legacy scale-up limit (no ``behavior``): max(scaleUpLimitFactor x current, scaleUpLimitMinimum).
+SCALE_UP_LIMIT_FACTOR = 2.0
+SCALE_UP_LIMIT_MINIMUM = 4
+#: kube-controller-manager's --horizontal-pod-autoscaler-downscale-stabilization default.
+DOWNSCALE_STABILIZATION_WINDOW_S = 300.0
 SWEEP_RATE_POLICIES = {
     "upstream": {},
     "damped": {"scaleUp": {"policies": [{"type": "Percent", "value": 100, "periodSeconds": 900}]},
@@ -50,6 +59,7 @@ class HPAScalingRules:
     stabilization_window_seconds: float
     policies: tuple[HPAScalingPolicy, ...]
     select_policy: Literal["Max", "Min", "Disabled"] = "Max"
+    tolerance: Optional[float] = None  # Kubernetes 1.33+; None: the controller's --horizontal-pod-autoscaler-tolerance
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,8 @@ class HPABehavior:
 
     @classmethod
     def default(cls) -> "HPABehavior":
-        """Kubernetes' defaults for autoscaling/v2 when ``behavior`` is unset."""
+        """The rules Kubernetes fills in for a direction ``behavior`` leaves out (GenerateHPAScaleUpRules /
+        GenerateHPAScaleDownRules; the scale-down window is the controller's 300 s default)."""
         return cls(
             scale_up=HPAScalingRules(0, (HPAScalingPolicy("Pods", 4, 15), HPAScalingPolicy("Percent", 100, 15)), "Max"),
             scale_down=HPAScalingRules(300, (HPAScalingPolicy("Percent", 100, 15),), "Max"),
@@ -75,12 +86,16 @@ class HPABehavior:
             given = spec.get(key)
             if given is None:
                 return fallback
-            unknown = set(given) - {"stabilizationWindowSeconds", "policies", "selectPolicy"}
+            unknown = set(given) - {"stabilizationWindowSeconds", "policies", "selectPolicy", "tolerance"}
             if unknown:
                 raise KaleConfigError(f"behavior.{key}", f"unknown field(s) {', '.join(sorted(unknown))}")
             policies = tuple(HPAScalingPolicy(p["type"], int(p["value"]), float(p["periodSeconds"])) for p in given.get("policies", ()))
+            tolerance = given.get("tolerance")
+            if tolerance is not None and not 0 <= float(tolerance):
+                raise KaleConfigError(f"behavior.{key}.tolerance", f"must be >= 0, got {tolerance}")
             return HPAScalingRules(float(given.get("stabilizationWindowSeconds", fallback.stabilization_window_seconds)),
-                                   policies or fallback.policies, given.get("selectPolicy", fallback.select_policy))
+                                   policies or fallback.policies, given.get("selectPolicy", fallback.select_policy),
+                                   None if tolerance is None else float(tolerance))
 
         unknown = set(spec) - {"scaleUp", "scaleDown"}
         if unknown:
@@ -98,12 +113,30 @@ class TimestampedRecommendation:
 class TimestampedScaleEvent:
     replica_change: int
     timestamp: float
+    outdated: bool = False  # older than every policy period; its slot is reused by the next event
 
 
 def replicas_change_per_period(period_seconds: float, events: list[TimestampedScaleEvent], now: float) -> int:
     """Sum of replica changes within the last ``period_seconds`` (getReplicasChangePerPeriod)."""
     cutoff = now - period_seconds
     return sum(e.replica_change for e in events if e.timestamp > cutoff)
+
+
+def store_scale_event(events: list[TimestampedScaleEvent], rules: HPAScalingRules, replica_change: int, now: float) -> None:
+    """storeScaleEvent for one direction: mark events older than the longest policy period outdated
+    (markScaleEventsOutdated), then put the new one in the last outdated slot, or append it."""
+    longest = max((p.period_seconds for p in rules.policies), default=0)
+    slot = None
+    for i, event in enumerate(events):
+        if event.timestamp < now - longest:
+            event.outdated = True
+        if event.outdated:
+            slot = i
+    new = TimestampedScaleEvent(replica_change, now)
+    if slot is None:
+        events.append(new)
+    else:
+        events[slot] = new
 
 
 def stabilize_recommendation(
@@ -117,25 +150,55 @@ def stabilize_recommendation(
     up_cutoff = now - behavior.scale_up.stabilization_window_seconds
     down_cutoff = now - behavior.scale_down.stabilization_window_seconds
     up_rec = down_rec = desired
-    for rec in recommendations:
+    slot = None
+    for i, rec in enumerate(recommendations):
         if rec.timestamp > up_cutoff:
             up_rec = min(rec.recommendation, up_rec)
         if rec.timestamp > down_cutoff:
             down_rec = max(rec.recommendation, down_rec)
+        if rec.timestamp < up_cutoff and rec.timestamp < down_cutoff:
+            slot = i  # the last recommendation older than both windows
     result = current
     if result < up_rec:
         result = up_rec
     if result > down_rec:
         result = down_rec
-    # Reuse the slot of a recommendation older than both windows, as upstream does.
-    max_window = max(behavior.scale_up.stabilization_window_seconds, behavior.scale_down.stabilization_window_seconds)
-    for rec in recommendations:
-        if rec.timestamp <= now - max_window:
-            rec.recommendation, rec.timestamp = desired, now
-            break
-    else:
-        recommendations.append(TimestampedRecommendation(desired, now))
+    _record(recommendations, slot, desired, now)
     return result
+
+
+def _record(recommendations: list[TimestampedRecommendation], slot: Optional[int], desired: int, now: float) -> None:
+    """Record the unstabilized recommendation in a reusable slot, or append it (upstream keeps the list short this way)."""
+    if slot is None:
+        recommendations.append(TimestampedRecommendation(desired, now))
+    else:
+        recommendations[slot] = TimestampedRecommendation(desired, now)
+
+
+def stabilize_recommendation_legacy(recommendations: list[TimestampedRecommendation], desired: int, now: float,
+                                    window_s: float = DOWNSCALE_STABILIZATION_WINDOW_S) -> int:
+    """stabilizeRecommendation (no ``behavior``): the highest recommendation within the downscale window."""
+    cutoff = now - window_s
+    highest, slot = desired, None
+    for i, rec in enumerate(recommendations):
+        if rec.timestamp < cutoff:
+            slot = i
+        elif rec.recommendation > highest:
+            highest = rec.recommendation
+    _record(recommendations, slot, desired, now)
+    return highest
+
+
+def convert_desired_replicas_with_rules(current: int, desired: int, min_replicas: int, max_replicas: int) -> tuple[int, str]:
+    """convertDesiredReplicasWithRules (no ``behavior``): (replicas, ScalingLimited reason) within min/max,
+    and up by at most max(2 x current, 4)."""
+    scale_up_limit = int(max(SCALE_UP_LIMIT_FACTOR * current, SCALE_UP_LIMIT_MINIMUM))
+    maximum, reason = (scale_up_limit, "ScaleUpLimit") if max_replicas > scale_up_limit else (max_replicas, "TooManyReplicas")
+    if desired < min_replicas:
+        return min_replicas, "TooFewReplicas"
+    if desired > maximum:
+        return maximum, reason
+    return desired, "DesiredWithinRange"
 
 
 def _scaling_limit(current: int, up_events, down_events, rules: HPAScalingRules, now: float, up: bool) -> int:
@@ -172,15 +235,21 @@ def scale_down_limit(current: int, up_events, down_events, rules: HPAScalingRule
     return _scaling_limit(current, up_events, down_events, rules, now, up=False)
 
 
-def rate_limit(current: int, desired: int, min_replicas: int, max_replicas: int, behavior: HPABehavior, up_events, down_events, now: float) -> int:
-    """convertDesiredReplicasWithBehaviorRate."""
+def rate_limit(current: int, desired: int, min_replicas: int, max_replicas: int, behavior: HPABehavior, up_events, down_events,
+               now: float) -> tuple[int, str]:
+    """convertDesiredReplicasWithBehaviorRate: (replicas, ScalingLimited reason)."""
     if desired > current:
+        # A limit below what runs (rules changed after many scale-ups) only stops further scale-up.
         limit = max(scale_up_limit(current, up_events, down_events, behavior.scale_up, now), current)
-        return min(desired, max_replicas, limit)
-    if desired < current:
+        maximum, reason = (limit, "ScaleUpLimit") if max_replicas > limit else (max_replicas, "TooManyReplicas")
+        if desired > maximum:
+            return maximum, reason
+    elif desired < current:
         limit = min(scale_down_limit(current, up_events, down_events, behavior.scale_down, now), current)
-        return max(desired, min_replicas, limit)
-    return desired
+        minimum, reason = (limit, "ScaleDownLimit") if min_replicas < limit else (min_replicas, "TooFewReplicas")
+        if desired < minimum:
+            return minimum, reason
+    return desired, "DesiredWithinRange"
 
 
 @dataclass
@@ -190,7 +259,10 @@ class HPAPolicy:
     ``metric="utilization"``: a Resource-style target of ``target_utilization``
     percent of each worker's capacity (one GPU).  ``metric="lag"``: an
     External metric, total consumer lag, with ``target_lag_per_worker`` as
-    the AverageValue target.
+    the AverageValue target.  ``behavior=None`` is an HPA written without
+    ``behavior`` (upstream's legacy path); ``tolerance`` is the controller's
+    --horizontal-pod-autoscaler-tolerance, which ``behavior`` may override per
+    direction.
     """
 
     min_replicas: int = 1
@@ -198,7 +270,7 @@ class HPAPolicy:
     metric: Literal["utilization", "lag"] = "utilization"
     target_utilization: int = 80
     target_lag_per_worker: float = 100_000.0
-    behavior: HPABehavior = field(default_factory=HPABehavior.default)  # or a Mapping, as Kubernetes writes it
+    behavior: Optional[HPABehavior] = None  # or a Mapping, as Kubernetes writes it
     tolerance: float = DEFAULT_TOLERANCE
     sync_period_s: float = 15.0
     name: str = "hpa"
@@ -217,17 +289,30 @@ class HPAPolicy:
             raise KaleConfigError("target_utilization", f"must be a percentage > 0, got {self.target_utilization}")
         if self.target_lag_per_worker <= 0:
             raise KaleConfigError("target_lag_per_worker", f"must be > 0, got {self.target_lag_per_worker}")
+        if self.tolerance < 0:
+            raise KaleConfigError("tolerance", f"must be >= 0, got {self.tolerance}")
+
+    @property
+    def tolerances(self) -> Tolerances:
+        """tolerancesForHpa: the controller's tolerance unless ``behavior`` sets a direction's own."""
+        down = up = self.tolerance
+        if self.behavior is not None:
+            if self.behavior.scale_down.tolerance is not None:
+                down = self.behavior.scale_down.tolerance
+            if self.behavior.scale_up.tolerance is not None:
+                up = self.behavior.scale_up.tolerance
+        return Tolerances(down, up)
 
     def _metric_replicas(self, obs: Observation) -> tuple[int, str]:
         current = obs.workers
         if self.metric == "lag":
-            desired = external_per_pod_replicas(current, obs.backlog, self.target_lag_per_worker, self.tolerance)
+            desired = external_per_pod_replicas(current, obs.backlog, self.target_lag_per_worker, self.tolerances)
             return desired, f"lag {obs.backlog:,.0f} vs {self.target_lag_per_worker:,.0f} per worker"
         # Every worker reports the group's utilization (data-parallel workers
         # move in lockstep); usage in milli-GPU against a 1000m request.
         usage = int(round(obs.utilization * 1000))
         pods = [Pod(f"w{i}", request=1000) for i in range(current)]
-        desired, util = resource_replicas(current, self.target_utilization, pods, {p.name: usage for p in pods}, self.tolerance)
+        desired, util = resource_replicas(current, self.target_utilization, pods, {p.name: usage for p in pods}, self.tolerances, now=obs.time)
         return desired, f"utilization {util}% vs target {self.target_utilization}%"
 
     def decide(self, obs: Observation) -> Decision:
@@ -240,38 +325,45 @@ class HPAPolicy:
             # Pods are not ready, so the metrics API has nothing for them and
             # upstream skips the sync ("did not receive metrics").
             return Decision(current, self.name, "no metrics while pods are not ready")
+        if not self.recommendations:
+            # recordInitialRecommendation: what runs counts as a recommendation from the first sync on.
+            self.recommendations.append(TimestampedRecommendation(current, now))
         if current > self.max_replicas:
             desired, why = self.max_replicas, "above maxReplicas"
         elif current < self.min_replicas:
             desired, why = self.min_replicas, "below minReplicas"
         else:
             metric_desired, why = self._metric_replicas(obs)
-            stabilized = stabilize_recommendation(self.recommendations, self.behavior, current, metric_desired, now)
-            desired = rate_limit(current, stabilized, self.min_replicas, self.max_replicas, self.behavior, self.up_events, self.down_events, now)
-            why += f"; recommendation {metric_desired}, stabilized {stabilized}, rate-limited {desired}"
-        if desired != current:
-            self._store_scale_event(current, desired, now)
+            if self.behavior is None:
+                stabilized = stabilize_recommendation_legacy(self.recommendations, metric_desired, now)
+                desired, limited = convert_desired_replicas_with_rules(current, stabilized, self.min_replicas, self.max_replicas)
+            else:
+                stabilized = stabilize_recommendation(self.recommendations, self.behavior, current, metric_desired, now)
+                desired, limited = rate_limit(current, stabilized, self.min_replicas, self.max_replicas, self.behavior,
+                                              self.up_events, self.down_events, now)
+            why += f"; recommendation {metric_desired}, stabilized {stabilized}, {desired} ({limited})"
+        if desired != current and self.behavior is not None:
+            # Upstream stores scale events only for an HPA with behavior: nothing else reads them.
+            up = desired > current
+            store_scale_event(self.up_events if up else self.down_events,
+                              self.behavior.scale_up if up else self.behavior.scale_down, abs(desired - current), now)
         return Decision(desired, self.name, why)
 
     def state(self) -> dict:
         """The controller's memory, as upstream keeps it per HPA: recommendations and scale events."""
         return {
             "recommendations": [[r.recommendation, r.timestamp] for r in self.recommendations],
-            "up_events": [[e.replica_change, e.timestamp] for e in self.up_events],
-            "down_events": [[e.replica_change, e.timestamp] for e in self.down_events],
+            "up_events": [[e.replica_change, e.timestamp, e.outdated] for e in self.up_events],
+            "down_events": [[e.replica_change, e.timestamp, e.outdated] for e in self.down_events],
         }
 
     def load_state(self, state: dict) -> None:
-        self.recommendations = [TimestampedRecommendation(int(r), float(t)) for r, t in state.get("recommendations", [])]
-        self.up_events = [TimestampedScaleEvent(int(c), float(t)) for c, t in state.get("up_events", [])]
-        self.down_events = [TimestampedScaleEvent(int(c), float(t)) for c, t in state.get("down_events", [])]
+        def events(rows):  # [change, time] rows from before the outdated flag read as not outdated
+            return [TimestampedScaleEvent(int(row[0]), float(row[1]), bool(row[2]) if len(row) > 2 else False) for row in rows]
 
-    def _store_scale_event(self, previous: int, new: int, now: float) -> None:
-        """storeScaleEvent: remember the change, dropping events older than the longest policy period."""
-        rules, events = (self.behavior.scale_up, self.up_events) if new > previous else (self.behavior.scale_down, self.down_events)
-        longest = max((p.period_seconds for p in rules.policies), default=0)
-        events[:] = [e for e in events if e.timestamp > now - longest]
-        events.append(TimestampedScaleEvent(abs(new - previous), now))
+        self.recommendations = [TimestampedRecommendation(int(r), float(t)) for r, t in state.get("recommendations", [])]
+        self.up_events = events(state.get("up_events", []))
+        self.down_events = events(state.get("down_events", []))
 
 
 def build(sizing: Sizing, **options) -> HPAPolicy:

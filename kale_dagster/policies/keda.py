@@ -11,8 +11,15 @@ Lag semantics (telemetry generalises the earliest rule, see ``kale_dagster.strea
 * a partition whose group has no valid committed offset counts as lag 1
   with ``offsetResetPolicy: latest``, as its whole end offset with
   ``earliest``, and as 0 with ``scaleToZeroOnInvalidOffset``;
+* a partition missing from the latest-offset response counts as 0 lag
+  and is not counted among the topic's partitions (upstream iterates that
+  response);
+* ``partitionLimitation`` keeps only the listed partitions;
+* ``excludePersistentLag`` scales as if a partition whose committed offset
+  has not moved since the previous poll had no lag (activation still sees it);
 * unless ``allowIdleConsumers``, total lag is capped at
-  partitions * lagThreshold, so replicas never exceed the partition count.
+  partitions * lagThreshold (partitions with lag, under
+  ``limitToPartitionsWithLag``), so replicas never exceed the partition count.
 """
 
 from __future__ import annotations
@@ -30,17 +37,40 @@ OffsetResetPolicy = Literal["latest", "earliest"]
 
 
 def partition_lag(
-    end_offset: int,
+    end_offset: Optional[int],
     committed: Optional[int],
     offset_reset_policy: OffsetResetPolicy = "latest",
     scale_to_zero_on_invalid_offset: bool = False,
 ) -> int:
-    """getLagForPartition: lag of one partition, KEDA's rules for a missing committed offset."""
+    """getLagForPartition: lag of one partition, KEDA's rules for a missing committed offset
+    (checked first, so scaleToZeroOnInvalidOffset holds even without a latest offset) and for a
+    partition the latest-offset response left out (``end_offset`` None: 0 lag)."""
     if committed is None or committed < 0:
         if scale_to_zero_on_invalid_offset:
             return 0
-        return 1 if offset_reset_policy == "latest" else end_offset
+        if offset_reset_policy == "latest":
+            return 1
+        return 0 if end_offset is None else end_offset
+    if end_offset is None:
+        return 0
     return end_offset - committed
+
+
+def parse_partition_limitation(spec: str) -> tuple[int, ...]:
+    """kedautil.ParseInt32List: ``partitionLimitation`` as a comma list of ids and ``a-b`` ranges ("1,2,10-12")."""
+    ids: list[int] = []
+    for part in (p.strip() for p in spec.split(",")):
+        try:
+            if "-" in part:
+                low, high = (int(x) for x in part.split("-", 1))
+                if low > high:
+                    raise ValueError
+                ids.extend(range(low, high + 1))
+            else:
+                ids.append(int(part))
+        except ValueError:
+            raise KaleConfigError("partition_limitation", f"error parsing {spec!r}: {part!r} is neither a partition id nor a range a-b") from None
+    return tuple(ids)
 
 
 def find_factors(n: int) -> list[int]:
@@ -71,8 +101,12 @@ class KafkaScalerMetadata:
     scale_to_zero_on_invalid_offset: bool = False
     limit_to_partitions_with_lag: bool = False
     ensure_even_distribution_of_partitions: bool = False
+    exclude_persistent_lag: bool = False
+    partition_limitation: Optional[tuple[int, ...]] = None  # or a string as the trigger writes it ("1,2,10-12")
 
     def __post_init__(self):
+        if isinstance(self.partition_limitation, str):
+            object.__setattr__(self, "partition_limitation", parse_partition_limitation(self.partition_limitation) if self.partition_limitation.strip() else None)
         if self.lag_threshold <= 0:
             raise KaleConfigError("lag_threshold", f"must be > 0, got {self.lag_threshold}")
         if self.activation_lag_threshold < 0:
@@ -81,13 +115,17 @@ class KafkaScalerMetadata:
             raise KaleConfigError("offset_reset_policy", f"must be 'latest' or 'earliest', got {self.offset_reset_policy!r}")
         if self.allow_idle_consumers and self.limit_to_partitions_with_lag:
             raise KaleConfigError("limit_to_partitions_with_lag", "cannot be combined with allow_idle_consumers (KEDA rejects it too)")
+        if self.limit_to_partitions_with_lag and self.ensure_even_distribution_of_partitions:
+            raise KaleConfigError("ensure_even_distribution_of_partitions", "cannot be combined with limit_to_partitions_with_lag (KEDA rejects it too)")
 
 
-def total_lag(partition_lags: Sequence[int], meta: KafkaScalerMetadata) -> tuple[int, int]:
-    """getTotalLag given per-partition lags: (lag used for scaling, lag used for activation)."""
+def total_lag(partition_lags: Sequence[int], meta: KafkaScalerMetadata, activation_lags: Optional[Sequence[int]] = None) -> tuple[int, int]:
+    """getTotalLag given per-partition lags: (lag used for scaling, lag used for activation).
+
+    ``activation_lags`` are the lags with persistent lag kept (excludePersistentLag), the scaling lags otherwise."""
     lag = sum(partition_lags)
     partitions = len(partition_lags)
-    activation = lag
+    activation = lag if activation_lags is None else sum(activation_lags)
     if not meta.allow_idle_consumers or meta.limit_to_partitions_with_lag or meta.ensure_even_distribution_of_partitions:
         upper = partitions
         if meta.ensure_even_distribution_of_partitions:
@@ -113,11 +151,13 @@ class KedaKafkaPolicy:
     max_replicas: int = 100
     partition_count: Optional[int] = None
     cooldown_period_s: float = 300.0
-    behavior: HPABehavior = field(default_factory=HPABehavior.default)  # or a Mapping, as Kubernetes writes it
+    behavior: Optional[HPABehavior] = None  # the HPA's; or a Mapping, as Kubernetes writes it; None: upstream's legacy path
     name: str = "keda"
     sync_period_s: float = 15.0
     _hpa: HPAPolicy = field(init=False)
     _last_active: Optional[float] = field(init=False, default=None)
+    #: excludePersistentLag's memory: each partition's committed offset at the previous poll.
+    _previous_offsets: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
@@ -132,28 +172,50 @@ class KedaKafkaPolicy:
             name=self.name,
         )
 
-    def partition_lags(self, obs: Observation) -> list[int]:
+    def partition_lags(self, obs: Observation) -> tuple[list[int], list[int]]:
+        """Per-partition lags (for scaling, for activation) of the partitions the scaler considers."""
         if obs.partitions:
-            return [self._lag(p) for p in obs.partitions]
+            limit = self.metadata.partition_limitation
+            # Upstream iterates the latest-offset response: a partition missing from it is not counted.
+            considered = [p for p in obs.partitions if (limit is None or p.partition in limit) and p.end_offset is not None]
+            with_persistent = [self._lag(p) for p in considered]
+            if not self.metadata.exclude_persistent_lag:
+                return with_persistent, with_persistent
+            return [self._excluding_persistent(p, lag) for p, lag in zip(considered, with_persistent)], with_persistent
         if not self.partition_count:
             raise KaleConfigError("partition_count", "needed when observations carry no per-partition offsets")
         n = self.partition_count
         base, extra = divmod(int(round(obs.backlog)), n)
-        return [base + 1] * extra + [base] * (n - extra)
+        lags = [base + 1] * extra + [base] * (n - extra)
+        return lags, lags
 
     def _lag(self, p: PartitionOffsets) -> int:
         m = self.metadata
         return partition_lag(p.end_offset, p.committed, m.offset_reset_policy, m.scale_to_zero_on_invalid_offset)
 
+    def _excluding_persistent(self, p: PartitionOffsets, lag: int) -> int:
+        """excludePersistentLag: a committed offset that has not moved since the previous poll may be
+        stuck on a bad record, so its lag is left out of scaling (valid offsets only, as upstream)."""
+        if p.committed is None or p.committed < 0:
+            return lag
+        previous = self._previous_offsets.get(p.partition)
+        if previous == p.committed:
+            return 0
+        self._previous_offsets[p.partition] = p.committed
+        return lag
+
     def state(self) -> dict:
-        return {"last_active": self._last_active, "hpa": self._hpa.state()}
+        return {"last_active": self._last_active, "hpa": self._hpa.state(),
+                "previous_offsets": {str(k): v for k, v in self._previous_offsets.items()}}
 
     def load_state(self, state: dict) -> None:
         self._last_active = state.get("last_active")
         self._hpa.load_state(state.get("hpa", {}))
+        self._previous_offsets = {int(k): int(v) for k, v in state.get("previous_offsets", {}).items()}
 
     def decide(self, obs: Observation) -> Decision:
-        lag, activation_lag = total_lag(self.partition_lags(obs), self.metadata)
+        scaling_lags, activation_lags = self.partition_lags(obs)
+        lag, activation_lag = total_lag(scaling_lags, self.metadata, activation_lags)
         active = activation_lag > self.metadata.activation_lag_threshold
         if active:
             self._last_active = obs.time
