@@ -13,6 +13,7 @@ from unittest import mock
 import kubernetes_validate
 import pytest
 from dagster_k8s.client import DagsterKubernetesClient
+from kubernetes.client import V1PersistentVolumeClaim, V1PersistentVolumeClaimSpec
 from kubernetes.client import V1ContainerState, V1ContainerStateWaiting, V1ContainerStatus, V1Job, V1JobSpec, V1ObjectMeta, V1Pod, V1PodCondition, V1PodList, V1PodStatus
 from kubernetes.client.rest import ApiException
 
@@ -107,6 +108,8 @@ class FakeCluster:
         self.core.list_namespaced_pod.side_effect = self._pods
         self.core.read_namespaced_service.side_effect = ApiException(status=404)
         self.core.read_namespaced_pod_log.side_effect = self._log
+        self.access_modes = ["ReadWriteMany"]
+        self.core.read_namespaced_persistent_volume_claim.side_effect = lambda *a, **kw: V1PersistentVolumeClaim(spec=V1PersistentVolumeClaimSpec(access_modes=self.access_modes))
         self.created = []
         self.silent = set()  # worker counts whose pods never log a training step
 
@@ -258,6 +261,58 @@ def test_cli_render_prints_valid_manifests():
     assert "&id" not in proc.stdout  # plain YAML, no anchors, for GitOps diffs
     bad = subprocess.run([sys.executable, "-m", "kale_dagster.cli", "k8s", "render", "--pipeline", "nope", "--workers", "3"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no pipeline 'nope'" in bad.stderr
+
+
+def test_worker_pods_mount_no_service_account_token():
+    _, job = render("ctr", _config(service_account="trainer"), SOURCE, workers=2)
+    assert job["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("modes", [["ReadWriteOnce"], ["ReadWriteOncePod"], []])
+def test_a_checkpoint_claim_the_pods_cannot_share_is_refused_before_anything_stops(modes):
+    cluster = FakeCluster()
+    launcher = _launcher(cluster)
+    cluster.access_modes = ["ReadWriteMany"]
+    launcher.start(2)
+    fresh = _launcher(cluster)  # another run process: checks the claim again
+    cluster.access_modes = modes
+    with pytest.raises(RescaleFailed, match="must be ReadWriteMany"):
+        fresh.rescale(4)
+    assert cluster.created == [2] and fresh.workers == 2  # the running group was left alone
+
+
+# What each client call needs: (API group, resource, verb).
+API_PERMISSIONS = {
+    "list_namespaced_job": ("batch", "jobs", "list"), "create_namespaced_job": ("batch", "jobs", "create"),
+    "delete_namespaced_job": ("batch", "jobs", "delete"), "read_namespaced_job": ("batch", "jobs", "get"),
+    "list_namespaced_pod": ("", "pods", "list"), "delete_namespaced_pod": ("", "pods", "delete"), "read_namespaced_pod": ("", "pods", "get"),
+    "read_namespaced_pod_log": ("", "pods/log", "get"), "read_namespaced_service": ("", "services", "get"),
+    "create_namespaced_service": ("", "services", "create"), "read_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "get"),
+}
+
+
+def test_the_shipped_role_grants_exactly_what_the_launcher_calls():
+    import pathlib
+
+    import yaml
+
+    used = set()
+    for cluster_kwargs in ({}, {"fail_create": {4: ApiException(status=403)}}, {"pod_problem": {4: "ImagePullBackOff"}}):
+        cluster = FakeCluster(**cluster_kwargs)
+        launcher = _launcher(cluster)
+        launcher.start(2)
+        try:
+            launcher.rescale(4)
+        except RescaleFailed:
+            pass
+        launcher.workers
+        launcher.stop()
+        used |= {API_PERMISSIONS[call[0]] for call in cluster.batch.method_calls + cluster.core.method_calls}
+    docs = yaml.safe_load_all((pathlib.Path(__file__).resolve().parents[1] / "docs/kubernetes/rbac.yaml").read_text())
+    role = next(d for d in docs if d["kind"] == "Role")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert used <= granted, f"the launcher needs {used - granted}"
+    assert granted <= used, f"the Role grants {granted - used}, which no launcher call needs"
 
 
 @pytest.mark.parametrize("path", ["docs/kubernetes/rbac.yaml"])

@@ -68,6 +68,68 @@ def _try(client, m):
         return exc
 
 
+def _raw(service, method="GET", path="/status", host=None, token=None, content_type="application/json", body=None):
+    """One request as an outsider would send it, header by header."""
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
+    headers = {"Host": host or f"127.0.0.1:{service.port}"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    if content_type:
+        headers["Content-Type"] = content_type
+    conn.request(method, path, body=body, headers=headers)
+    resp = conn.getresponse()
+    answer = json.loads(resp.read() or b"{}")
+    conn.close()
+    return resp.status, answer.get("error", "")
+
+
+def test_the_token_file_is_the_users_alone(service):
+    import stat
+
+    mode = stat.S_IMODE(service.token_file.stat().st_mode)
+    assert mode == 0o600 and stat.S_IMODE(service.token_file.parent.stat().st_mode) == 0o700
+    assert len(service.token_file.read_text()) >= 32
+
+
+@pytest.mark.parametrize(
+    "name, request_kwargs, status, error",
+    [
+        ("no token", dict(), 401, "bearer token"),
+        ("wrong token", dict(token="guess"), 401, "bearer token"),
+        ("rebound host name (DNS rebinding)", dict(host="attacker.example:8765", token="TOKEN"), 403, "DNS rebinding"),
+        ("right token, foreign Host", dict(host="192.168.1.2", token="TOKEN"), 403, "not this service's address"),
+        ("cross-site form post", dict(method="POST", path="/rescale", token="TOKEN", content_type="application/x-www-form-urlencoded",
+                                      body="workers=9"), 415, "application/json"),
+        ("text/plain post (a no-preflight fetch)", dict(method="POST", path="/rescale", token="TOKEN", content_type="text/plain",
+                                                        body='{"workers": 9}'), 415, "application/json"),
+        ("post without a token", dict(method="POST", path="/rescale", body='{"workers": 9}'), 401, "bearer token"),
+        ("the token's holder is served", dict(token="TOKEN"), 200, ""),
+        ("localhost names the service too", dict(host="localhost:PORT", token="TOKEN"), 200, ""),
+    ],
+)
+def test_the_service_refuses_strangers(service, name, request_kwargs, status, error):
+    token = service.token_file.read_text()
+    kwargs = {k: (v.replace("TOKEN", token).replace("PORT", str(service.port)) if isinstance(v, str) else v) for k, v in request_kwargs.items()}
+    got, message = _raw(service, **kwargs)
+    assert (got, error in message) == (status, True), message
+    assert service.launcher.workers == 2  # nothing refused changed the workers
+
+
+def test_the_service_binds_loopback_only_and_forgets_its_token_on_close(tmp_path):
+    with pytest.raises(KaleConfigError, match="loopback only"):
+        LauncherService(RecordingLauncher(), port=0, host="0.0.0.0")
+    svc = LauncherService(RecordingLauncher(), port=0, token_file=tmp_path / "t" / "token").start()
+    client = LocalTrainerClient(svc.url, token_file=tmp_path / "t" / "token")
+    assert client.workers == 2
+    svc.close()
+    assert not (tmp_path / "t" / "token").exists()
+    with pytest.raises(RuntimeError, match="no token at"):
+        client.workers
+
+
 def test_unreachable_service_and_non_loopback_urls_are_clear_errors():
     from kale_dagster.stream.broker import free_loopback_port
 

@@ -17,7 +17,9 @@ def register(subparsers) -> None:
         "serve",
         help="start N local workers and serve the rescale API that <pipeline>_rescale runs call",
         description="Owns the local workers (warm standbys, crash supervision) and serves GET /status and "
-        "POST /rescale on 127.0.0.1:--port until Ctrl-C, which checkpoints and stops every worker.",
+        "POST /rescale on 127.0.0.1:--port until Ctrl-C, which checkpoints and stops every worker. Every request needs the "
+        "bearer token written at start-up to --token-file (mode 0600; by default in your runtime directory, where a "
+        "pipeline's LocalLauncherConfig looks for it).",
     )
     serve.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     serve.add_argument("--topic", required=True)
@@ -27,6 +29,9 @@ def register(subparsers) -> None:
     serve.add_argument("--batch-size", type=int, default=256)
     serve.add_argument("--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap each worker at this many samples/s")
     serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind; loopback only (127.0.0.1 or localhost)")
+    serve.add_argument("--token-file", help="where to write the access token (default: $XDG_RUNTIME_DIR/kale/trainer-PORT.token, "
+                                            "else a directory of yours under the temp directory)")
     serve.set_defaults(handler=run_serve)
 
 
@@ -37,10 +42,11 @@ def run_serve(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    service = LauncherService(launcher, port=args.port).start()
+    service = LauncherService(launcher, port=args.port, host=args.host, token_file=args.token_file).start()
     try:
         record = launcher.start(args.workers)
-        print(f"{args.workers} workers training (first step after {record.downtime_s:.1f} s); rescale API at {service.url}", flush=True)
+        print(f"{args.workers} workers training (first step after {record.downtime_s:.1f} s); rescale API at {service.url}, "
+              f"token in {service.token_file}", flush=True)
         while not stop.wait(2.0):
             launcher.supervise_once()
     finally:

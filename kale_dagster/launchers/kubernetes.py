@@ -74,7 +74,7 @@ class KubernetesLauncherConfig(LauncherConfig):
         if not self.image:
             raise KaleConfigError("image", "the trainer image is required (e.g. registry.example.com/ctr-trainer:1.4)")
         if not self.checkpoint_pvc:
-            raise KaleConfigError("checkpoint_pvc", "name the PersistentVolumeClaim (ReadWriteMany) that holds the checkpoints")
+            raise KaleConfigError("checkpoint_pvc", "name the PersistentVolumeClaim (ReadWriteMany: every worker pod mounts it) that holds the checkpoints")
         if self.gpus_per_worker < 0:
             raise KaleConfigError("gpus_per_worker", f"must be >= 0, got {self.gpus_per_worker}")
         if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
@@ -131,7 +131,9 @@ def render(pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource,
     limits: dict[str, Any] = {"cpu": config.cpu, "memory": config.memory}
     if config.gpus_per_worker:
         limits["nvidia.com/gpu"] = str(config.gpus_per_worker)
-    pod_spec: dict[str, Any] = {"subdomain": svc, "restartPolicy": "Never", "terminationGracePeriodSeconds": config.termination_grace_period_s}
+    # Workers never call the API server, so they get no token to lose.
+    pod_spec: dict[str, Any] = {"subdomain": svc, "restartPolicy": "Never", "terminationGracePeriodSeconds": config.termination_grace_period_s,
+                                "automountServiceAccountToken": False}
     if config.node_selector:
         pod_spec["nodeSelector"] = dict(config.node_selector)
     if config.tolerations:
@@ -206,6 +208,7 @@ class KubernetesLauncher(Launcher):
         self.pipeline, self.config, self.source = pipeline, config, source
         self.client, self.core_api = client, client.core_api
         self.sleeper, self.poll_s = sleeper, poll_s
+        self._volume_checked = False
 
     # --- reading state -----------------------------------------------------------
 
@@ -239,6 +242,7 @@ class KubernetesLauncher(Launcher):
     def _replace_group(self, workers: int) -> dict:
         from kubernetes.client.rest import ApiException
 
+        self._check_checkpoint_volume()  # before anything stops: a volume the pods cannot share is a declaration to fix
         marks = [self._clock()]
         old = self.current_job()
         previous = int(old.spec.parallelism) if old is not None else 0
@@ -265,6 +269,24 @@ class KubernetesLauncher(Launcher):
         return {name: round(b - a, 3) for name, a, b in zip(("stop", "pods_ready", "first_step"), marks, marks[1:])}
 
     # --- internals ---------------------------------------------------------------------
+
+    def _check_checkpoint_volume(self) -> None:
+        """Every worker pod mounts the checkpoint claim, on whichever node it lands: it must be ReadWriteMany."""
+        if self._volume_checked:
+            return
+        from kubernetes.client.rest import ApiException
+
+        name, ns = self.config.checkpoint_pvc, self.config.namespace
+        try:
+            claim = self.core_api.read_namespaced_persistent_volume_claim(name, ns)
+        except ApiException as exc:
+            raise RescaleFailed(f"cannot read the checkpoint PersistentVolumeClaim {name!r} in namespace {ns!r} (API error {exc.status} "
+                                f"{exc.reason}); create it ReadWriteMany, and grant get on persistentvolumeclaims (docs/kubernetes/rbac.yaml)", None) from exc
+        modes = list(getattr(claim.spec, "access_modes", None) or [])
+        if "ReadWriteMany" not in modes:
+            raise RescaleFailed(f"the checkpoint PersistentVolumeClaim {name!r} is {'/'.join(modes) or 'without access modes'}; workers on "
+                                "several nodes share it, so it must be ReadWriteMany (e.g. NFS, CephFS, EFS, Filestore)", None)
+        self._volume_checked = True
 
     def _ensure_service(self, service: dict) -> None:
         from kubernetes.client.rest import ApiException

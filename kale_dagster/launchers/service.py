@@ -11,17 +11,31 @@ workers must outlive it: ``kale trainer serve`` (or ``kale demo``) owns the
 ``LocalTrainerClient`` speaks it with the launcher's ``workers`` and
 ``rescale``, so the Dagster rescale job drives local workers exactly as it
 drives a Kubernetes Job; ``LocalLauncherConfig`` is what a pipeline
-declares to use it.  Only loopback addresses are served.
+declares to use it.
+
+Whoever can reach a loopback port is not necessarily the operator: any web
+page open in their browser can post to it, and DNS rebinding can even read
+the answers.  So the service binds loopback only, and every request must
+carry the bearer token the service writes at start-up to a file only its
+user can read (``default_token_file``), name the service's own loopback
+address in ``Host`` (a rebound name does not), and, for POST, say
+``Content-Type: application/json`` (a cross-site form cannot).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import os
+import secrets
+import tempfile
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Optional
 
 from kale_dagster.errors import KaleConfigError
@@ -30,12 +44,44 @@ from kale_dagster.launchers.local import LocalLauncher
 from kale_dagster.stream.source import KafkaSource
 
 DEFAULT_URL = "http://127.0.0.1:8765"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+def default_token_file(port: int) -> Path:
+    """Where the trainer service on ``port`` keeps its token: the user's runtime directory ($XDG_RUNTIME_DIR/kale),
+    else a directory of the user's own under the temp directory."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    root = Path(runtime) / "kale" if runtime else Path(tempfile.gettempdir()) / f"kale-{os.getuid()}"
+    return root / f"trainer-{port}.token"
+
+
+def write_token(path: Path) -> str:
+    """A fresh token in ``path`` (mode 0600, written whole then renamed), in a directory only this user can enter."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.parent.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise KaleConfigError("token_file", f"{path.parent} must belong to you and be closed to others (chmod 700), "
+                                            f"since the token in it controls the trainer")
+    token = secrets.token_urlsafe(32)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    os.replace(partial, path)
+    return token
+
+
+def _url_port(url: str) -> int:
+    return urllib.parse.urlsplit(url).port or 80
 
 
 class LauncherService:
-    """Serve a LocalLauncher on 127.0.0.1:``port`` in a background thread."""
+    """Serve a LocalLauncher on 127.0.0.1:``port`` in a background thread, to holders of its token."""
 
-    def __init__(self, launcher: LocalLauncher, port: int = 8765):
+    def __init__(self, launcher: LocalLauncher, port: int = 8765, host: str = "127.0.0.1", token_file: Optional[Path] = None):
+        if host not in LOOPBACK_HOSTS:
+            raise KaleConfigError("host", f"the trainer service binds loopback only ({', '.join(LOOPBACK_HOSTS)}), got {host!r}: "
+                                          "it restarts training on request, so it must not be reachable from other machines")
         self.launcher = launcher
         self._busy = threading.Lock()
         service = self
@@ -52,13 +98,31 @@ class LauncherService:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _refused(self) -> bool:
+                """Answer and return True unless the request names this service and holds its token."""
+                if self.headers.get("Host", "") not in service.hosts:
+                    self._reply(403, {"error": f"Host {self.headers.get('Host', '')!r} is not this service's address "
+                                               f"({', '.join(service.hosts)}); refused (DNS rebinding protection)"})
+                    return True
+                given = self.headers.get("Authorization", "")
+                if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip().encode(), service._token.encode())):
+                    self._reply(401, {"error": f"missing or wrong bearer token; it is in {service.token_file}, readable by the service's user only"})
+                    return True
+                return False
+
             def do_GET(self):
+                if self._refused():
+                    return
                 if self.path != "/status":
                     return self._reply(404, {"error": f"unknown path {self.path}"})
                 launcher = service.launcher
                 self._reply(200, {**launcher.status().to_dict(), "records": [asdict(r) for r in launcher.records]})
 
             def do_POST(self):
+                if self._refused():
+                    return
+                if self.headers.get("Content-Type", "").split(";")[0].strip().lower() != "application/json":
+                    return self._reply(415, {"error": "POST needs Content-Type: application/json"})
                 if self.path != "/rescale":
                     return self._reply(404, {"error": f"unknown path {self.path}"})
                 try:
@@ -78,6 +142,9 @@ class LauncherService:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
+        self.hosts = tuple(f"{h}:{self.port}" for h in LOOPBACK_HOSTS)
+        self.token_file = Path(token_file) if token_file else default_token_file(self.port)
+        self._token = write_token(self.token_file)
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="launcher-service")
 
     @property
@@ -92,6 +159,7 @@ class LauncherService:
         if self._thread.is_alive():
             self.server.shutdown()
         self.server.server_close()
+        self.token_file.unlink(missing_ok=True)
 
 
 def check_loopback_url(url: str) -> str:
@@ -101,15 +169,28 @@ def check_loopback_url(url: str) -> str:
 
 
 class LocalTrainerClient:
-    """``workers`` and ``rescale`` of a LocalLauncher, over its LauncherService's HTTP API."""
+    """``workers`` and ``rescale`` of a LocalLauncher, over its LauncherService's HTTP API.
 
-    def __init__(self, url: str, timeout_s: float = 600.0):
+    The token is read at every call, so a restarted service (with a new token) is followed."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0, token_file: Optional[Path] = None):
         self.url = check_loopback_url(url)
         self.timeout_s = timeout_s
+        self.token_file = Path(token_file) if token_file else default_token_file(_url_port(self.url))
+
+    def _token(self) -> str:
+        try:
+            return self.token_file.read_text().strip()
+        except FileNotFoundError:
+            raise RuntimeError(f"no trainer service at {self.url} (no token at {self.token_file}); start it with `kale demo` or "
+                               "`kale trainer serve` as this user, or point the launcher's token_file at its token") from None
+        except PermissionError:
+            raise RuntimeError(f"cannot read the trainer service's token at {self.token_file}: run as the user who started it") from None
 
     def _call(self, method: str, path: str, body: Optional[dict] = None) -> dict:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._token()}"}
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return json.loads(resp.read())
@@ -135,15 +216,18 @@ class LocalTrainerClient:
 
 @dataclass(frozen=True)
 class LocalLauncherConfig(LauncherConfig):
-    """Workers run on this machine under the local trainer service (``kale trainer serve``, ``kale demo``)."""
+    """Workers run on this machine under the local trainer service (``kale trainer serve``, ``kale demo``).
+
+    ``token_file``: where that service wrote its token; by default where it writes it for its port."""
 
     trainer_url: str = DEFAULT_URL
+    token_file: Optional[str] = None
 
     def __post_init__(self):
         check_loopback_url(self.trainer_url)
 
     def build(self, pipeline: str, source: KafkaSource) -> LocalTrainerClient:
-        return LocalTrainerClient(self.trainer_url)
+        return LocalTrainerClient(self.trainer_url, token_file=Path(self.token_file) if self.token_file else None)
 
     def describe(self) -> str:
         return f"the local trainer service at {self.trainer_url}"
