@@ -84,3 +84,10 @@ def _offset(offset: int):
 def test_cli_help_lists_subcommands():
     out = subprocess.run([sys.executable, "-m", "kale_dagster.cli", "--help"], capture_output=True, text=True, check=True).stdout
     assert "broker" in out
+
+
+def test_cli_version():
+    from importlib.metadata import version
+
+    out = subprocess.run([sys.executable, "-m", "kale_dagster.cli", "--version"], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"kale-dagster {version('kale-dagster')}"

@@ -32,10 +32,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kale",
         description="Kale elastic GPU scheduling for online training, on Dagster.",
     )
+    parser.add_argument("--version", action="version", version=f"kale-dagster {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in _COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kale-dagster")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
