@@ -84,7 +84,7 @@ def main() -> int:
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="the development set (nyc_taxi.csv and the others)")
     parser.add_argument("--skip-nyc", action="store_true")
     parser.add_argument("--dev", action="store_true", help="also every other trace of the development set, its last 14 days "
-                        "(7 warm-up), with the perfect-forecast variant only")
+                        "(7 warm-up), with the perfect-forecast and outlook variants only")
     parser.add_argument("--json", type=Path, help="write all figures to this file (rewritten after each trace)")
     args = parser.parse_args()
     out = {}
@@ -105,7 +105,7 @@ def main() -> int:
     if args.dev:
         for path in sorted(args.traces.glob("*.csv")):
             if path.name != nyc.name:
-                record(path.stem + "_last_14d", run(f"{path.stem}, last 14 days", last_days(read_trace_csv(path), 14), 7, variants=("kale_perfect_forecast",)))
+                record(path.stem + "_last_14d", run(f"{path.stem}, last 14 days", last_days(read_trace_csv(path), 14), 7, variants=("kale_perfect_forecast", "kale_outlook")))
     return 0
 
 

@@ -77,6 +77,27 @@ def test_prophet_tracks_a_diurnal_trace_better_than_ewma():
     assert smape(test.rate.to_numpy(), prophet.point) < 0.15
 
 
+def test_the_outlook_continues_the_day_past_the_horizon():
+    hist = _history(days=4.0)
+    train, rest = hist.iloc[:-144], hist.iloc[-144:]  # the last day (10-minute steps) is the future
+    fc = ProphetForecaster(horizon_s=7200).fit(train).predict()
+    assert len(fc.point) == 12 and len(fc.outlook) == 144 - 12  # the rest of the day after the 2-hour horizon
+    truth = rest.rate.to_numpy()[12:]
+    assert np.corrcoef(fc.outlook, truth)[0, 1] > 0.9  # it follows the daily shape
+    assert smape(truth, fc.outlook) < 0.25
+    upper = fc.outlook_level(None)
+    assert np.all(upper >= fc.outlook) and upper[0] / fc.outlook[0] == pytest.approx(fc.upper[-1] / fc.point[-1])
+
+
+def test_the_perfect_forecast_sees_the_rest_of_the_day():
+    from kale_dagster.sim.oracle import Hindsight
+
+    times = pd.date_range("2026-01-01", periods=3000, freq="1min", tz="UTC")
+    rates = np.arange(3000, dtype=float)
+    fc = Hindsight(times, rates).fit(pd.DataFrame({"timestamp": times[:100], "rate": rates[:100]})).predict(120)
+    assert fc.point[0] == 100 and list(fc.outlook[[0, -1]]) == [220, 1539] and len(fc.outlook) == 1440 - 120
+
+
 def test_fitted_model_uses_newer_observations_without_refitting():
     hist = _history(days=3.0)
     model = ProphetForecaster(horizon_s=3600).fit(hist.iloc[:-30])

@@ -13,9 +13,9 @@ LINEAR = ThroughputModel.linear(PER_WORKER)
 PAPER = ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786))
 
 
-def _forecast(values, start=0.0, step=60.0, band=0.0):
+def _forecast(values, start=0.0, step=60.0, band=0.0, outlook=()):
     v = np.asarray(values, dtype=float)
-    return Forecast(start=start, step_s=step, point=v, lower=v * (1 - band), upper=v * (1 + band), model="test")
+    return Forecast(start=start, step_s=step, point=v, lower=v * (1 - band), upper=v * (1 + band), model="test", outlook=np.asarray(outlook, dtype=float))
 
 
 def _obs(t=0.0, workers=4, rate=3500.0, backlog=0.0, lag=0.0, forecast=None, error=None):
@@ -65,7 +65,7 @@ def test_scale_in_when_savings_beat_the_restart():
     d = policy.decide(_obs(workers=32, rate=2000, forecast=_forecast([2000] * 120)))
     # 2,000/s plus draining the 10-minute restart backlog within the 20-minute SLO: 3,000/s.
     assert d.workers == 3
-    assert "3 workers cost least over the horizon including a 10.0 min restart" in d.reason
+    assert "3 workers cost least over 2.0 h including a 10.0 min restart" in d.reason
 
 
 def test_scale_in_refused_when_the_restart_costs_more_than_it_saves():
@@ -74,6 +74,29 @@ def test_scale_in_refused_when_the_restart_costs_more_than_it_saves():
     d = policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20)))
     assert d.workers == 3
     assert "keeping 3 costs least" in d.reason
+
+
+def test_scale_in_judged_over_how_long_the_outlook_says_the_lower_level_lasts():
+    # The case above: over the 20-minute horizon one worker saved does not repay the restart...
+    policy = KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600, outlook_scale_in=True))
+    assert policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 120))).workers == 3  # 2 h more: still not
+    # ...but the outlook says 900/s holds for 20 hours more: 2 workers keep up, and 1,240 GPU-min saved
+    # outweigh the restart's 94 lag-min x 8.
+    d = policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 1200)))
+    assert d.workers == 2 and "cost least over 20.3 h" in d.reason
+    # Off by default: the horizon alone judges.
+    assert KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600)).decide(
+        _obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 1200))).workers == 3
+
+
+def test_a_scale_in_the_outlook_undoes_soon_pays_for_the_restart_back_up():
+    # 6 workers run; 1,500/s for 6 hours (the horizon and 4 hours of outlook), then 5,500/s, which 6 can take.
+    policy = KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600, outlook_scale_in=True))
+    back = policy.decide(_obs(workers=6, rate=1500, forecast=_forecast([1500] * 120, outlook=[1500] * 240 + [5500] * 600)))
+    assert back.workers == 6, back.reason  # two restarts (down now, up in 6 h) cost more than the GPUs saved
+    # When the outlook then needs more than 6 anyway, keeping would restart too: the same scale-in pays.
+    higher = policy.decide(_obs(workers=6, rate=1500, forecast=_forecast([1500] * 120, outlook=[1500] * 240 + [8000] * 600)))
+    assert higher.workers < 6 and "over 6.0 h" in higher.reason and "one back up" not in higher.reason, higher.reason
 
 
 def test_no_second_scale_in_within_the_hold():

@@ -38,7 +38,8 @@ def register(subparsers) -> None:
     parser.add_argument("--refit-minutes", type=float, default=1440.0, help="forecaster refit cadence (default 1440)")
     parser.add_argument("--no-sweeps", action="store_true", help="skip the baseline sweeps")
     parser.add_argument("--no-variants", action="store_true",
-                        help="skip Kale's variants: planning with the true F(w) and restart time, a perfect forecast, the paper's stabilizer")
+                        help="skip Kale's variants: planning with the true F(w) and restart time, a perfect forecast, the paper's stabilizer, "
+                             "scale-in judged over the forecast's outlook")
     parser.add_argument("--no-optimum", action="store_true", help="skip the offline optimum (perfect foresight, dynamic program)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="PNG", help="write arrivals, capacity and lag per policy to this PNG")

@@ -22,7 +22,9 @@ class Forecast:
 
     ``interval_width`` is the central probability covered by [lower, upper];
     ``fallback`` says why a simpler model answered instead of the configured
-    one (empty when it did not).
+    one (empty when it did not).  ``outlook`` continues ``point`` past the
+    horizon at the same step with the model's seasonal expectation, no band
+    (empty when the model has none): how long a level will last, not a plan.
     """
 
     start: float
@@ -35,9 +37,10 @@ class Forecast:
     fallback: str = ""
     fit_seconds: float = 0.0
     extras: dict = field(default_factory=dict, compare=False)
+    outlook: np.ndarray = field(default_factory=lambda: np.zeros(0), compare=False)
 
     def __post_init__(self):
-        for name in ("point", "lower", "upper"):
+        for name in ("point", "lower", "upper", "outlook"):
             values = np.clip(np.asarray(getattr(self, name), dtype=float), 0.0, None)
             object.__setattr__(self, name, values)
         if not (len(self.point) == len(self.lower) == len(self.upper)):
@@ -57,6 +60,14 @@ class Forecast:
         z_band = NormalDist().inv_cdf(0.5 + self.interval_width / 2)
         sigma = np.maximum(self.upper - self.point, 0.0) / z_band
         return np.clip(self.point + NormalDist().inv_cdf(quantile) * sigma, 0.0, None)
+
+    def outlook_level(self, quantile: Optional[float]) -> np.ndarray:
+        """The outlook at a quantile: scaled by the band's relative width at the horizon's last step."""
+        if len(self.outlook) == 0 or len(self.point) == 0:
+            return self.outlook
+        last = float(self.point[-1])
+        ratio = float(self.level(quantile)[-1]) / last if last > 0 else 1.0
+        return self.outlook * ratio
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(

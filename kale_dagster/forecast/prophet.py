@@ -39,8 +39,16 @@ _WINDOWS_S = (0, 600, 1800, 3600, 7200, 14_400)  # residual averaging windows; 0
 
 
 def _quiet_prophet_logs() -> None:
-    for name in ("cmdstanpy", "prophet", "prophet.plot"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    """Keep third-party chatter off the user's terminal; call before importing prophet.
+
+    prophet.plot logs an ERROR at import when plotly is absent (we never plot with it); cmdstanpy sets its
+    logger to INFO unless it already has a handler, so it gets a NullHandler and keeps warnings only."""
+    cmdstanpy = logging.getLogger("cmdstanpy")
+    if not cmdstanpy.handlers:
+        cmdstanpy.addHandler(logging.NullHandler())
+    cmdstanpy.setLevel(logging.WARNING)
+    logging.getLogger("prophet").setLevel(logging.WARNING)
+    logging.getLogger("prophet.plot").setLevel(logging.CRITICAL)
 
 
 class _Correction:
@@ -120,9 +128,9 @@ class ProphetForecaster(_FittedSeries):
     # --- fitting --------------------------------------------------------------
 
     def _fit_prophet(self) -> None:
+        _quiet_prophet_logs()
         from prophet import Prophet
 
-        _quiet_prophet_logs()
         span = len(self.log_rate) * self.step_s
         hist = self.history.set_index("timestamp")["rate"]
         # Prophet learns the shape; a coarser grid fits several times faster
@@ -272,7 +280,13 @@ class ProphetForecaster(_FittedSeries):
         point = w * pred_p + (1 - w) * np.where(np.isnan(pred_n), pred_p, pred_n)
         lo, hi = self._band
         fc = self._forecast(point, lo, hi, self.name, self.interval_width)
-        return _with(fc, fit_seconds=self.fit_seconds, extras={"blend_weight_prophet": float(np.mean(w))})
+        # Past the horizon, the seasonal median (the naive base the correction blends in) says how the day goes on,
+        # at the level the forecast reached: its shape carried from the horizon's last step.
+        beyond = future[-1] + np.arange(max(int(DAY_S // self.step_s) - horizon, 0) + 1)
+        seasonal = self._naive_log(log_rate, beyond)
+        seasonal = seasonal[: np.argmax(np.isnan(seasonal))] if np.isnan(seasonal).any() else seasonal
+        outlook = self.from_log(seasonal[1:])
+        return _with(fc, fit_seconds=self.fit_seconds, extras={"blend_weight_prophet": float(np.mean(w))}, outlook=outlook)
 
 
 def _with(fc: Forecast, **changes) -> Forecast:

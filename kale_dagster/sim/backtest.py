@@ -229,9 +229,10 @@ KALE_VARIANTS = {
     "kale_oracle": Run("kale", oracle=True),  # plans with the true F(w) and restart time: the gap is what estimating them costs
     "kale_perfect_forecast": Run("kale", perfect_forecast=True),  # the trace's true future: what remains is planning error
     "kale_paper_stabilizer": Run("kale", {"stabilizer": "paper"}),  # the paper's Algorithm 1 instead of our variant
+    "kale_outlook": Run("kale", {"outlook_scale_in": True}),  # scale-in judged over the forecast's outlook, not the horizon
 }
 VARIANT_LABELS = {"kale_oracle": "kale, true F(w) and restart", "kale_perfect_forecast": "kale, perfect forecast",
-                  "kale_paper_stabilizer": "kale, the paper's stabilizer"}
+                  "kale_paper_stabilizer": "kale, the paper's stabilizer", "kale_outlook": "kale, scale-in judged over the outlook"}
 
 
 def compare(backtest: Backtest, names: Sequence[str], sweeps: bool = True, variants: Sequence[str] = tuple(KALE_VARIANTS),

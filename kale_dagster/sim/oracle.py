@@ -35,6 +35,7 @@ from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation
 
 MINUTE = 60.0
+DAY_STEPS = 1440  # minutes: how far the perfect forecast's outlook reaches
 
 
 @dataclass(frozen=True)
@@ -200,4 +201,5 @@ class Hindsight:
         point = self.rates[first:first + steps]
         if len(point) < steps:  # past the trace's end: its last rate holds
             point = np.concatenate([point, np.full(steps - len(point), self.rates[-1])])
-        return Forecast(start=start, step_s=MINUTE, point=point, lower=point, upper=point, model=self.name)
+        outlook = self.rates[first + steps:first + DAY_STEPS]  # the rest of the true day
+        return Forecast(start=start, step_s=MINUTE, point=point, lower=point, upper=point, model=self.name, outlook=outlook)
