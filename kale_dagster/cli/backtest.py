@@ -25,6 +25,7 @@ def register(subparsers) -> None:
         help="replay a trace through Kale, HPA, KEDA and static allocation; print the paper's metrics",
         description="Trace-driven backtest with the production policy code. The trace is scaled so its peak "
         "equals the throughput of --peak-workers workers; the first --warmup-days only warm up the forecaster.",
+        epilog="example: kale trace synth --days 14 --out t.csv && kale backtest --trace t.csv --warmup-days 7 --no-sweeps",
     )
     parser.add_argument("--trace", required=True, help="CSV timestamp,value (arrivals per interval)")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ",".join(POLICIES))
@@ -33,9 +34,9 @@ def register(subparsers) -> None:
     parser.add_argument("--restart-minutes", type=float, default=10.0)
     parser.add_argument("--slo-minutes", type=float, default=20.0)
     parser.add_argument("--warmup-days", type=float, default=0.0)
-    parser.add_argument("--hpa-target", type=int, default=80, help="HPA target GPU utilization in percent (default 80)")
-    parser.add_argument("--forecaster", default="prophet", help="Kale's forecaster (default prophet)")
-    parser.add_argument("--refit-minutes", type=float, default=1440.0, help="forecaster refit cadence (default 1440)")
+    parser.add_argument("--hpa-target", type=int, default=80, help="HPA target GPU utilization in percent")
+    parser.add_argument("--forecaster", default="prophet", help="Kale's forecaster")
+    parser.add_argument("--refit-minutes", type=float, default=1440.0, help="forecaster refit cadence")
     parser.add_argument("--no-sweeps", action="store_true", help="skip the baseline sweeps")
     parser.add_argument("--no-variants", action="store_true",
                         help="skip Kale's variants: planning with the true F(w) and restart time, a perfect forecast, the paper's stabilizer, "

@@ -15,8 +15,9 @@ def register(subparsers) -> None:
         help="run the embedded Kafka-protocol broker (Tansu, memory only) in the foreground",
         description="Run the embedded Kafka-protocol broker on 127.0.0.1 until Ctrl-C. "
         "Memory only: stopping it loses every topic and offset.",
+        epilog="example: kale broker --port 9092",
     )
-    parser.add_argument("--port", type=int, default=9092, help="loopback port to listen on (default 9092)")
+    parser.add_argument("--port", type=int, default=9092, help="loopback port to listen on")
     parser.set_defaults(handler=run)
 
 

@@ -16,6 +16,7 @@ def register(subparsers) -> None:
         description="Starts the embedded broker, a producer replaying one synthetic day of CTR samples compressed into "
         "--day-minutes, torch trainer workers each EMULATING one GPU, and `dagster dev` on 127.0.0.1:3000, whose "
         "sensors, assets and rescale runs keep the workers sized. Ctrl-C stops every process.",
+        epilog="example: kale demo --day-minutes 30 --max-minutes 10",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--day-minutes", type=float, default=30.0, help="wall minutes for one day")

@@ -18,12 +18,13 @@ def register(subparsers) -> None:
         help="evaluate a traffic forecaster on a timestamp,value trace (rolling origin)",
         description="Rolling-origin evaluation over the last days of a trace: sMAPE, MAPE, MAE and band "
         "coverage at the horizon, against the better of the daily and weekly seasonal-naive baselines.",
+        epilog="example: kale forecast --trace nyc_taxi.csv --horizon 120 --json",
     )
     parser.add_argument("--trace", required=True, help="CSV with header timestamp,value (arrivals per interval)")
     parser.add_argument("--horizon", type=float, required=True, metavar="MINUTES", help="forecast horizon in minutes")
-    parser.add_argument("--model", default="prophet", choices=list(FORECASTERS), help="forecaster to evaluate (default prophet)")
-    parser.add_argument("--eval-days", type=float, default=28.0, help="length of the evaluated tail in days (default 28)")
-    parser.add_argument("--refit-hours", type=float, default=24.0, help="refit cadence during evaluation (default 24 h)")
+    parser.add_argument("--model", default="prophet", choices=list(FORECASTERS), help="forecaster to evaluate")
+    parser.add_argument("--eval-days", type=float, default=28.0, help="length of the evaluated tail in days")
+    parser.add_argument("--refit-hours", type=float, default=24.0, help="refit cadence during evaluation")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 

@@ -16,13 +16,14 @@ def register(subparsers) -> None:
         description="Produces CTR samples (user, item, dense features, a label from a fixed hidden model) at the "
         "trace's rate x --rate-scale, time-compressed by --speedup. --hot-share puts that share of traffic on "
         "partition 0 (a hot partition, as in the paper).",
+        epilog="example: kale produce --trace t.csv --topic samples --speedup 48",
     )
     parser.add_argument("--trace", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--speedup", type=float, default=1.0, help="trace seconds per wall second")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's rates")
-    parser.add_argument("--partitions", type=int, default=8, help="partitions when the topic is created (default 8)")
+    parser.add_argument("--partitions", type=int, default=8, help="partitions when the topic is created")
     parser.add_argument("--hot-share", "--skew", dest="hot_share", type=float, default=0.0, help="traffic share of partition 0, e.g. 0.5")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--samples-per-record", type=int, default=1,

@@ -15,11 +15,12 @@ def register(subparsers) -> None:
         help="write a synthetic diurnal trace shaped like the paper's production traffic",
         description="Seeded synthetic trace: ~7.65x swing between the 04:00 trough and the 20:00 peak, "
         "busier weekends, AR(1) noise and occasional bursts. Output: CSV timestamp,value (arrivals per step).",
+        epilog="example: kale trace synth --days 14 --seed 0 --out t.csv",
     )
     synth.add_argument("--days", type=float, default=7.0)
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--step-seconds", type=float, default=60.0)
-    synth.add_argument("--peak-rate", type=float, default=10_000.0, help="weekday peak in samples/s (default 10000)")
+    synth.add_argument("--peak-rate", type=float, default=10_000.0, help="weekday peak in samples/s")
     synth.add_argument("--out", required=True, help="CSV path to write")
     synth.set_defaults(handler=run_synth)
 

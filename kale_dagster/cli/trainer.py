@@ -20,6 +20,7 @@ def register(subparsers) -> None:
         "POST /rescale on 127.0.0.1:--port until Ctrl-C, which checkpoints and stops every worker. Every request needs the "
         "bearer token written at start-up to --token-file (mode 0600; by default in your runtime directory, where a "
         "pipeline's LocalLauncherConfig looks for it).",
+        epilog="example: kale trainer serve --topic samples --group-id ctr --checkpoint-dir ./ckpt --workers 2",
     )
     serve.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     serve.add_argument("--topic", required=True)
