@@ -150,5 +150,13 @@ def test_cli_json():
     proc = _kale("forecast", "--trace", str(FIXTURES / "diurnal_3d_10min.csv"), "--horizon", "30", "--model", "ewma", "--eval-days", "0.5", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert set(out) >= {"model", "horizon_minutes", "smape", "mape", "mae", "coverage", "baseline_smape", "folds"}
+    assert set(out) >= {"model", "horizon_minutes", "smape", "mape", "mae", "coverage", "baseline_smape", "baseline_mae", "relative_mae", "folds"}
     assert out["model"] == "ewma" and out["folds"] > 0
+    assert out["relative_mae"] == pytest.approx(out["mae"] / out["baseline_mae"]) and out["note"] == ""
+
+
+def test_a_trace_shorter_than_the_window_is_evaluated_on_what_it_has_and_says_so():
+    proc = _kale("forecast", "--trace", str(FIXTURES / "diurnal_3d_10min.csv"), "--horizon", "30", "--model", "ewma", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "evaluated its last 1.0 days instead of 28" in proc.stderr and out["eval_days"] == pytest.approx(1.0, abs=0.01)

@@ -44,6 +44,8 @@ def run(args) -> int:
         progress=bar.update,
     )
     bar.close()
+    if result.note:
+        print(f"note: {result.note}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_json()))
         return 0
@@ -51,6 +53,7 @@ def run(args) -> int:
     print(f"model {result.model}, horizon {result.horizon_minutes:g} min, {result.folds} folds, {result.refits} refits")
     print(f"  sMAPE {result.smape:.4f}  MAPE {result.mape:.4f}  MAE {result.mae:.4g}/s  band coverage {result.coverage:.1%}")
     print(f"  baseline {result.baseline}: sMAPE {result.baseline_smape:.4f}  (model/baseline {ratio:.2f}x)")
+    print(f"  best seasonal naive MAE {result.baseline_mae:.4g}/s  (relative MAE {result.relative_mae:.2f}x)")
     if result.fallbacks:
         print(f"  note: {result.fallbacks} folds used the short-history fallback", file=sys.stderr)
     return 0

@@ -49,6 +49,14 @@ class EvaluationResult:
     folds: int
     refits: int
     fallbacks: int
+    baseline_mae: float = float("nan")  # the best seasonal naive's MAE on the same folds (the lower of day and week)
+    eval_days: float = float("nan")  # the tail actually evaluated
+    note: str = ""  # why the tail is shorter than asked, if it is
+
+    @property
+    def relative_mae(self) -> float:
+        """MAE over the best seasonal naive's: what capacity planning feels (sMAPE rewards predicting zero)."""
+        return self.mae / self.baseline_mae if self.baseline_mae > 0 else float("nan")
 
     def to_json(self) -> dict:
         return {
@@ -60,7 +68,11 @@ class EvaluationResult:
             "coverage": self.coverage,
             "baseline": self.baseline,
             "baseline_smape": self.baseline_smape,
+            "baseline_mae": self.baseline_mae,
+            "relative_mae": self.relative_mae,
             "folds": self.folds,
+            "eval_days": self.eval_days,
+            "note": self.note,
         }
 
 
@@ -86,12 +98,18 @@ def rolling_origin(
     horizon = max(1, int(round(horizon_s / step)))
     n = len(rate)
     eval_steps = int(eval_days * DAY_S / step)
-    start = max(n - eval_steps, int(min_train_s / step))
+    # The tail starts after the training minimum and a day of history (the daily baseline's), whatever was asked.
+    start = max(n - eval_steps, int(min_train_s / step), int(round(DAY_S / step)))
     if start >= n - horizon:
         raise InputDataError(
             f"trace too short to evaluate: {n * step / DAY_S:.1f} days of data, need more than "
-            f"{min_train_s / DAY_S:.0f} days of training plus the {horizon_s / 60:.0f}-minute horizon"
+            f"{max(min_train_s, DAY_S) / DAY_S:.0f} days of training plus the {horizon_s / 60:.0f}-minute horizon"
         )
+    evaluated_days = (n - start) * step / DAY_S
+    note = ""
+    if start > n - eval_steps:
+        note = (f"the trace has {n * step / DAY_S:.1f} days; evaluated its last {evaluated_days:.1f} days instead of {eval_days:g}, "
+                f"after the {max(min_train_s, DAY_S) / DAY_S:.0f} days of history the first fit needs")
     every = max(1, int(round((origin_every_s or step) / step)))
     refit_steps = max(1, int(round(refit_every_s / step)))
     origins = np.arange(start, n - horizon + 1, every)  # origin = first forecast index
@@ -115,14 +133,15 @@ def rolling_origin(
     actual = rate[target]
     ok = np.isfinite(actual)
     preds, lows, highs = np.array(preds), np.array(lows), np.array(highs)
-    base = {}
+    base, base_mae = {}, {}
     for name, season_s in (("seasonal-naive-day", DAY_S), ("seasonal-naive-week", WEEK_S)):
         season = int(round(season_s / step))
         if season >= horizon:
             guess = _seasonal_naive(rate, target, season)
             good = ok & np.isfinite(guess)
-            if good.sum() == ok.sum():
+            if good.sum() == ok.sum():  # a baseline counts only if it covers every fold
                 base[name] = smape(actual[good], guess[good])
+                base_mae[name] = float(np.mean(np.abs(guess[good] - actual[good])))
     if not base:
         raise InputDataError("not enough history before the evaluated tail for a seasonal-naive baseline")
     best = min(base, key=base.get)
@@ -138,5 +157,8 @@ def rolling_origin(
         folds=int(ok.sum()),
         refits=refits,
         fallbacks=fallbacks,
+        baseline_mae=min(base_mae.values()),
+        eval_days=evaluated_days,
+        note=note,
     )
 
