@@ -225,3 +225,22 @@ def test_trainer_serve_rescales_real_workers_and_reports_their_throughput(kafka_
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, out[-2000:]
+
+
+@pytest.mark.integration
+def test_trainer_serve_on_a_missing_topic_exits_with_the_workers_reason(kafka_broker, tmp_path):
+    import subprocess
+    import sys
+
+    from kale_dagster.stream.broker import free_loopback_port
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", "trainer", "serve", "--bootstrap-servers", kafka_broker.bootstrap_servers,
+         "--topic", "nowhere", "--group-id", "g", "--checkpoint-dir", str(tmp_path / "ckpt"), "--port", str(free_loopback_port())],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("kale trainer: error: could not start 1 workers: worker exited with code 1 before 'started': ")
+    assert "topic 'nowhere' has no partitions" in lines[0] and "(log: " in lines[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 
+from kale_dagster.errors import CommandError
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.stream.source import KafkaSource
@@ -45,7 +46,10 @@ def run_serve(args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     service = LauncherService(launcher, port=args.port, host=args.host, token_file=args.token_file).start()
     try:
-        record = launcher.start(args.workers)
+        try:
+            record = launcher.start(args.workers)
+        except (RuntimeError, TimeoutError) as exc:  # the worker's own reason, in one line, instead of a traceback
+            raise CommandError(f"could not start {args.workers} workers: {exc}") from None
         print(f"{args.workers} workers training (first step after {record.downtime_s:.1f} s); rescale API at {service.url}, "
               f"token in {service.token_file}", flush=True)
         while not stop.wait(2.0):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -85,6 +86,9 @@ class TrainerSettings:
         return dict(os.environ, PYTHONUNBUFFERED="1", **self.source.worker_env(include_password=True))
 
 
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?")
+
+
 class WorkerProcess:
     """One worker process and the JSON events it prints."""
 
@@ -127,11 +131,23 @@ class WorkerProcess:
                 event, fields = self.events.get(timeout=min(0.2, max(deadline - time.monotonic(), 0.01)))
             except queue.Empty:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"worker exited with code {self.proc.returncode} before '{wanted.value}'; see {self.log_path}")
+                    raise RuntimeError(f"worker exited with code {self.proc.returncode} before '{wanted.value}': {self.last_error()} "
+                                       f"(log: {self.log_path})")
                 continue
             if event is wanted:
                 return fields
         raise TimeoutError(f"worker did not report '{wanted.value}' within {timeout:.0f} s; see {self.log_path}")
+
+    def last_error(self) -> str:
+        """The worker's reason for exiting, from its log: the last exception line, else the last line."""
+        try:
+            lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines()[-50:] if ln.strip()]
+        except OSError:
+            return "no log"
+        for line in reversed(lines):
+            if _EXCEPTION_LINE.match(line):
+                return line
+        return lines[-1] if lines else "nothing logged"
 
     def assign(self, group: GroupAssignment) -> None:
         self.rank = group.rank
