@@ -60,6 +60,17 @@ def test_restart_time_is_the_median_of_measured_restarts_in_pipeline_seconds():
     assert step.restart_s == pytest.approx(40.0) and "median of the last 3" in step.restart_source
 
 
+def test_a_failed_group_is_restarted_at_the_size_the_policy_wants():
+    controller = _controller(policy="static", policy_options={"workers": 4})
+    failed = LauncherStatus(workers=4, failed="pod kale-ctr-w4-1-0 failed: OOMKilled")
+    step = controller.step(READING, failed, MODEL)
+    assert step.rescale_to == 4 and "the running group failed (pod kale-ctr-w4-1-0 failed: OOMKilled)" in step.decision.reason
+    assert controller.step(READING, LauncherStatus(workers=4), MODEL).rescale_to is None  # healthy at 4: nothing to do
+    assert controller.step(READING, failed, MODEL, rescale_in_flight=True).rescale_to is None  # one restart at a time
+    advisory = _controller(policy="static", policy_options={"workers": 4}, advisory=True)
+    assert advisory.step(READING, failed, MODEL).rescale_to is None
+
+
 def test_hpa_state_survives_a_rebuilt_policy():
     """Each step rebuilds the policy; its recommendations come back from the state the last step returned."""
     controller = _controller(policy="hpa", policy_options={"sync_period_s": 15.0})

@@ -112,6 +112,7 @@ class FakeCluster:
         self.core.read_namespaced_persistent_volume_claim.side_effect = lambda *a, **kw: V1PersistentVolumeClaim(spec=V1PersistentVolumeClaimSpec(access_modes=self.access_modes))
         self.created = []
         self.silent = set()  # worker counts whose pods never log a training step
+        self.failed_jobs = set()  # jobs whose first pod has failed since (OOM, node lost, preemption)
 
     def _create(self, namespace=None, body=None):
         workers = body["spec"]["parallelism"]
@@ -125,6 +126,7 @@ class FakeCluster:
         if name not in self.jobs:
             raise ApiException(status=404)
         del self.jobs[name]
+        self.failed_jobs.discard(name)  # a job created again under this name is a new one
 
     def _log(self, name=None, namespace=None, **kwargs):
         workers = int(name.split("-w")[-1].split("-")[0])
@@ -140,7 +142,8 @@ class FakeCluster:
             return V1PodList(items=[])
         problem = self.pod_problem.get(job.spec.parallelism)
         return V1PodList(items=[
-            _pod(f"{name}-{i}", ready=problem is None, waiting=problem if problem not in (None, "never-ready") else None)
+            _pod(f"{name}-{i}", ready=problem is None, waiting=problem if problem not in (None, "never-ready") else None,
+                 phase="Failed" if i == 0 and name in self.failed_jobs else "Running")
             for i in range(job.spec.parallelism)
         ])
 
@@ -261,6 +264,22 @@ def test_cli_render_prints_valid_manifests():
     assert "&id" not in proc.stdout  # plain YAML, no anchors, for GitOps diffs
     bad = subprocess.run([sys.executable, "-m", "kale_dagster.cli", "k8s", "render", "--pipeline", "nope", "--workers", "3"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no pipeline 'nope'" in bad.stderr
+
+
+def test_a_failed_pod_is_reported_and_the_same_size_restarts_the_group():
+    """A worker pod fails (OOM, node lost, preemption): backoffLimit 0 and torchrun's --max-restarts=0 leave the
+    group down, so the launcher says so and a rescale to the same size restarts it (the controller asks for one)."""
+    cluster = FakeCluster()
+    launcher = _launcher(cluster)
+    launcher.start(3)
+    assert launcher.status().failed == ""
+    assert launcher.rescale(3) is None  # healthy: nothing to do
+    cluster.failed_jobs.add(launcher.current_job().metadata.name)
+    status = launcher.status()
+    assert status.workers == 3 and "failed" in status.failed and "-w3-" in status.failed
+    record = launcher.rescale(3, reason="restart after failure")
+    assert (record.from_workers, record.to_workers) == (3, 3) and cluster.created == [3, 3]
+    assert launcher.status().failed == ""
 
 
 def test_worker_pods_mount_no_service_account_token():

@@ -25,7 +25,7 @@ Pure: no Dagster, no I/O.  ``definitions.control`` gathers the inputs.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 from kale_dagster.forecast.base import Forecast
@@ -202,7 +202,12 @@ class Controller:
         policy = self.policy(Sizing(min_workers=s.min_workers, max_workers=s.max_workers, slo_s=s.slo_s, restart_s=restart_s, model=model,
                                     adequate_workers=s.adequate_workers, partitions=len(reading.partitions) or s.partitions), policy_state)
         decision = policy.decide(obs)
-        act = decision.workers != obs.workers and not obs.restarting and not s.advisory
+        failed = bool(status.failed) and not obs.restarting
+        if failed:
+            # Nothing else restarts a failed group: restart it, at the size the policy wants now.
+            decision = replace(decision, reason=f"the running group failed ({status.failed}); restarting it at {decision.workers} "
+                                                f"from the last checkpoint; {decision.reason}")
+        act = (decision.workers != obs.workers or failed) and not obs.restarting and not s.advisory
         return ControlStep(decision, obs, restart_s, restart_source, rescale_to=decision.workers if act else None, state=policy.state)
 
     def _hold(self, workers: int, why: str, state: Optional[dict], restart_s: float, restart_source: str) -> ControlStep:

@@ -176,6 +176,8 @@ class PipelineControl:
             metadata["forecast_recent_smape"] = round(error, 4)
         if step.held:
             metadata["held"] = step.held
+        if status is not None and status.failed:
+            metadata["group_failed"] = status.failed
         return step, metadata
 
     def tick(self, instance, reading: StreamReading, cursor: ControlCursor, plot_dir: Optional[str] = None) -> TickResult:

@@ -58,6 +58,8 @@ class LauncherStatus:
     ``downtimes_s`` are the latest restarts' measured downtimes, oldest first
     (a start from no workers is not one).
     ``measures`` says whether the launcher relays the workers' metrics at all.
+    ``failed`` says why the running group has failed (a pod OOM-killed, its node lost or preempted) when
+    nothing will restart it but a rescale; empty otherwise.
     """
 
     workers: int
@@ -68,6 +70,7 @@ class LauncherStatus:
     samples_per_s: Optional[float] = None
     downtimes_s: tuple[float, ...] = ()
     emulated: bool = False
+    failed: str = ""
 
     def to_dict(self) -> dict:
         return {**asdict(self), "downtimes_s": list(self.downtimes_s)}
@@ -128,13 +131,18 @@ class Launcher(ABC):
         nothing by default."""
         return {}
 
+    def _failure(self) -> str:
+        """Why the running group failed and stays down until restarted; empty by default (a launcher
+        that supervises its workers restarts them itself)."""
+        return ""
+
     # --- shared ------------------------------------------------------------------------
 
     def status(self) -> LauncherStatus:
         target = self._target
         if target is not None:
             return LauncherStatus(workers=target, rescaling=True, downtimes_s=self._recent_downtimes())
-        return LauncherStatus(workers=self.workers, downtimes_s=self._recent_downtimes(), **self._measurements())
+        return LauncherStatus(workers=self.workers, downtimes_s=self._recent_downtimes(), failed=self._failure(), **self._measurements())
 
     def _recent_downtimes(self) -> tuple[float, ...]:
         """The latest restarts' downtimes; a start from nothing is not a restart."""

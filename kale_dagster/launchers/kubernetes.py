@@ -227,6 +227,15 @@ class KubernetesLauncher(Launcher):
 
     # --- launcher interface ------------------------------------------------------------
 
+    def _failure(self) -> str:
+        """A pod of the running Job failed (OOM, node lost, preempted): with backoffLimit 0 and torchrun's
+        --max-restarts=0 nothing restarts the group, so the controller must (from the last checkpoint)."""
+        job = self.current_job()
+        if job is None:
+            return ""
+        state, why = pods_state(self.client.get_pods_in_job(job.metadata.name, self.config.namespace))
+        return why if state == "failed" else ""
+
     def _running_at(self, n: int) -> bool:
         job = self.current_job()
         if job is None or int(job.spec.parallelism) != n:
