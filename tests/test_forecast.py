@@ -160,3 +160,28 @@ def test_a_trace_shorter_than_the_window_is_evaluated_on_what_it_has_and_says_so
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert "evaluated its last 1.0 days instead of 28" in proc.stderr and out["eval_days"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_any_trace_file_is_read_or_refused_with_a_clear_error(tmp_path):
+    """Property-based: arbitrary CSV-ish text gives a history or an InputDataError that names the file, never another crash."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    rows = st.lists(st.tuples(st.one_of(st.datetimes().map(str), st.text(max_size=12)),
+                              st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(str), st.integers().map(str), st.text(max_size=8))),
+                    max_size=12)
+    header = st.sampled_from(["timestamp,value", "time,value", "timestamp", ""])
+    path = tmp_path / "trace.csv"
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(header, rows)
+    def check(head, body):
+        path.write_text("\n".join([head] + [f"{t},{v}" for t, v in body]) + "\n", errors="surrogatepass")
+        try:
+            history = read_trace_csv(path)
+        except InputDataError as exc:
+            assert str(path) in str(exc)
+        else:
+            assert list(history.columns[:2]) == ["timestamp", "rate"] and len(history) >= 1
+
+    check()

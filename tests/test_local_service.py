@@ -244,3 +244,31 @@ def test_trainer_serve_on_a_missing_topic_exits_with_the_workers_reason(kafka_br
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("kale trainer: error: could not start 1 workers: worker exited with code 1 before 'started': ")
     assert "topic 'nowhere' has no partitions" in lines[0] and "(log: " in lines[0]
+
+
+def test_any_body_gets_an_answer_and_only_a_valid_one_acts(service):
+    """Property-based: whatever JSON (or not) the holder of the token posts, the service answers 200 or 400,
+    never fails, and changes the workers only for a whole number of workers in range."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    token = service.token_file.read_text()
+    values = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True), st.text(max_size=20))
+    bodies = st.one_of(
+        st.binary(max_size=64).map(lambda b: b.decode("latin-1")),
+        st.dictionaries(st.sampled_from(["workers", "reason", "x"]), values, max_size=3).map(__import__("json").dumps),
+        values.map(__import__("json").dumps),
+    )
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(bodies)
+    def check(body):
+        before = service.launcher.workers
+        status, error = _raw(service, method="POST", path="/rescale", token=token, body=body.encode("utf-8", "surrogatepass"))
+        assert status in (200, 400), (status, error, body)
+        if status == 400:
+            assert service.launcher.workers == before and error
+        else:
+            assert 1 <= service.launcher.workers <= 1024
+
+    check()

@@ -15,6 +15,8 @@ What is handled and what is rejected, so models can assume clean input:
 
 from __future__ import annotations
 
+import warnings
+
 from typing import Optional
 
 import numpy as np
@@ -84,12 +86,17 @@ def read_trace_csv(path) -> pd.DataFrame:
     if raw.empty:
         raise InputDataError(f"{p}: the trace has no rows")
     try:
-        ts = pd.to_datetime(raw["timestamp"], utc=True)
+        with warnings.catch_warnings():  # pandas warns when the first value sets no format; each is parsed anyway
+            warnings.simplefilter("ignore", UserWarning)
+            ts = pd.to_datetime(raw["timestamp"], utc=True)
     except (ValueError, TypeError) as exc:
         raise InputDataError(f"{p}: bad timestamp ({exc})") from exc
     values = pd.to_numeric(raw["value"], errors="coerce")
     if values.isna().any():
         row = int(values.isna().to_numpy().nonzero()[0][0]) + 2
         raise InputDataError(f"{p}: line {row}: value {raw['value'].iloc[row - 2]!r} is not a number")
-    step = infer_step_s(ts)
-    return prepare_history(pd.DataFrame({"timestamp": ts, "rate": values / step}), step_s=step)
+    try:
+        step = infer_step_s(ts)
+        return prepare_history(pd.DataFrame({"timestamp": ts, "rate": values / step}), step_s=step)
+    except InputDataError as exc:  # say which file, as every other message here does
+        raise InputDataError(f"{p}: {exc}") from None

@@ -45,6 +45,8 @@ from kale_dagster.stream.source import KafkaSource
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+#: The most workers a request may ask for when the launcher sets no bound of its own.
+MAX_WORKERS = 1024
 
 
 def default_token_file(port: int) -> Path:
@@ -127,9 +129,12 @@ class LauncherService:
                     return self._reply(404, {"error": f"unknown path {self.path}"})
                 try:
                     body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                    workers = int(body["workers"])
+                    workers = body["workers"]
                 except (ValueError, KeyError, TypeError):
                     return self._reply(400, {"error": 'expected JSON {"workers": <int>, "reason": "..."}'})
+                most = getattr(service.launcher, "max_workers", None) or MAX_WORKERS
+                if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= most:
+                    return self._reply(400, {"error": f"workers must be a whole number from 1 to {most}, got {workers!r}"[:300]})
                 if not service._busy.acquire(blocking=False):
                     return self._reply(409, {"error": "another rescale is in progress"})
                 try:
