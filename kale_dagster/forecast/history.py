@@ -16,7 +16,6 @@ What is handled and what is rejected, so models can assume clean input:
 from __future__ import annotations
 
 import warnings
-
 from typing import Optional
 
 import numpy as np
