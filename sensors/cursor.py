@@ -1,9 +1,9 @@
 """Typed sensor cursors: a frozen dataclass that round-trips through the JSON string Dagster stores.
 
 Reading is lenient in the ways an upgrade needs: a key the dataclass no
-longer has is dropped, a missing key takes its default, and an empty or
-unreadable cursor starts fresh, so a sensor never crashes on a cursor
-written by another version.
+longer has is dropped, a missing key takes its default, and an empty,
+unreadable or wrongly shaped cursor (``valid`` says) starts fresh, so a
+sensor never crashes on a cursor written by another version.
 """
 
 from __future__ import annotations
@@ -28,4 +28,17 @@ class JsonCursor:
         except ValueError:
             data = {}
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in (data if isinstance(data, dict) else {}).items() if k in known})
+        try:
+            cursor = cls(**{k: v for k, v in (data if isinstance(data, dict) else {}).items() if k in known})
+        except (TypeError, ValueError):
+            return cls()
+        return cursor if cursor.valid() else cls()
+
+    def valid(self) -> bool:
+        """Whether the fields have the shapes this version writes; a subclass checks its own."""
+        return True
+
+
+def is_number(value, optional: bool = False) -> bool:
+    """A JSON number (not a boolean), or None when ``optional``."""
+    return (optional and value is None) or (isinstance(value, (int, float)) and not isinstance(value, bool))

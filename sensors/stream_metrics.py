@@ -42,7 +42,7 @@ from kale_dagster.control.controller import StreamReading
 from kale_dagster.model.types import PartitionOffsets
 from kale_dagster.stream.history import MetricsHistory
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, previous_from
-from sensors.cursor import JsonCursor
+from sensors.cursor import JsonCursor, is_number
 
 if TYPE_CHECKING:
     from kale_dagster.definitions.control import PipelineControl
@@ -59,6 +59,17 @@ class StreamMetricsCursor(JsonCursor):
 
     def previous(self) -> Optional[PreviousOffsets]:
         return PreviousOffsets(self.time, self.offsets) if self.time is not None else None
+
+    def valid(self) -> bool:
+        offsets_ok = isinstance(self.offsets, dict) and all(
+            isinstance(parts, dict) and all(isinstance(pair, list) and len(pair) == 2 and is_number(pair[0]) and is_number(pair[1], optional=True)
+                                            for pair in parts.values())
+            for parts in self.offsets.values())
+        control = self.control
+        control_ok = isinstance(control, dict) and set(control) <= {"predictions", "plotted_at"} and is_number(control.get("plotted_at"), optional=True) \
+            and isinstance(control.get("predictions", []), list) \
+            and all(isinstance(p, list) and len(p) == 2 and all(is_number(v) for v in p) for p in control.get("predictions", []))
+        return is_number(self.time, optional=True) and isinstance(self.warned_partitions, bool) and offsets_ok and control_ok
 
 
 def pipeline_figures(snap: StreamSnapshot, clock: PipelineClock) -> dict:

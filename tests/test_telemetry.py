@@ -297,3 +297,32 @@ def test_request_count_does_not_grow_with_partitions(kafka_broker, monkeypatch):
     for name in small:
         slack = 2 if name.startswith("Fetch") else 0
         assert large[name] <= small[name] + slack, (name, small, large)
+
+
+def test_any_cursor_text_reads_as_a_cursor_the_sensor_can_use():
+    """Property-based: whatever text sits in the sensor's cursor (another version's, a hand edit, garbage), reading
+    it gives a cursor of the shapes this version writes (else a fresh one), and the snapshot arithmetic runs on it."""
+    import json
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from kale_dagster.definitions.control import ControlCursor
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=3))
+    values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)), max_leaves=8)
+    keys = st.sampled_from(["time", "offsets", "control", "warned_partitions", "other"])
+    texts = st.one_of(st.text(max_size=30), st.dictionaries(keys, values, max_size=4).map(json.dumps), values.map(json.dumps))
+    raw = RawOffsets(100.0, (PartitionOffsets(0, 5, 5),), ("t",), (None,))
+
+    @settings(max_examples=150, deadline=None)
+    @given(texts)
+    def check(text):
+        cursor = StreamMetricsCursor.from_json(text)
+        assert cursor.valid()
+        build_snapshot(raw, cursor.previous())
+        ControlCursor(**cursor.control)
+
+    check()
+    good = StreamMetricsCursor(time=50.0, offsets={"t": {"0": [3, None]}}, control={"predictions": [[1.0, 2.0]], "plotted_at": None})
+    assert StreamMetricsCursor.from_json(good.to_json()) == good  # what this version writes reads back as written
