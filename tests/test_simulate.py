@@ -119,6 +119,18 @@ def test_restart_downtime_and_rescale_are_counted():
     assert m.gpu_hours == pytest.approx((5 * 2 + 25 * 3) / 60)
 
 
+def test_a_decision_acts_after_the_act_latency_and_nothing_else_acts_meanwhile():
+    """Decided at minute 5; with a 2-minute act latency the restart starts at minute 7: the 2 workers keep
+    consuming until then, the policy is told a rescale is under way from the decision on, and it is recorded once."""
+    told = []
+    res = simulate(np.full(20, 150.0), _times(20), OneChange(told), LINEAR, SimConfig(restart_s=240, act_latency_s=120, restart_jitter=0))
+    workers = res.timeline["workers"].to_numpy()
+    assert list(workers[4:9]) == [2, 2, 2, 3, 3] and res.metrics.rescales == 1
+    assert res.decisions[0][0] == _times(1)[0].timestamp() + 420  # the restart's start, not the decision's time
+    assert told[5:11] == [False, True, True, True, True, True]  # minute 5 decided; 6 pending; 7-10 restarting
+    assert res.metrics.gpu_hours == pytest.approx((7 * 2 + 13 * 3) / 60)
+
+
 @pytest.mark.parametrize("window_s, blind_syncs", [(0.0, 3), (60.0, 4), (120.0, 5)])
 def test_a_restarted_group_reports_after_one_metrics_window(window_s, blind_syncs):
     """A 4-minute restart decided at minute 5 blinds the syncs at minutes 6-8, and one metrics window more (HPA ignores unready pods)."""

@@ -25,6 +25,9 @@ around them is simulated:
   does: telemetry, and so the policies and the metrics, see the age of the
   oldest *uncommitted* sample, which lags the consumed one by up to the
   interval;
+* with ``act_latency_s``, a decided rescale starts that long after the
+  decision (live, Dagster's tick and the launch of the rescale run), the
+  old group working meanwhile and no other decision acted on;
 * with ``metrics_window_s``, a restarted group reports no metrics until it
   has worked one full window (HPA likewise ignores a pod's metric until a
   window after it became ready): until then the policies are told it is
@@ -88,6 +91,7 @@ class SimConfig:
     pipeline_latency_s: float = 0.0  # a sample's time inside the trainer before it can be committed...
     pipeline_latency_per_worker_s: float = 0.0  # ...plus this per worker
     metrics_window_s: float = 0.0  # a restarted group's first metrics come this long after it resumes
+    act_latency_s: float = 0.0  # from a decision to its rescale starting (live: the tick, then the rescale run's launch)
     # What a controller cannot know exactly (see _Measurements):
     throughput_noise: float = 0.05  # relative standard deviation of each measured (saturated) minute's throughput
     restart_jitter: float = 0.2  # sigma of the lognormal factor on restart_s that each restart actually takes
@@ -96,7 +100,7 @@ class SimConfig:
     oracle: bool = False  # a Controller plans with the true F(w) and the nominal restart_s instead of its estimates
 
     def __post_init__(self):
-        may_be_zero = ("restart_s", "commit_interval_s", "pipeline_latency_s", "pipeline_latency_per_worker_s", "metrics_window_s",
+        may_be_zero = ("restart_s", "commit_interval_s", "pipeline_latency_s", "pipeline_latency_per_worker_s", "metrics_window_s", "act_latency_s",
                        "throughput_noise", "restart_jitter")
         for name in (*may_be_zero, "refit_every_s", "forecast_every_s", "forecast_horizon_s", "rate_window_s", "error_window_s"):
             if getattr(self, name) < 0 or (name not in may_be_zero and getattr(self, name) == 0):
@@ -239,10 +243,22 @@ def simulate(
     seen = committed or queue
     next_commit = epoch + config.commit_interval_s
     restart_until = -math.inf
+    pending: Optional[tuple[float, int, str, str]] = None  # a decided rescale waiting act_latency_s: (when, workers, policy, reason)
     busy_consumed = busy_capacity = 0.0  # since the last sync
 
     def commit() -> None:
         committed.take(queue.consumed_total - committed.consumed_total)
+
+    def apply(at: float, target: int, policy: str, reason: str, minute: int) -> None:
+        """The rescale starts: the group stops (checkpointing and committing) and restarts at ``target``."""
+        nonlocal workers, restart_until, rescales_scored, next_commit
+        decisions.append((at, target, policy, reason))
+        workers = target
+        restart_until = at + learned.restart()
+        rescales_scored += minute >= config.warmup_steps
+        if committed is not None:  # the next group's commit clock starts after the restart
+            commit()
+            next_commit = restart_until + config.commit_interval_s
 
     def reported_lag(minute: int) -> float:
         lag = seen.time_lag()
@@ -264,6 +280,9 @@ def simulate(
         consumed_minute = 0.0
         for k in range(ticks_per_min):
             now = epoch + minute * MINUTE + k * TICK_S
+            if pending is not None and now >= pending[0]:
+                apply(*pending, minute)
+                pending = None
             restarting = now < restart_until
             if sync_ticks is None or (minute * ticks_per_min + k) % sync_ticks == 0:
                 window = max(int(config.rate_window_s // MINUTE), 1)
@@ -283,21 +302,19 @@ def simulate(
                 status = LauncherStatus(workers, rescaling=restarting, measures=True, busy_share=None if starting else busy_share,
                                         downtimes_s=learned.downtimes())
                 step = controller.step(reading, status, planning_model, forecast=forecast,
-                                       forecast_error=feed.recent_error(minute) if feed else None)
+                                       forecast_error=feed.recent_error(minute) if feed else None, rescale_in_flight=pending is not None)
                 if sync_ticks is None:  # the policy's cadence, known once it is built
                     sync_ticks = max(int(round(controller.policy_in_use.sync_period_s / TICK_S)), 1)
                 target = max(min(step.decision.workers, config.max_workers), 0)
                 if minute == 0 and k == 0 and config.initial_workers is None:
                     workers = target  # the job starts at the policy's first answer, no restart
                 elif step.rescale_to is not None and target != workers:
-                    decisions.append((now, target, step.decision.policy, step.decision.reason))
-                    workers = target
-                    restart_until = now + learned.restart()
-                    restarting = restart_until > now
-                    rescales_scored += minute >= config.warmup_steps
-                    if committed is not None:  # the graceful stop checkpoints and commits; the next group's clock starts after the restart
-                        commit()
-                        next_commit = restart_until + config.commit_interval_s
+                    # Acted on after act_latency_s (at once by default): the running group works until then.
+                    pending = (now + config.act_latency_s, target, step.decision.policy, step.decision.reason)
+                    if config.act_latency_s == 0:
+                        apply(*pending, minute)
+                        pending = None
+                        restarting = restart_until > now
             capacity = 0.0 if restarting else capacity_of[workers]
             consumed = queue.step(TICK_S, rates[minute] * TICK_S, capacity)
             consumed_minute += consumed
