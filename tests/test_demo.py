@@ -115,10 +115,14 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
         assert meta["model"].value == "prophet" and meta["fallback"].value == "none" and meta["seeded_points"].value > 0
         assert "data:image/png;base64" in meta["plot"].value
 
+        from kale_dagster.launchers.service import LocalTrainerClient
+
+        trainer = LocalTrainerClient(trainer_url)  # with the token the demo's trainer service wrote
+
         def decision_matches_what_runs():
-            status = _get(f"{trainer_url}/status")
+            status = trainer.status()
             decision = instance.get_latest_materialization_event(AssetKey(["demo", "gpu_allocation"])).asset_materialization.metadata
-            return status and not status["rescaling"] and decision["workers"].value == status["workers"] == decision["running_workers"].value
+            return not status.rescaling and decision["workers"].value == status.workers == decision["running_workers"].value
 
         _wait(decision_matches_what_runs, 120, "the latest decision to equal the workers the launcher runs")
         assert not instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE])), "a run failed during the demo"

@@ -277,10 +277,11 @@ def test_request_count_does_not_grow_with_partitions(kafka_broker, monkeypatch):
     monkeypatch.setattr(KafkaConnectionManager, "send", counting_send)
     servers = kafka_broker.bootstrap_servers
     admin = KafkaAdminClient(bootstrap_servers=servers)
+    admin.create_topics([NewTopic(f"t{n}", num_partitions=n, replication_factor=1) for n in (4, 64)])
+    admin.close()  # its background metadata refreshes are not the snapshot's requests
     counts = {}
     for partitions in (4, 64):
         topic = f"t{partitions}"
-        admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
         producer = KafkaProducer(bootstrap_servers=servers, linger_ms=20)
         for p in range(partitions):
             producer.send(topic, value=b"z", partition=p)
@@ -290,12 +291,12 @@ def test_request_count_does_not_grow_with_partitions(kafka_broker, monkeypatch):
         snap = KafkaStreamResource(bootstrap_servers=servers, topics=[topic], group_id="g").snapshot()
         assert snap.sample_lag == partitions
         counts[partitions] = {name: sent.count(name) for name in set(sent) if "Heartbeat" not in name}
-    admin.close()
-    # Same requests of each kind for 4 and 64 partitions (Fetch may take an extra round).
+    # Same requests of each kind for 4 and 64 partitions (Fetch may take an extra round, and kafka-python's
+    # background metadata refresh may land once inside the snapshot's window): per-partition requests would add 60.
     small, large = counts[4], counts[64]
-    assert set(small) == set(large)
+    assert set(small) <= set(large) and set(large) - set(small) <= {"MetadataRequest"}
     for name in small:
-        slack = 2 if name.startswith("Fetch") else 0
+        slack = {"FetchRequest": 2, "MetadataRequest": 1}.get(name, 0)
         assert large[name] <= small[name] + slack, (name, small, large)
 
 
