@@ -281,7 +281,7 @@ class ProphetForecaster(_FittedSeries):
         lo, hi = self._band
         fc = self._forecast(point, lo, hi, self.name, self.interval_width)
         # Past the horizon, the seasonal median (the naive base the correction blends in) says how the day goes on,
-        # at the level the forecast reached: its shape carried from the horizon's last step.
+        # until the first step it has no value for (the horizon's last step included).
         beyond = future[-1] + np.arange(max(int(DAY_S // self.step_s) - horizon, 0) + 1)
         seasonal = self._naive_log(log_rate, beyond)
         seasonal = seasonal[: np.argmax(np.isnan(seasonal))] if np.isnan(seasonal).any() else seasonal

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import Literal, Sequence, get_args
 
+from kale_dagster.errors import KaleConfigError
+
 Mode = Literal["kale", "paper"]
 MODES: tuple[str, ...] = get_args(Mode)
-
-from kale_dagster.errors import KaleConfigError
 
 
 def _runs(plan: list[int]) -> list[tuple[int, int]]:

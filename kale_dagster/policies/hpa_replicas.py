@@ -77,10 +77,6 @@ def _metric(m: Union[int, PodMetric]) -> PodMetric:
     return m if isinstance(m, PodMetric) else PodMetric(int(m))
 
 
-def within_tolerance(ratio: float, tolerance: float = DEFAULT_TOLERANCE) -> bool:
-    return Tolerances(tolerance, tolerance).is_within(ratio)
-
-
 def _cpu_unready(pod: Pod, metric: PodMetric, now: float, cpu_initialization_period: float, delay_of_initial_readiness: float) -> bool:
     """groupPods' CPU rule: a sample is ignored while the pod may still be initializing."""
     if pod.ready is None or pod.start_time is None:

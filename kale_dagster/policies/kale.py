@@ -176,11 +176,14 @@ class KalePolicy:
             est = estimate_workers(**common, downtime_s=cfg.restart_s)
         return list(est.plan), est.drain_rate
 
-    def _project(self, obs: Observation, rates: np.ndarray, workers: int):
+    def _project(self, obs: Observation, rates: np.ndarray, workers: int, downtime_s: Optional[float] = None):
+        """``workers`` held over ``rates`` from what is waiting now; a change of level restarts first (``downtime_s``
+        overrides that)."""
         cfg = self.config
         start = FifoBacklog.from_observation(obs.time, obs.backlog, obs.time_lag_s)
-        downtime = 0.0 if workers == obs.workers else cfg.restart_s
-        return project(start, rates, cfg.plan_step_s, self.model.predict(workers), workers, cfg.slo_s, downtime_s=downtime, tick_s=cfg.projection_tick_s)
+        if downtime_s is None:
+            downtime_s = 0.0 if workers == obs.workers else cfg.restart_s
+        return project(start, rates, cfg.plan_step_s, self.model.predict(workers), workers, cfg.slo_s, downtime_s=downtime_s, tick_s=cfg.projection_tick_s)
 
     def _cost(self, p) -> float:
         cfg = self.config
@@ -240,12 +243,7 @@ class KalePolicy:
 
     def _restart_cost(self, obs: Observation, span: np.ndarray, workers: int) -> float:
         """What one restart costs at ``workers`` over ``span``: the projected cost with its downtime minus without."""
-        cfg = self.config
-        start = FifoBacklog.from_observation(obs.time, obs.backlog, obs.time_lag_s)
-        capacity = self.model.predict(workers)
-        with_restart = project(start, span, cfg.plan_step_s, capacity, workers, cfg.slo_s, downtime_s=cfg.restart_s, tick_s=cfg.projection_tick_s)
-        without = project(start, span, cfg.plan_step_s, capacity, workers, cfg.slo_s, downtime_s=0.0, tick_s=cfg.projection_tick_s)
-        return self._cost(with_restart) - self._cost(without)
+        return self._cost(self._project(obs, span, workers, self.config.restart_s)) - self._cost(self._project(obs, span, workers, 0.0))
 
     # --- decision -----------------------------------------------------------
 

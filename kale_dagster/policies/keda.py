@@ -30,7 +30,7 @@ from typing import Literal, Optional, Sequence
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation, PartitionOffsets
-from kale_dagster.policies.hpa import HPABehavior, HPAPolicy
+from kale_dagster.policies.hpa import HPABehavior, HPAPolicy, sweep_behavior
 from kale_dagster.policies.registry import PolicySpec, Sizing
 
 OffsetResetPolicy = Literal["latest", "earliest"]
@@ -244,15 +244,20 @@ def build(sizing: Sizing, seconds_of_work: float = 60.0, lag_threshold: Optional
     """KEDA with ``lagThreshold`` as given, else ``seconds_of_work`` of one worker's throughput; ``behavior``
     (of the HPA KEDA creates) may be given as Kubernetes writes it."""
     if lag_threshold is None:
-        lag_threshold = max(int(float(sizing.model.predict(1)) * seconds_of_work), 1)
+        lag_threshold = _lag_threshold(sizing, seconds_of_work)
     return KedaKafkaPolicy(KafkaScalerMetadata(lag_threshold=lag_threshold), min_replicas=sizing.min_workers, max_replicas=sizing.max_workers,
                            partition_count=sizing.partitions or DEFAULT_PARTITIONS, **options)
 
 
+def _lag_threshold(sizing: Sizing, seconds_of_work: float) -> int:
+    """``lagThreshold`` as this many seconds of one worker's throughput (at least one record)."""
+    return max(int(float(sizing.model.predict(1)) * seconds_of_work), 1)
+
+
 def sweep(sizing: Sizing) -> list[tuple[dict, dict]]:
-    per_worker = float(sizing.model.predict(1))
+    # The threshold is fixed when the setting is chosen, as a user writes it into the ScaledObject.
     return [({"lag_threshold_seconds_of_work": s, "scale_down_window_s": w},
-             {"lag_threshold": max(int(per_worker * s), 1), "behavior": {"scaleDown": {"stabilizationWindowSeconds": w}}})
+             {"lag_threshold": _lag_threshold(sizing, s), "behavior": sweep_behavior(w, "upstream")})
             for s in SWEEP_SECONDS_OF_WORK for w in SWEEP_SCALE_DOWN_WINDOWS_S]
 
 
