@@ -52,6 +52,7 @@ _EXPORTS = {
     "KubernetesLauncherConfig": "kale_dagster.launchers",
     "OnlineTrainingPipeline": "kale_dagster.definitions.pipeline",
     "build_definitions": "kale_dagster.definitions.build",
+    "OnlineTrainingPipelineComponent": "kale_dagster.definitions.component",
 }
 
 __all__ = ["InputDataError", "KaleConfigError", *_EXPORTS]
@@ -72,6 +73,7 @@ def __dir__():
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first use
     from kale_dagster.definitions.build import build_definitions
+    from kale_dagster.definitions.component import OnlineTrainingPipelineComponent
     from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
     from kale_dagster.forecast.base import Forecast, Forecaster
     from kale_dagster.launchers import KubernetesLauncherConfig, LocalLauncherConfig

@@ -10,7 +10,9 @@ benchmark compresses time), records it as an ``AssetObservation`` of the
 ``stream_metrics`` asset and in the metrics history, and keeps the offsets
 in the cursor for the next tick's rates.  When the broker cannot be
 reached the tick skips with the reason, keeps its cursor and records
-nothing: no invented zero rate, and no decision on missing data.
+nothing: no invented zero rate, and no decision on missing data.  The same
+holds when the metrics history's database does not answer (down, locked):
+the next tick that reaches it computes its rates over the longer interval.
 
 With ``control`` (``definitions.control.PipelineControl``) the same tick
 runs the pipeline's controller on the reading: the decision is a
@@ -36,11 +38,12 @@ from dagster import (
     SkipReason,
     sensor,
 )
+from sqlalchemy.exc import DBAPIError as DatabaseError
 
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.control.controller import StreamReading
 from kale_dagster.model.types import PartitionOffsets
-from kale_dagster.stream.history import MetricsHistory
+from kale_dagster.stream.history import MetricsHistory, describe_database_error
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, previous_from
 from sensors.cursor import JsonCursor, is_number
 
@@ -158,10 +161,13 @@ def build_stream_metrics_sensor(
         if time.monotonic() - started > tick_timeout_s:
             return SkipReason(f"snapshot took {time.monotonic() - started:.1f} s, over the {tick_timeout_s:.0f} s tick budget; nothing recorded")
 
-        store = history() if callable(history) else history
         now = clock.at(snap.time)
         figures = pipeline_figures(snap, clock)
-        store.append_stream(pipeline, now, figures)
+        try:
+            store = history() if callable(history) else history
+            store.append_stream(pipeline, now, figures)
+        except DatabaseError as exc:
+            return SkipReason(f"the metrics history did not answer ({describe_database_error(exc)}); cursor kept, nothing recorded, nothing decided")
         observation_meta = snapshot_metadata(snap, figures)
         warned = cursor.warned_partitions
         if max_workers is not None and len(snap.partitions) < max_workers:
@@ -174,9 +180,13 @@ def build_stream_metrics_sensor(
         if control is not None:
             from kale_dagster.definitions.control import ControlCursor
 
-            reading = reading_from(store, pipeline, now, snap, figures, control.controller.settings.rate_window_s)
-            result = control.tick(context.instance, reading, ControlCursor(**cursor.control), plot_dir(context) if plot_dir else None)
-            store.append_stream(pipeline, now, figures, workers=result.events[0].metadata["running_workers"].value)
+            try:
+                reading = reading_from(store, pipeline, now, snap, figures, control.controller.settings.rate_window_s)
+                result = control.tick(context.instance, reading, ControlCursor(**cursor.control), plot_dir(context) if plot_dir else None)
+                store.append_stream(pipeline, now, figures, workers=result.events[0].metadata["running_workers"].value)
+            except DatabaseError as exc:  # the reading is recorded; the decision waits for the database
+                return SkipReason(f"a database did not answer while deciding ({describe_database_error(exc)}); "
+                                  "the reading is recorded, nothing decided, cursor kept")
             events += result.events
             requests = result.run_requests
             control_cursor = asdict(result.cursor)

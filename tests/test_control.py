@@ -12,10 +12,11 @@ import threading
 import time
 
 import pytest
+from support import StandInWorkers
 
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.control.controller import ControlSettings, Controller, StreamReading, recent_forecast_error, restart_estimate
-from kale_dagster.launchers.base import LauncherStatus, RescaleRecord
+from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.model.throughput import ThroughputModel
 
 MODEL = ThroughputModel.linear(100.0)
@@ -120,34 +121,17 @@ def test_recent_forecast_error_needs_half_the_window():
 # --- the metrics sensor running the controller --------------------------------------------------
 
 
-class StandInWorkers:
-    """Behind the real trainer service: a group whose busy share the test sets, and that can fail a rescale."""
-
-    def __init__(self, workers=2):
-        self.workers, self.busy, self.fail, self.records = workers, 1.0, False, []
-
-    def rescale(self, m, reason="rescale"):
-        if self.fail:
-            raise RuntimeError("the standbys did not come up")
-        if m == self.workers:
-            return None
-        record = RescaleRecord(time=time.time(), from_workers=self.workers, to_workers=m, downtime_s=0.5, reason=reason)
-        self.workers = m
-        self.records.append(record)
-        return record
-
-    def status(self):
-        rate = 100.0 * self.workers * self.busy
-        return LauncherStatus(workers=self.workers, measures=True, reported=self.workers, busy_share=self.busy, samples_per_s=rate,
-                              downtimes_s=tuple(r.downtime_s for r in self.records))
-
-
 @pytest.fixture
 def controlled(kafka_broker, tmp_path):
     """A pipeline on the embedded broker, an HPA with a 60-second scale-down window, 30x pipeline time."""
     from dagster import instance_for_test
 
-    from kale_dagster import KafkaSource, LocalLauncherConfig, OnlineTrainingPipeline, build_definitions
+    from kale_dagster import (
+        KafkaSource,
+        LocalLauncherConfig,
+        OnlineTrainingPipeline,
+        build_definitions,
+    )
     from kale_dagster.launchers.service import LauncherService
     from kale_dagster.stream.producer import ensure_topic
 
@@ -287,3 +271,27 @@ def test_threading_lock_is_not_held_by_status():
     slow.release.set()
     thread.join()
     assert not slow.status().rescaling and slow.status().downtimes_s
+
+
+@pytest.mark.integration
+def test_a_locked_metrics_history_skips_the_tick_and_the_next_one_recovers(controlled, tmp_path):
+    import sqlite3
+
+    from dagster import SkipReason
+
+    env = controlled
+    _produce(env["servers"], 40)
+    first = _tick(env)
+    lock = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")  # another writer holds the database
+    time.sleep(0.5)
+    _produce(env["servers"], 40)
+    skipped = _tick(env, first.cursor)
+    assert isinstance(skipped, SkipReason)
+    assert skipped.skip_message.startswith("the metrics history did not answer (OperationalError: database is locked)")
+    assert "nothing decided" in skipped.skip_message
+    lock.execute("ROLLBACK")
+    lock.close()
+    recovered = _tick(env, first.cursor)  # the kept cursor: rates over the longer interval, then a decision
+    decision = _decision(recovered)
+    assert decision["workers"] == 3 and "held" not in decision

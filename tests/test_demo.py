@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 from kale_dagster.stream.broker import free_loopback_port
 
@@ -54,16 +55,6 @@ def demo(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _get(url: str):
@@ -100,7 +91,7 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
     from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 
     home, port = demo["home"], demo["ui_port"]
-    _wait(lambda: _get(f"http://127.0.0.1:{port}/server_info") is not None, 240, "dagster dev to answer")
+    wait_for(lambda: _get(f"http://127.0.0.1:{port}/server_info") is not None, 240, "dagster dev to answer")
     trainer_url = json.loads((home / "kale" / "demo.json").read_text())["trainer_url"]
     instance = DagsterInstance.from_config(str(home))
     try:
@@ -108,9 +99,9 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
             runs = instance.get_run_records(RunsFilter(job_name="demo_rescale", statuses=[DagsterRunStatus.SUCCESS]))
             return [r for r in runs if r.dagster_run.tags.get("dagster/sensor_name") == "demo_stream_metrics"]
 
-        runs = _wait(rescaled_by_the_sensor, 360, "a rescale run requested by the metrics sensor to succeed")
+        runs = wait_for(rescaled_by_the_sensor, 360, "a rescale run requested by the metrics sensor to succeed")
         assert runs[0].dagster_run.tags["kale/target_workers"]
-        forecast = _wait(lambda: instance.get_latest_materialization_event(AssetKey(["demo", "traffic_forecast"])), 60, "a forecast")
+        forecast = wait_for(lambda: instance.get_latest_materialization_event(AssetKey(["demo", "traffic_forecast"])), 60, "a forecast")
         meta = forecast.asset_materialization.metadata
         assert meta["model"].value == "prophet" and meta["fallback"].value == "none" and meta["seeded_points"].value > 0
         assert "data:image/png;base64" in meta["plot"].value
@@ -124,7 +115,7 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
             decision = instance.get_latest_materialization_event(AssetKey(["demo", "gpu_allocation"])).asset_materialization.metadata
             return not status.rescaling and decision["workers"].value == status.workers == decision["running_workers"].value
 
-        _wait(decision_matches_what_runs, 120, "the latest decision to equal the workers the launcher runs")
+        wait_for(decision_matches_what_runs, 120, "the latest decision to equal the workers the launcher runs")
         assert not instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE])), "a run failed during the demo"
 
         graph = _page(f"http://127.0.0.1:{port}/locations/{LOCATION}/asset-groups/demo", "asset_graph.png")
@@ -143,7 +134,7 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
 
 def test_demo_shows_dagsters_decisions_and_stops_cleanly_on_ctrl_c(demo):
     proc = demo["proc"]
-    _wait(lambda: (demo["home"] / "kale" / "demo.json").is_file(), 240, "the demo to start")
+    wait_for(lambda: (demo["home"] / "kale" / "demo.json").is_file(), 240, "the demo to start")
     time.sleep(20)  # a few status lines
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends
     proc.wait(timeout=120)

@@ -9,7 +9,8 @@ re-uses what the refit run (in its own process) fitted.
 Default storage is ``$KALE_HISTORY_URL`` when set, else SQLite under
 ``$DAGSTER_HOME/kale/metrics.db`` (so it
 survives restarts of ``dagster dev`` and of the daemon); any SQLAlchemy URL
-works, e.g. ``postgresql://...`` next to a Postgres-backed Dagster.  Rows
+works, e.g. the ``postgresql://...`` URL of a Postgres-backed Dagster
+(read with psycopg2, the driver dagster-postgres installs).  Rows
 older than the retention are deleted on write; the default keeps 35 days,
 i.e. the paper's 28 days at 1-minute resolution plus a margin.
 """
@@ -86,7 +87,7 @@ class MetricsHistory:
             raise KaleConfigError("retention_days", f"must be > 0, got {retention_days}")
         self.url = url or default_url()
         self.retention_days = retention_days
-        self.engine = sa.create_engine(self.url, future=True)
+        self.engine = sa.create_engine(_with_driver(self.url), future=True, pool_pre_ping=True)
         _META.create_all(self.engine)
         _add_missing_columns(self.engine)
 
@@ -167,6 +168,18 @@ class MetricsHistory:
     def dispose(self) -> None:
         self.engine.dispose()
 
+
+def _with_driver(url: str) -> sa.engine.URL:
+    """A plain ``postgresql://`` URL read as dagster-postgres reads it, with psycopg2 (SQLAlchemy 2 would pick psycopg 3)."""
+    parsed = sa.engine.make_url(url)
+    return parsed.set(drivername="postgresql+psycopg2") if parsed.drivername == "postgresql" else parsed
+
+
+def describe_database_error(exc: Exception) -> str:
+    """One line for a skip reason: the driver's first line, without SQLAlchemy's statement and parameters."""
+    orig = getattr(exc, "orig", None) or exc
+    first = next((line.strip() for line in str(orig).splitlines() if line.strip()), "")
+    return f"{type(orig).__name__}: {first}"[:300]
 
 
 def _add_missing_columns(engine) -> None:
