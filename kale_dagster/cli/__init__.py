@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "kale_dagster.cli.k8s",
     "kale_dagster.cli.trainer",
     "kale_dagster.cli.backtest",
+    "kale_dagster.cli.history",
     "kale_dagster.cli.demo",
 )
 

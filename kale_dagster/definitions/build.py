@@ -7,7 +7,7 @@ from dagster import AssetKey, DefaultSensorStatus, Definitions
 from kale_dagster.definitions.assets import pipeline_assets
 from kale_dagster.definitions.checks import pipeline_checks
 from kale_dagster.definitions.control import PipelineControl
-from kale_dagster.definitions.jobs import asset_jobs, rescale_job, schedules
+from kale_dagster.definitions.jobs import asset_jobs, backfill_job, rescale_job, schedules
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.errors import KaleConfigError
@@ -19,6 +19,7 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
     allocation_key = AssetKey(p.key("gpu_allocation"))
     stream_key = f"kale_stream_{p.name}"
     jobs = asset_jobs(p)
+    jobs["backfill"] = backfill_job(p, stream_key)
     if not p.advisory:
         jobs["rescale"] = rescale_job(p)
     control = PipelineControl(p, rescale_job=jobs["rescale"].name if "rescale" in jobs else None, refit_job=jobs["refit"].name)

@@ -4,6 +4,8 @@
   metrics sensor requests it at the pipeline's refit cadence);
 * ``<name>_decide``: decide once more from the latest metrics, by hand;
 * ``<name>_backtest``: replay recorded traffic through every policy (daily);
+* ``<name>_backfill``: rebuild the arrival history from the records Kafka
+  retains, so the forecaster starts warm (``definitions.backfill``);
 * ``<name>_rescale``: apply a decision through the launcher the pipeline
   declares: the target its run was requested with (tag
   ``kale/target_workers``), or the latest ``gpu_allocation`` when run by
@@ -18,6 +20,7 @@ from dagster import (
     AssetObservation,
     DefaultScheduleStatus,
     Failure,
+    Field,
     JobDefinition,
     ScheduleDefinition,
     define_asset_job,
@@ -48,6 +51,29 @@ def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, JobDefinition]:
 def schedules(p: OnlineTrainingPipeline, jobs: dict[str, JobDefinition]) -> list[ScheduleDefinition]:
     status = DefaultScheduleStatus.RUNNING if p.autostart else DefaultScheduleStatus.STOPPED
     return [ScheduleDefinition(name=f"{p.name}_backtest_schedule", cron_schedule=p.backtest_cron, job=jobs["backtest"], default_status=status)]
+
+
+def backfill_job(p: OnlineTrainingPipeline, stream_key: str) -> JobDefinition:
+    """``<name>_backfill``: seed the metrics history from the topics' retained records (``days``, default 7)."""
+    from kale_dagster.definitions.backfill import backfill_pipeline
+
+    @op(name=f"{p.name}_backfill_history", required_resource_keys={stream_key}, tags={"kale/pipeline": p.name},
+        config_schema={"days": Field(float, default_value=7.0, description="how far back to rebuild, at most what Kafka retains")})
+    def backfill_history(context) -> None:
+        try:
+            result = backfill_pipeline(p, context.op_config["days"], stream=getattr(context.resources, stream_key))
+        except (LookupError, TimeoutError, ValueError) as exc:
+            raise Failure(f"backfill of {p.name!r} from {p.source.bootstrap_servers} failed: {exc}") from exc
+        context.log_event(AssetObservation(asset_key=AssetKey(p.key("stream_metrics")), metadata={
+            "backfilled_buckets": len(result.rows), "backfilled_records": int(result.rows["records"].sum()) if len(result.rows) else 0,
+            "method": result.method, "requests": result.requests, "from": result.start, "to": result.end, "note": result.note or "complete"}))
+
+    @job(name=f"{p.name}_backfill", tags={"kale/pipeline": p.name}, executor_def=in_process_executor,
+         description="Rebuild the arrival history from the records Kafka retains (a warm start for the forecaster).")
+    def backfill():
+        backfill_history()
+
+    return backfill
 
 
 def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:

@@ -84,6 +84,18 @@ class KafkaStreamResource(ConfigurableResource):
         config.update({k: v for k, v in optional.items() if v})
         return config
 
+    @contextlib.contextmanager
+    def consumer(self, **overrides):
+        """A group-less KafkaConsumer with this resource's connection settings, closed on exit."""
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(**self.client_config(), enable_auto_commit=False, group_id=None, **overrides)
+        try:
+            yield consumer
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.close()
+
     def snapshot(self, previous: Optional[PreviousOffsets] = None, fetch_timeout_s: float = 5.0) -> StreamSnapshot:
         """Read the stream's offsets now; rates come from ``previous`` when given."""
         from kafka import KafkaAdminClient, KafkaConsumer

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 from kale_dagster.model.types import PartitionOffsets
 
@@ -157,17 +157,23 @@ def previous_from(snapshot: StreamSnapshot) -> PreviousOffsets:
     return PreviousOffsets(snapshot.time, offsets)
 
 
-def read_offsets(consumer, admin, topics: list[str], group_id: str, fetch_timeout_s: float = 5.0) -> RawOffsets:
-    """Read raw offsets with kafka-python clients (see module docstring for the requests made)."""
+def topic_partitions(consumer, topics: Sequence[str]) -> list:
+    """Every partition of ``topics``, in order; a topic without partitions is a LookupError naming it."""
     from kafka import TopicPartition
 
-    now = time.time()
     tps = []
     for topic in topics:
         parts = consumer.partitions_for_topic(topic)
         if not parts:
             raise LookupError(f"topic {topic!r} does not exist or has no partitions")
         tps.extend(TopicPartition(topic, p) for p in sorted(parts))
+    return tps
+
+
+def read_offsets(consumer, admin, topics: list[str], group_id: str, fetch_timeout_s: float = 5.0) -> RawOffsets:
+    """Read raw offsets with kafka-python clients (see module docstring for the requests made)."""
+    now = time.time()
+    tps = topic_partitions(consumer, topics)
     ends = consumer.end_offsets(tps)
     starts = consumer.beginning_offsets(tps)
     committed_raw = admin.list_group_offsets(group_id).get(group_id, {})
