@@ -131,9 +131,11 @@ def _ends(servers, topic, partitions):
         c.close()
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
+def _train_through(kafka_broker, tmp_path, scenario, produce_s: float):
+    """Replay ``produce_s`` seconds of samples (4 partitions, 3 samples per record, a hot partition) into a
+    trainer that ``scenario(launcher)`` rescales and crashes; once the group has caught up, the
+    samples trained (from every worker's accounting log), the produced count, and the launcher's records.
+    Asserts that every produced sample was trained."""
     # Three samples per record (batches of 64 split records), so a checkpoint
     # can fall inside a record: resuming must still lose no sample of it.
     servers, topic, partitions, per_record = kafka_broker.bootstrap_servers, "samples", 4, 3
@@ -142,7 +144,7 @@ def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
     history = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 250.0})
     stop = threading.Event()
     producer = threading.Thread(target=replay, args=(servers, history, ReplaySettings(topic=topic, partitions=partitions, hot_share=0.4, samples_per_record=per_record)),
-                                kwargs=dict(stop=stop, max_wall_s=30))
+                                kwargs=dict(stop=stop, max_wall_s=produce_s))
     producer.start()
     time.sleep(1.0)
     settings = TrainerSettings(KafkaSource(servers, (topic,), "trainer"), str(tmp_path / "ckpt"), batch_size=64, emulate_gpu_rate=150,
@@ -150,21 +152,7 @@ def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
     launcher = LocalLauncher(settings, pool_size=3)
     try:
         launcher.start(2)
-        for target in (3, 1, 2):
-            time.sleep(2.5)
-            launcher.rescale(target)
-        time.sleep(2.0)
-        victim = launcher._group[1]
-        victim.signal(signal.SIGKILL)  # mid-step: no checkpoint, no goodbye
-        deadline = time.monotonic() + 60
-        record = None
-        while record is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-            record = launcher.supervise_once()
-        assert record is not None and record.reason.startswith("crash-restart")
-        for target in (3, 2):
-            time.sleep(2.5)
-            launcher.rescale(target)
+        scenario(launcher)
         producer.join()
         ends = _ends(servers, topic, partitions)
         deadline = time.monotonic() + 90
@@ -182,14 +170,48 @@ def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
     produced = sum(ends.values()) * per_record  # sequence numbers 0 .. produced-1, one per sample
     seqs = np.unique(trained[:, 2])
     assert len(seqs) == produced and seqs[0] == 0 and seqs[-1] == produced - 1, f"{produced - len(seqs)} produced samples never trained"
+    assert all(r.downtime_s < 30 for r in launcher.records)
+    return trained, produced, launcher.records
+
+
+def _rescale_every(launcher, seconds: float, *targets: int) -> None:
+    for target in targets:
+        time.sleep(seconds)
+        launcher.rescale(target)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_planned_rescales_lose_nothing_and_repeat_nothing(kafka_broker, tmp_path):
+    trained, produced, records = _train_through(kafka_broker, tmp_path, lambda launcher: _rescale_every(launcher, 2.5, 3, 1, 2), produce_s=12)
+    assert len(records) == 4  # start and 3 rescales
+    print(f"produced {produced}, trained {len(trained)}")
+    assert len(trained) == produced  # every sample exactly once
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
+    def rescales_and_a_crash(launcher):
+        _rescale_every(launcher, 2.5, 3, 1, 2)
+        time.sleep(2.0)
+        launcher._group[1].signal(signal.SIGKILL)  # mid-step: no checkpoint, no goodbye
+        deadline = time.monotonic() + 60
+        record = None
+        while record is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            record = launcher.supervise_once()
+        assert record is not None and record.reason.startswith("crash-restart")
+        _rescale_every(launcher, 2.5, 3, 2)
+
+    trained, produced, records = _train_through(kafka_broker, tmp_path, rescales_and_a_crash, produce_s=30)
+    assert len(records) == 7  # start, 5 rescales, 1 crash restart
     duplicates = len(trained) - produced
-    restarts = len(launcher.records)
-    assert restarts == 7  # start, 5 rescales, 1 crash restart
-    # Each restart can repeat at most what was queued or trained since the last checkpoint.
-    bound = restarts * (3 * 150 * settings.checkpoint_every_s + 3 * 2048)
+    # Planned rescales repeat nothing (the test above); the crash repeats at most what its group (2 workers
+    # at 150 samples/s) trained since the last checkpoint: one interval and a step, plus a record's rest per partition.
+    bound = 2 * 150 * (2.0 + 64 / 150) + 4 * 3
     print(f"produced {produced}, trained {len(trained)}, duplicates {duplicates} ({duplicates / produced:.1%}), bound {bound:.0f}")
     assert duplicates <= bound
-    assert all(r.downtime_s < 30 for r in launcher.records)
 
 
 @pytest.mark.integration

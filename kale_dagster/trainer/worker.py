@@ -17,10 +17,14 @@ the stop flag, so all ranks leave at the same step boundary, write one
 checkpoint (model, optimizer, offsets) and commit offsets to Kafka.
 
 Offsets: a checkpoint stores, per partition, the smallest offset not yet
-trained anywhere (queues are empty of it otherwise: the owner's next
-fetch position).  Resuming from it trains every sample at least once;
-samples trained out of order before the checkpoint may be trained again,
-at most the queued samples at that moment.
+trained anywhere (the owner's next fetch position when nothing of it is
+queued), and Kafka gets the same offsets.  Forwarding trains a partition
+out of order (a receiver may still hold older samples when their owner has
+trained newer ones), so before each checkpoint the group first trains what
+is queued at or below the newest trained offset of its partition: the
+checkpoint then covers exactly what was trained, and a planned stop
+repeats nothing.  A crash resumes from the last checkpoint and repeats at
+most what was trained since.
 """
 
 from __future__ import annotations
@@ -92,6 +96,19 @@ class LocalQueue:
         taken = [self.forwarded[:f], self.own[: n - f]]
         self.forwarded, self.own = self.forwarded[f:], self.own[n - f :]
         return np.concatenate(taken)
+
+    def take_through(self, newest: dict[int, int]) -> np.ndarray:
+        """Remove and return the queued samples at or below ``newest[partition]`` (the holes a checkpoint must not skip)."""
+        def due(arr):
+            limit = np.array([newest.get(int(p), -1) for p in arr["partition"]], dtype=np.int64)
+            return arr["offset"] <= limit
+        out = []
+        for name in ("forwarded", "own"):
+            arr = getattr(self, name)
+            mask = due(arr) if len(arr) else np.zeros(0, dtype=bool)
+            out.append(arr[mask])
+            setattr(self, name, arr[~mask])
+        return np.concatenate(out)
 
     def min_offsets(self) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -265,6 +282,7 @@ class Worker:
         queue = LocalQueue()
         accept = AcceptState(high=args.high_watermark, low=args.low_watermark)
         emit(WorkerEvent.STARTED, rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
+        self.newest_trained: dict[int, int] = {}  # per partition, the newest offset this rank trained in this group
         trained_log = self.trained_log = open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab") if args.trained_log else None
         last_ckpt = time.monotonic()
         window = MetricsWindow()
@@ -294,25 +312,12 @@ class Worker:
                     if first_step_done:
                         window = self.report(window, step)  # an idle group reports too: 0 samples/s, 0% busy
                     if checkpoint_now:
-                        self.checkpoint(step, trained_total, queue)
+                        step, trained_total = self.checkpoint(step, trained_total, queue)
                         last_ckpt = time.monotonic()
                     time.sleep(0.01)
                     continue
-                started = time.monotonic()
                 batch = queue.take(args.batch_size)
-                self.train_step(batch["rec"], global_n)
-                if trained_log is not None and len(batch):
-                    trained_log.write(np.stack([batch["partition"].astype(np.int64), batch["offset"], batch["rec"]["seq"].astype(np.int64)], axis=1).tobytes())
-                if args.emulate_gpu_rate:
-                    # EMULATION: one GPU's throughput, so scaling shows on a small CPU.
-                    pause = len(batch) / args.emulate_gpu_rate - (time.monotonic() - started)
-                    if pause > 0:
-                        time.sleep(pause)
-                    # The emulated GPU computes for the batch's share of its rate; the host's
-                    # own delays (a busy CPU, collectives among processes) are not GPU time.
-                    busy_s = len(batch) / args.emulate_gpu_rate
-                else:
-                    busy_s = time.monotonic() - started  # the GPU is busy for the whole step
+                busy_s = self.train_batch(batch, global_n)
                 step += 1
                 trained_total += len(batch)
                 window.add(len(batch), busy_s)
@@ -324,9 +329,9 @@ class Worker:
                     window = MetricsWindow()
                 window = self.report(window, step)
                 if checkpoint_now:
-                    self.checkpoint(step, trained_total, queue)
+                    step, trained_total = self.checkpoint(step, trained_total, queue)
                     last_ckpt = time.monotonic()
-            self.checkpoint(step, trained_total, queue)
+            step, trained_total = self.checkpoint(step, trained_total, queue)
             emit(WorkerEvent.STOPPED, rank=self.rank, step=step)
             return 0
         finally:
@@ -348,6 +353,46 @@ class Worker:
         dist.all_gather(gathered, status)
         return [StepStatus.from_row(row) for row in torch.stack(gathered).tolist()]
 
+    def train_batch(self, batch: np.ndarray, global_n: int) -> float:
+        """One collective step on this rank's ``batch`` (possibly empty); the seconds the GPU was busy."""
+        started = time.monotonic()
+        self.train_step(batch["rec"], global_n)
+        if len(batch):
+            for p in np.unique(batch["partition"]):
+                newest = int(batch["offset"][batch["partition"] == p].max())
+                self.newest_trained[int(p)] = max(self.newest_trained.get(int(p), -1), newest)
+            if self.trained_log is not None:
+                self.trained_log.write(np.stack([batch["partition"].astype(np.int64), batch["offset"], batch["rec"]["seq"].astype(np.int64)], axis=1).tobytes())
+        if not self.args.emulate_gpu_rate:
+            return time.monotonic() - started  # the GPU is busy for the whole step
+        # EMULATION: one GPU's throughput, so scaling shows on a small CPU.
+        pause = len(batch) / self.args.emulate_gpu_rate - (time.monotonic() - started)
+        if pause > 0:
+            time.sleep(pause)
+        # The emulated GPU computes for the batch's share of its rate; the host's
+        # own delays (a busy CPU, collectives among processes) are not GPU time.
+        return len(batch) / self.args.emulate_gpu_rate
+
+    def settle(self, queue: LocalQueue, step: int, trained_total: int) -> tuple[int, int]:
+        """Train, collectively, what is queued at or below the newest trained offset of its partition on any rank,
+        so that the checkpoint's offsets cover exactly the samples trained; returns the updated step and count."""
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, self.newest_trained)
+        newest: dict[int, int] = {}
+        for trained in everyone:
+            for p, offset in trained.items():
+                newest[p] = max(newest.get(p, -1), offset)
+        holes = queue.take_through(newest)
+        while True:
+            n = min(len(holes), self.args.batch_size)
+            total = torch.tensor([n], dtype=torch.int64)
+            dist.all_reduce(total)
+            if int(total) == 0:
+                return step, trained_total
+            batch, holes = holes[:n], holes[n:]
+            self.train_batch(batch, int(total))
+            step, trained_total = step + 1, trained_total + n
+
     def train_step(self, records: np.ndarray, global_n: int) -> None:
         users, items, dense, labels = batch_tensors(records, self.device)
         logits = self.ddp(users, items, dense)
@@ -359,7 +404,8 @@ class Worker:
         if len(records):
             self.auc.add(torch.sigmoid(logits.detach()).cpu().numpy(), records["label"])
 
-    def checkpoint(self, step: int, trained_total: int, queue: LocalQueue) -> None:
+    def checkpoint(self, step: int, trained_total: int, queue: LocalQueue) -> tuple[int, int]:
+        step, trained_total = self.settle(queue, step, trained_total)
         if self.trained_log is not None:
             # What a checkpoint covers must be on disk in the accounting log too.
             self.trained_log.flush()
@@ -386,6 +432,7 @@ class Worker:
             self.commit(offsets)
             emit(WorkerEvent.CHECKPOINT, step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
         dist.barrier()
+        return step, trained_total
 
     def commit(self, offsets: dict[int, int]) -> None:
         from kafka import KafkaConsumer, TopicPartition
