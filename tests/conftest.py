@@ -1,11 +1,14 @@
-"""Shared fixtures: a real embedded broker per test, and a guard against leaked processes."""
+"""Shared fixtures: a real embedded broker per test, a guard against leaked processes, the fault table."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 import pytest
+from support import StandInWorkers
 
 from kale_dagster.stream.broker import embedded_broker
 
@@ -58,3 +61,61 @@ def kafka_broker():
     """A fresh, empty Tansu broker on a free loopback port, stopped after the test."""
     with embedded_broker() as broker:
         yield broker
+
+
+@pytest.fixture
+def controlled(kafka_broker, tmp_path):
+    """A pipeline on the embedded broker, an HPA with a 60-second scale-down window, 30x pipeline time, its workers
+    stand-ins behind the real trainer service; tick its metrics sensor with ``support.sensor_tick``."""
+    from dagster import instance_for_test
+
+    from kale_dagster import KafkaSource, LocalLauncherConfig, OnlineTrainingPipeline, ThroughputModel, build_definitions
+    from kale_dagster.control.clock import PipelineClock
+    from kale_dagster.launchers.service import LauncherService
+    from kale_dagster.stream.producer import ensure_topic
+
+    ensure_topic(kafka_broker.bootstrap_servers, "events", 2)
+    workers = StandInWorkers()
+    service = LauncherService(workers, port=0).start()
+    p = OnlineTrainingPipeline(
+        name="ctl", source=KafkaSource(kafka_broker.bootstrap_servers, ("events",), "ctl-trainer", request_timeout_ms=3000),
+        min_workers=1, max_workers=8, policy="hpa", throughput_prior=ThroughputModel.linear(100.0),
+        policy_options={"behavior": {"scaleDown": {"stabilizationWindowSeconds": 60, "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]}}},
+        clock=PipelineClock(30.0, wall_start=time.time()), launcher=LocalLauncherConfig(service.url),
+        history_url=f"sqlite:///{tmp_path / 'm.db'}",
+    )
+    defs = build_definitions(p)
+    with instance_for_test() as instance:
+        yield {"p": p, "defs": defs, "instance": instance, "workers": workers, "service": service, "servers": kafka_broker.bootstrap_servers}
+    service.close()
+
+
+FAULT_ROWS = pytest.StashKey[list]()
+FAULT_COLUMNS = ("fault", "injected", "survived", "produced", "trained", "lost", "duplicated", "recovery_s")
+
+
+@pytest.fixture
+def fault_record(request):
+    """Record one row of the fault table (tests marked ``faults``): what was injected and what it cost."""
+    rows = request.config.stash.setdefault(FAULT_ROWS, [])
+
+    def record(**row):
+        unknown = set(row) - set(FAULT_COLUMNS)
+        assert not unknown, f"unknown fault-table columns {unknown}"
+        rows.append({column: row.get(column) for column in FAULT_COLUMNS})
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The fault table, printed and written to artifacts/faults.json (bench/faults.py reads it)."""
+    rows = config.stash.get(FAULT_ROWS, [])
+    if not rows:
+        return
+    out = Path(__file__).resolve().parents[1] / "artifacts" / "faults.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1))
+    terminalreporter.section("faults injected")
+    terminalreporter.write_line(" | ".join(FAULT_COLUMNS))
+    for row in rows:
+        terminalreporter.write_line(" | ".join("-" if row[c] is None else str(row[c]) for c in FAULT_COLUMNS))

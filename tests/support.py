@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
+
 from kale_dagster.launchers.base import LauncherStatus, RescaleRecord
 
 
@@ -41,3 +43,64 @@ def wait_for(predicate: Callable, timeout: float, what: str, log: Optional[Path]
         time.sleep(poll_s)
     tail = f"; log:\n{log.read_text()[-4000:]}" if log is not None and log.exists() else ""
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{tail}")
+
+
+def trained_samples(log_dir: Path) -> np.ndarray:
+    """(partition, offset, seq) of every sample the workers trained, from their accounting logs."""
+    chunks = [np.frombuffer(p.read_bytes(), dtype=np.int64).reshape(-1, 3) for p in log_dir.glob("*.bin")]
+    return np.concatenate(chunks) if chunks else np.empty((0, 3), dtype=np.int64)
+
+
+def committed_offsets(servers, topic, group, partitions):
+    """The group's committed offset per partition (0 where none)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=servers, group_id=group, enable_auto_commit=False)
+    try:
+        return {p: c.committed(TopicPartition(topic, p)) or 0 for p in range(partitions)}
+    finally:
+        c.close()
+
+
+def end_offsets(servers, topic, partitions):
+    """Each partition's end offset."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=servers)
+    try:
+        # end offsets through a fetch high watermark (exact on the embedded broker too)
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        c.assign(tps)
+        for tp in tps:
+            c.seek_to_beginning(tp)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(c.highwater(tp) is None for tp in tps):
+            c.poll(timeout_ms=100)
+        return {tp.partition: c.highwater(tp) for tp in tps}
+    finally:
+        c.close()
+
+
+def sensor_tick(env, cursor=None):
+    """One evaluation of the ``controlled`` pipeline's metrics sensor: a SensorResult or a SkipReason."""
+    from dagster import build_sensor_context
+
+    sensor = {s.name: s for s in env["defs"].get_repository_def().sensor_defs}["ctl_stream_metrics"]
+    resource = env["defs"].get_repository_def().get_top_level_resources()["kale_stream_ctl"]
+    return sensor(build_sensor_context(instance=env["instance"], cursor=cursor, resources={"kale_stream_ctl": resource}))
+
+
+def decision_of(result) -> dict:
+    """The gpu_allocation metadata a sensor result carries, as plain values."""
+    event = next(e for e in result.asset_events if e.asset_key.path == ["ctl", "gpu_allocation"])
+    return {k: v.value for k, v in event.metadata.items()}
+
+
+def produce_events(servers, n):
+    """``n`` 29-byte records into the ``controlled`` pipeline's topic, over its two partitions."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=servers)
+    for i in range(n):
+        producer.send("events", value=b"x" * 29, partition=i % 2)
+    producer.close()

@@ -12,10 +12,10 @@ import threading
 import time
 
 import pytest
-from support import StandInWorkers
+from support import decision_of, produce_events, sensor_tick
 
 from kale_dagster.control.clock import PipelineClock
-from kale_dagster.control.controller import ControlSettings, Controller, StreamReading, recent_forecast_error, restart_estimate
+from kale_dagster.control.controller import Controller, ControlSettings, StreamReading, recent_forecast_error, restart_estimate
 from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.model.throughput import ThroughputModel
 
@@ -121,73 +121,21 @@ def test_recent_forecast_error_needs_half_the_window():
 # --- the metrics sensor running the controller --------------------------------------------------
 
 
-@pytest.fixture
-def controlled(kafka_broker, tmp_path):
-    """A pipeline on the embedded broker, an HPA with a 60-second scale-down window, 30x pipeline time."""
-    from dagster import instance_for_test
-
-    from kale_dagster import (
-        KafkaSource,
-        LocalLauncherConfig,
-        OnlineTrainingPipeline,
-        build_definitions,
-    )
-    from kale_dagster.launchers.service import LauncherService
-    from kale_dagster.stream.producer import ensure_topic
-
-    ensure_topic(kafka_broker.bootstrap_servers, "events", 2)
-    workers = StandInWorkers()
-    service = LauncherService(workers, port=0).start()
-    p = OnlineTrainingPipeline(
-        name="ctl", source=KafkaSource(kafka_broker.bootstrap_servers, ("events",), "ctl-trainer", request_timeout_ms=3000),
-        min_workers=1, max_workers=8, policy="hpa", throughput_prior=MODEL,
-        policy_options={"behavior": {"scaleDown": {"stabilizationWindowSeconds": 60, "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]}}},
-        clock=PipelineClock(30.0, wall_start=time.time()), launcher=LocalLauncherConfig(service.url),
-        history_url=f"sqlite:///{tmp_path / 'm.db'}",
-    )
-    defs = build_definitions(p)
-    with instance_for_test() as instance:
-        yield {"p": p, "defs": defs, "instance": instance, "workers": workers, "service": service, "servers": kafka_broker.bootstrap_servers}
-    service.close()
-
-
-def _tick(env, cursor=None):
-    from dagster import build_sensor_context
-
-    sensor = {s.name: s for s in env["defs"].get_repository_def().sensor_defs}["ctl_stream_metrics"]
-    resource = env["defs"].get_repository_def().get_top_level_resources()["kale_stream_ctl"]
-    return sensor(build_sensor_context(instance=env["instance"], cursor=cursor, resources={"kale_stream_ctl": resource}))
-
-
-def _decision(result) -> dict:
-    event = next(e for e in result.asset_events if e.asset_key.path == ["ctl", "gpu_allocation"])
-    return {k: v.value for k, v in event.metadata.items()}
-
-
-def _produce(servers, n):
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=servers)
-    for i in range(n):
-        producer.send("events", value=b"x" * 29, partition=i % 2)
-    producer.close()
-
-
 @pytest.mark.integration
 def test_sensor_decides_at_every_reading_and_hpa_windows_hold_across_ticks(controlled):
     from dagster import AssetKey
 
     env = controlled
-    _produce(env["servers"], 40)
-    first = _tick(env)
-    assert _decision(first)["held"].startswith("no arrival rate")  # one reading: no rate yet, no decision on it
+    produce_events(env["servers"], 40)
+    first = sensor_tick(env)
+    assert decision_of(first)["held"].startswith("no arrival rate")  # one reading: no rate yet, no decision on it
     refit = [r for r in first.run_requests if r.job_name == "ctl_refit"]
     assert len(refit) == 1  # no forecast yet: a refit is requested at once
 
     time.sleep(0.5)
-    _produce(env["servers"], 40)
-    second = _tick(env, first.cursor)
-    decision = _decision(second)
+    produce_events(env["servers"], 40)
+    second = sensor_tick(env, first.cursor)
+    decision = decision_of(second)
     assert decision["workers"] == 3 and decision["running_workers"] == 2 and decision["action"] == "rescale to 3 requested"
     rescale = next(r for r in second.run_requests if r.job_name == "ctl_rescale")
     assert rescale.tags["kale/target_workers"] == "3" and float(rescale.tags["kale/decided_at"]) <= time.time()
@@ -197,12 +145,12 @@ def test_sensor_decides_at_every_reading_and_hpa_windows_hold_across_ticks(contr
     assert env["workers"].workers == 3
 
     env["workers"].busy = 0.2  # HPA now recommends 1, but its 60-s scale-down window remembers the 3
-    third = _tick(env, second.cursor)
+    third = sensor_tick(env, second.cursor)
     env["instance"].report_runless_asset_event(third.asset_events[-1])
-    assert (_decision(third)["workers"], _decision(third)["action"]) == (3, "none")
+    assert (decision_of(third)["workers"], decision_of(third)["action"]) == (3, "none")
     time.sleep(2.5)  # 75 pipeline seconds at 30x: the window has passed
-    fourth = _tick(env, third.cursor)
-    assert _decision(fourth)["workers"] == 1 and "ctl_rescale" in [r.job_name for r in fourth.run_requests]
+    fourth = sensor_tick(env, third.cursor)
+    assert decision_of(fourth)["workers"] == 1 and "ctl_rescale" in [r.job_name for r in fourth.run_requests]
     records = env["instance"].fetch_materializations(AssetKey(["ctl", "gpu_allocation"]), limit=10).records
     assert len(records) == 2  # every decision is an event (the test reported two of them to the instance)
 
@@ -210,23 +158,23 @@ def test_sensor_decides_at_every_reading_and_hpa_windows_hold_across_ticks(contr
 @pytest.mark.integration
 def test_a_failed_rescale_is_retried_later_and_the_decision_says_so(controlled):
     env = controlled
-    _produce(env["servers"], 40)
-    first = _tick(env)
+    produce_events(env["servers"], 40)
+    first = sensor_tick(env)
     time.sleep(0.5)
-    second = _tick(env, first.cursor)
+    second = sensor_tick(env, first.cursor)
     env["instance"].report_runless_asset_event(second.asset_events[-1])
     rescale = next(r for r in second.run_requests if r.job_name == "ctl_rescale")
     env["workers"].fail = True
     failed = env["defs"].resolve_job_def("ctl_rescale").execute_in_process(instance=env["instance"], tags=rescale.tags, raise_on_error=False)
     assert not failed.success
-    third = _tick(env, second.cursor)
-    decision = _decision(third)
+    third = sensor_tick(env, second.cursor)
+    decision = decision_of(third)
     assert decision["workers"] == 3 and "ctl_rescale" not in [r.job_name for r in third.run_requests]
     assert "the last 1 rescale run(s) failed" in decision["action"] and "retrying in" in decision["action"]
 
     env["service"].close()  # the trainer service is gone: hold, and say where it was looked for
-    fourth = _tick(env, third.cursor)
-    assert _decision(fourth)["held"].startswith(f"the launcher did not answer (the local trainer service at {env['service'].url}")
+    fourth = sensor_tick(env, third.cursor)
+    assert decision_of(fourth)["held"].startswith(f"the launcher did not answer (the local trainer service at {env['service'].url}")
     assert not [r for r in fourth.run_requests if r.job_name == "ctl_rescale"]
 
 
@@ -271,27 +219,3 @@ def test_threading_lock_is_not_held_by_status():
     slow.release.set()
     thread.join()
     assert not slow.status().rescaling and slow.status().downtimes_s
-
-
-@pytest.mark.integration
-def test_a_locked_metrics_history_skips_the_tick_and_the_next_one_recovers(controlled, tmp_path):
-    import sqlite3
-
-    from dagster import SkipReason
-
-    env = controlled
-    _produce(env["servers"], 40)
-    first = _tick(env)
-    lock = sqlite3.connect(tmp_path / "m.db", isolation_level=None)
-    lock.execute("BEGIN EXCLUSIVE")  # another writer holds the database
-    time.sleep(0.5)
-    _produce(env["servers"], 40)
-    skipped = _tick(env, first.cursor)
-    assert isinstance(skipped, SkipReason)
-    assert skipped.skip_message.startswith("the metrics history did not answer (OperationalError: database is locked)")
-    assert "nothing decided" in skipped.skip_message
-    lock.execute("ROLLBACK")
-    lock.close()
-    recovered = _tick(env, first.cursor)  # the kept cursor: rates over the longer interval, then a decision
-    decision = _decision(recovered)
-    assert decision["workers"] == 3 and "held" not in decision

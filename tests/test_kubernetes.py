@@ -266,7 +266,8 @@ def test_cli_render_prints_valid_manifests():
     assert bad.returncode == 2 and "no pipeline 'nope'" in bad.stderr
 
 
-def test_a_failed_pod_is_reported_and_the_same_size_restarts_the_group():
+@pytest.mark.faults
+def test_a_failed_pod_is_reported_and_the_same_size_restarts_the_group(fault_record):
     """A worker pod fails (OOM, node lost, preemption): backoffLimit 0 and torchrun's --max-restarts=0 leave the
     group down, so the launcher says so and a rescale to the same size restarts it (the controller asks for one)."""
     cluster = FakeCluster()
@@ -278,6 +279,8 @@ def test_a_failed_pod_is_reported_and_the_same_size_restarts_the_group():
     status = launcher.status()
     assert status.workers == 3 and "failed" in status.failed and "-w3-" in status.failed
     record = launcher.rescale(3, reason="restart after failure")
+    survived = (record.from_workers, record.to_workers) == (3, 3) and cluster.created == [3, 3] and launcher.status().failed == ""
+    fault_record(fault="Kubernetes worker pod failed (Job failed; mocked API server)", injected=1, survived=int(survived))
     assert (record.from_workers, record.to_workers) == (3, 3) and cluster.created == [3, 3]
     assert launcher.status().failed == ""
 

@@ -29,7 +29,7 @@ from support import StandInWorkers, wait_for
 from kale_dagster.processes import stop_process_group
 from kale_dagster.stream.broker import free_loopback_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(900)]
 
 
 def _postgres_bin(name: str) -> str:
@@ -133,7 +133,7 @@ def _produce_until(servers: str, stop: threading.Event) -> None:
     producer.close()
 
 
-def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(kafka_broker, postgres, tmp_path):
+def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(kafka_broker, postgres, tmp_path, fault_record):
     from dagster import (
         AssetKey,
         DagsterInstance,
@@ -210,12 +210,15 @@ def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(
             daemon.wait()
             restarted_at = max(d["time"] for d in before)
             daemon = start_daemon()
+            daemon_back = time.monotonic()
             after = wait_for(lambda: [d for d in decisions(instance) if d["time"] > restarted_at], 180, "a decision after the restart", daemon_log)
             first = after[0]
             assert "held" not in first, first  # the kept cursor gives a rate at once: no "no arrival rate yet"
             remembered = [t for _, t in first["policy_state"]["recommendations"]]
             assert min(remembered) <= restarted_at  # the HPA's window still holds what it saw before the restart
             assert history_rows() > rows_before
+            fault_record(fault="Dagster daemon killed (SIGKILL) and restarted, Postgres storage", injected=1, survived=1,
+                         recovery_s=round(time.monotonic() - daemon_back, 1))
 
             # Phase 3: the server dies mid-run. A sensor whose history is there skips with the reason;
             # the daemon survives and resumes when the server returns.
@@ -231,10 +234,13 @@ def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(
             time.sleep(10)
             assert daemon.poll() is None, daemon_log.read_text()[-3000:]
             postgres.start()
+            server_back = time.monotonic()
             back = wait_for(lambda: [d for d in decisions(instance) if d["time"] > max(d["time"] for d in after)], 240,
                          "a decision after the server came back", daemon_log)
             assert "held" not in back[-1]
             assert daemon.poll() is None
+            fault_record(fault="Postgres (Dagster storage and metrics history) killed for 10 s", injected=1, survived=1,
+                         recovery_s=round(time.monotonic() - server_back, 1))
     finally:
         stop.set()
         stop_process_group(daemon, timeout=30)

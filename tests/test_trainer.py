@@ -5,12 +5,12 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from support import committed_offsets, end_offsets, trained_samples
 
 from kale_dagster import KaleConfigError
 from kale_dagster.stream.source import KafkaSource
@@ -87,8 +87,13 @@ def test_samples_round_trip_and_learnable_labels():
     assert (samples == records).all() and counts.sum() == 5000 and counts[-1] == 8
     # The hidden model makes labels predictable: its own logit ranks them well.
     assert 0.05 < records["label"].mean() < 0.6
-    with pytest.raises(ValueError, match="multiple of 29"):
-        decode([b"short"])
+    # Poison records (not whole samples, a label that is not 0/1, a NaN feature) carry no sample and are skipped.
+    nan = records[:1].copy()
+    nan["dense"][0, 3] = np.nan
+    label = records[1:2].copy()
+    label["label"] = 7
+    samples, counts = decode([b"short", values[0], nan.tobytes(), label.tobytes(), b"", packed[0]])
+    assert list(counts) == [0, 1, 0, 0, 0, 16] and (samples == np.concatenate([records[:1], records[:16]])).all()
     assert np.allclose(partition_weights(4, 0.5), [0.5, 1 / 6, 1 / 6, 1 / 6])
 
 
@@ -96,39 +101,6 @@ def test_rolling_auc():
     auc = RollingAUC(window=100)
     auc.add(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
     assert auc.value() == pytest.approx(0.75)
-
-
-def _trained(log_dir: Path) -> np.ndarray:
-    chunks = [np.frombuffer(p.read_bytes(), dtype=np.int64).reshape(-1, 3) for p in log_dir.glob("*.bin")]
-    return np.concatenate(chunks) if chunks else np.empty((0, 3), dtype=np.int64)
-
-
-def _committed(servers, topic, group, partitions):
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(bootstrap_servers=servers, group_id=group, enable_auto_commit=False)
-    try:
-        return {p: c.committed(TopicPartition(topic, p)) or 0 for p in range(partitions)}
-    finally:
-        c.close()
-
-
-def _ends(servers, topic, partitions):
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(bootstrap_servers=servers)
-    try:
-        # end offsets through a fetch high watermark (exact on the embedded broker too)
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        c.assign(tps)
-        for tp in tps:
-            c.seek_to_beginning(tp)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(c.highwater(tp) is None for tp in tps):
-            c.poll(timeout_ms=100)
-        return {tp.partition: c.highwater(tp) for tp in tps}
-    finally:
-        c.close()
 
 
 def _train_through(kafka_broker, tmp_path, scenario, produce_s: float):
@@ -154,16 +126,16 @@ def _train_through(kafka_broker, tmp_path, scenario, produce_s: float):
         launcher.start(2)
         scenario(launcher)
         producer.join()
-        ends = _ends(servers, topic, partitions)
+        ends = end_offsets(servers, topic, partitions)
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and _committed(servers, topic, "trainer", partitions) != ends:
+        while time.monotonic() < deadline and committed_offsets(servers, topic, "trainer", partitions) != ends:
             time.sleep(1.0)
             launcher.supervise_once()
-        assert _committed(servers, topic, "trainer", partitions) == ends
+        assert committed_offsets(servers, topic, "trainer", partitions) == ends
     finally:
         stop.set()
         launcher.stop()
-    trained = _trained(logs)
+    trained = trained_samples(logs)
     unique = {(int(p), int(o)) for p, o, _ in trained}
     missing = [(p, o) for p, end in ends.items() for o in range(end) if (p, o) not in unique]
     assert not missing, f"{len(missing)} produced records never trained, e.g. {missing[:5]}"
@@ -306,3 +278,26 @@ def test_standbys_cover_a_scale_up_to_max_workers_and_no_more(kafka_broker, tmp_
         launcher.stop()
     with pytest.raises(KaleConfigError, match="max_workers"):
         LocalLauncher(settings, max_workers=0)
+
+
+def test_the_offset_committer_commits_the_newest_offsets_in_order_and_retries():
+    from kale_dagster.trainer.committer import OffsetCommitter
+
+    attempts, gate = [], threading.Event()
+
+    class Flaky(OffsetCommitter):
+        def _commit(self, offsets):
+            attempts.append(dict(offsets))
+            if len(attempts) == 1:
+                gate.wait(5)  # a slow broker: newer offsets arrive meanwhile
+                raise ConnectionError("broker went away")
+
+    committer = Flaky({}, "g", "t", retry_s=0.05)
+    committer.submit({0: 10})
+    time.sleep(0.1)
+    committer.submit({0: 20})  # replaces the pending one: only the newest matters
+    committer.submit({0: 30})
+    gate.set()
+    assert committer.flush(5)
+    committer.close()
+    assert attempts == [{0: 10}, {0: 30}] and committer.committed == {0: 30}

@@ -178,6 +178,8 @@ class PipelineControl:
             metadata["held"] = step.held
         if status is not None and status.failed:
             metadata["group_failed"] = status.failed
+        if status is not None and status.poison_records:
+            metadata["poison_records"] = status.poison_records
         return step, metadata
 
     def tick(self, instance, reading: StreamReading, cursor: ControlCursor, plot_dir: Optional[str] = None) -> TickResult:

@@ -59,7 +59,8 @@ class LauncherStatus:
     (a start from no workers is not one).
     ``measures`` says whether the launcher relays the workers' metrics at all.
     ``failed`` says why the running group has failed (a pod OOM-killed, its node lost or preempted) when
-    nothing will restart it but a rescale; empty otherwise.
+    nothing will restart it but a rescale; empty otherwise.  ``poison_records`` counts the records the
+    running workers skipped because they were not valid samples.
     """
 
     workers: int
@@ -71,6 +72,7 @@ class LauncherStatus:
     downtimes_s: tuple[float, ...] = ()
     emulated: bool = False
     failed: str = ""
+    poison_records: int = 0
 
     def to_dict(self) -> dict:
         return {**asdict(self), "downtimes_s": list(self.downtimes_s)}

@@ -14,9 +14,10 @@ the graceful stop (finish the step, checkpoint, commit), the rendezvous and
 the checkpoint load.  New processes are started (in the background) only
 when the pool is short.
 
-Supervision: a worker that exits unexpectedly (crash, SIGKILL) takes the
-group down; the launcher stops the survivors and restarts the group at the
-same size from the last checkpoint, recording it as a ``crash-restart``.
+Supervision: a worker that exits unexpectedly (crash, SIGKILL, or the
+collective timeout when another rank hangs) takes the group down; the
+launcher kills the survivors and restarts the group at the same size from
+the last checkpoint, recording it as a ``crash-restart``.
 """
 
 from __future__ import annotations
@@ -241,6 +242,11 @@ class LocalLauncher(Launcher):
             dead = [w for w in self._group if not w.alive() and w.proc.returncode != 0]
             if not dead:
                 return None
+            # The rest of the group cannot checkpoint (its collective is broken) and one may be hung, not
+            # stopping on SIGTERM: kill them now instead of waiting out the stop timeout.
+            for w in self._group:
+                if w.alive():
+                    w.signal(signal.SIGKILL)
             return self._restart(self.workers, f"crash-restart (worker rank {dead[0].rank} exited {dead[0].proc.returncode})")
 
     def per_rank_rates(self) -> dict[int, float]:
@@ -258,6 +264,7 @@ class LocalLauncher(Launcher):
             "busy_share": sum(m["busy_share"] for m in latest) / len(latest) if complete else None,
             "samples_per_s": sum(m["samples_per_s"] for m in latest) if complete else None,
             "emulated": self.settings.emulate_gpu_rate > 0,
+            "poison_records": sum(int(m.get("poison_records", 0)) for m in latest),
         }
 
     # --- internals ------------------------------------------------------------------

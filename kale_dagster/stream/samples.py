@@ -65,14 +65,25 @@ def encode(records: np.ndarray, samples_per_record: int = 1) -> list[bytes]:
 
 
 def decode(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """Samples from record values, and how many samples each value carried."""
+    """Samples from record values, and how many samples each value carried.
+
+    A value that is not whole samples with a 0/1 label and finite features
+    (a poison record: another producer, a truncated write) carries 0: it is
+    skipped, and the caller counts it, rather than stopping training on it.
+    """
     if not values:
         return np.empty(0, dtype=RECORD), np.empty(0, dtype=np.int64)
     lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-    bad = lengths[(lengths % RECORD_SIZE != 0) | (lengths == 0)]
-    if len(bad):
-        raise ValueError(f"record of {bad[0]} bytes, expected a multiple of {RECORD_SIZE}: not a kale sample topic?")
-    return np.frombuffer(b"".join(values), dtype=RECORD), lengths // RECORD_SIZE
+    whole = (lengths % RECORD_SIZE == 0) & (lengths > 0)
+    counts = np.where(whole, lengths // RECORD_SIZE, 0)
+    samples = np.frombuffer(b"".join(v for v, ok in zip(values, whole) if ok), dtype=RECORD)
+    valid = (samples["label"] <= 1) & np.isfinite(samples["dense"]).all(axis=1)
+    if not valid.all():  # a value with any invalid sample is skipped whole
+        owner = np.repeat(np.flatnonzero(whole), counts[whole])
+        bad_values = np.unique(owner[~valid])
+        counts[bad_values] = 0
+        samples = samples[~np.isin(owner, bad_values)]
+    return samples, counts
 
 
 def partition_weights(partitions: int, hot_share: float = 0.0) -> np.ndarray:

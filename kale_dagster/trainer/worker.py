@@ -46,6 +46,7 @@ from kale_dagster.stream.samples import RECORD, decode
 from kale_dagster.stream.source import WORKER_ENV
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
 from kale_dagster.trainer.checkpoint import load_latest, save_atomic
+from kale_dagster.trainer.committer import OffsetCommitter
 from kale_dagster.trainer.model import CTRModel, RollingAUC, batch_tensors
 from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S, GroupAssignment, StepStatus, WorkerEvent, event_line
 
@@ -146,8 +147,9 @@ class Worker:
         self._build_model()
         self.started_at = time.monotonic()
         self.trained_log = None
-        self._committer = None
+        self.committer = None  # rank 0's OffsetCommitter for the current group, once it has checkpointed
         self.samples_per_record = 1  # as last seen: turns the queue's room into a record count
+        self.poison_records = 0  # records skipped since the process started (not whole, valid samples)
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -235,7 +237,13 @@ class Worker:
         for tp, records in consumer.poll(timeout_ms=wait_ms, max_records=max(room // self.samples_per_record, 1)).items():
             if not records:
                 continue
-            samples, counts = decode([r.value for r in records])
+            samples, counts = decode([r.value or b"" for r in records])  # a tombstone has no value
+            poison = counts == 0
+            if poison.any():  # skipped, never retried: its offset is passed like any other
+                self.poison_records += int(poison.sum())
+                first = records[int(np.flatnonzero(poison)[0])]
+                print(f"skipped {int(poison.sum())} record(s) that are not kale samples in partition {tp.partition}, "
+                      f"first at offset {first.offset} ({len(first.value or b'')} bytes)", file=sys.stderr, flush=True)
             items = np.empty(len(samples), dtype=QITEM)
             items["rec"] = samples
             items["partition"] = tp.partition
@@ -243,7 +251,7 @@ class Worker:
             # checkpoint taken mid-record resumes at that record (at least once).
             items["offset"] = np.repeat([r.offset for r in records], counts)
             queue.add_own(items)
-            self.samples_per_record = int(counts[-1]) or 1
+            self.samples_per_record = int(counts.max()) or self.samples_per_record
             self.next_pos[tp.partition] = records[-1].offset + 1
 
     def caught_up(self, consumer) -> bool:
@@ -332,6 +340,10 @@ class Worker:
                     step, trained_total = self.checkpoint(step, trained_total, queue)
                     last_ckpt = time.monotonic()
             step, trained_total = self.checkpoint(step, trained_total, queue)
+            if self.committer is not None:
+                # The group's last offsets reach Kafka before the next group commits newer ones.
+                self.committer.close(timeout_s=self.args.collective_timeout_s)
+                self.committer = None
             emit(WorkerEvent.STOPPED, rank=self.rank, step=step)
             return 0
         finally:
@@ -343,7 +355,8 @@ class Worker:
         """Emit the window's metrics once it spans ``metrics_every_s``; the window to count in next."""
         if time.monotonic() - window.start < self.args.metrics_every_s:
             return window
-        emit(WorkerEvent.METRICS, rank=self.rank, world=self.world, **window.fields(), auc=self.auc.value(), step=step, emulated=bool(self.args.emulate_gpu_rate))
+        emit(WorkerEvent.METRICS, rank=self.rank, world=self.world, **window.fields(), auc=self.auc.value(), step=step,
+             emulated=bool(self.args.emulate_gpu_rate), poison_records=self.poison_records)
         return MetricsWindow()
 
     def gather_status(self, mine: StepStatus) -> list[StepStatus]:
@@ -429,19 +442,12 @@ class Worker:
                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "world": self.world,
             }
             path = save_atomic(self.args.checkpoint_dir, step, state, keep=self.args.keep)
-            self.commit(offsets)
+            if self.committer is None:
+                self.committer = OffsetCommitter(kafka_config(self.args.bootstrap_servers), self.args.group_id, self.args.topic)
+            self.committer.submit(offsets)  # after the save, never ahead of it; off the step, never stalling it
             emit(WorkerEvent.CHECKPOINT, step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
         dist.barrier()
         return step, trained_total
-
-    def commit(self, offsets: dict[int, int]) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-        from kafka.structs import OffsetAndMetadata
-
-        if self._committer is None:  # kept open: a connection per checkpoint would add to every rescale
-            self._committer = KafkaConsumer(**kafka_config(self.args.bootstrap_servers), group_id=self.args.group_id, enable_auto_commit=False)
-        self._committer.commit({TopicPartition(self.args.topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
-
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description="kale trainer worker")
@@ -493,8 +499,8 @@ def main(argv=None) -> int:
             if code:
                 return code
     finally:
-        if worker._committer is not None:
-            worker._committer.close()
+        if worker.committer is not None:
+            worker.committer.close()  # the last checkpoint's offsets reach Kafka before the process exits
 
 
 if __name__ == "__main__":
