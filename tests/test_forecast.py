@@ -185,3 +185,22 @@ def test_any_trace_file_is_read_or_refused_with_a_clear_error(tmp_path):
             assert list(history.columns[:2]) == ["timestamp", "rate"] and len(history) >= 1
 
     check()
+
+
+def test_realised_error_scores_a_past_forecast_and_the_day_before_on_the_same_instants():
+    from kale_dagster.forecast.base import Forecast
+    from kale_dagster.forecast.evaluate import realised_error
+
+    t0, step = 1_800_000_000.0, 300.0
+    fc = Forecast(start=t0, step_s=step, point=np.array([100.0, 100.0, 100.0, 100.0]), lower=np.zeros(4), upper=np.full(4, 200.0), model="m")
+    times = t0 + step * np.arange(4)
+    history = pd.DataFrame({
+        # a day before: 50 everywhere; what arrived: 100, 100, then 300 (the forecast's last instant not yet recorded)
+        "timestamp": pd.to_datetime(np.concatenate([times - 86_400, times[:3] + 20]), unit="s", utc=True),
+        "rate": np.concatenate([np.full(4, 50.0), [100.0, 100.0, 300.0]]),
+    })
+    got = realised_error(fc, history)
+    assert got["realised_points"] == 3
+    assert got["realised_smape"] == pytest.approx(smape(np.array([100, 100, 300.0]), np.array([100, 100, 100.0])))
+    assert got["realised_baseline_smape"] == pytest.approx(smape(np.array([100, 100, 300.0]), np.array([50, 50, 50.0])))
+    assert realised_error(fc, history[history["timestamp"] < pd.Timestamp(t0 - 3600, unit="s", tz="UTC")]) is None  # nothing realised yet

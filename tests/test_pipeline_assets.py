@@ -77,6 +77,9 @@ def test_refit_and_decide_jobs_materialize_forecast_and_allocation(kafka_broker,
             assert fc_meta["holdout_smape"].value < 0.5
             assert fc_meta["fitted_at"].value == pytest.approx(time.time(), abs=120)
             assert history.latest_forecaster("demo") is not None  # the fit the controller re-anchors
+            assert "realised_smape" not in fc_meta  # no earlier forecast to judge
+            checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+            assert "held-out" in checks["forecast_beats_seasonal_naive"].metadata["note"].value
             model_meta = result.asset_materializations_for_node("demo__throughput_model")[0].metadata
             assert model_meta["source"].value == "prior" and model_meta["model"].value["form"] == "async"
 
@@ -98,6 +101,16 @@ def test_refit_and_decide_jobs_materialize_forecast_and_allocation(kafka_broker,
             assert meta["days_replayed"].value == pytest.approx(3.0, abs=0.01)
             results = backtest.output_for_node("demo__policy_backtest")
             assert results["static"]["rescales"] == 0 and results["kale"]["gpu_hours"] > 0
+
+            # Half an hour later (the same hours as a day before): the next refit judges the last forecast.
+            for k in range(1, 7):
+                history.append_stream("demo", now + 1 + k * 300, {"arrival_rate": float(trace.value.iloc[-288 + k] / 300)})
+            refit = defs.resolve_job_def("demo_refit").execute_in_process(instance=instance)
+            realised = refit.asset_materializations_for_node("demo__traffic_forecast")[0].metadata
+            assert realised["realised_points"].value >= 5 and 0 <= realised["realised_smape"].value < 1
+            check = {c.check_name: c for c in refit.get_asset_check_evaluations()}["forecast_beats_seasonal_naive"]
+            assert check.metadata["realised_points"].value == realised["realised_points"].value
+            assert check.passed == (check.metadata["realised_smape"].value <= check.metadata["realised_baseline_smape"].value)
     finally:
         service.close()
         history.dispose()

@@ -27,7 +27,7 @@ from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.definitions.plots import png_markdown
 from kale_dagster.forecast import make_forecaster
 from kale_dagster.forecast.base import Forecast
-from kale_dagster.forecast.evaluate import smape
+from kale_dagster.forecast.evaluate import realised_error, smape
 from kale_dagster.forecast.history import infer_step_s, prepare_history
 from kale_dagster.forecast.naive import DAY_S, WEEK_S
 from kale_dagster.model.throughput import FIT_WINDOW_S, ThroughputModel, estimate_throughput
@@ -82,6 +82,9 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
         clean = prepare_history(history)
         step_s = infer_step_s(clean["timestamp"])
         steps = max(1, int(round(p.forecast_horizon_minutes * 60 / step_s)))
+        # How the previous fit's forecast fared against what then arrived (the check reads these).
+        previous = store.latest_forecaster(p.name)
+        realised = realised_error(previous[1]["model"].predict(previous[1]["steps"]), clean) if previous is not None else None
         model = make_forecaster(p.forecaster, horizon_s=p.forecast_horizon_minutes * 60).fit(clean)
         fc = model.predict(steps)
         # The controller re-anchors this fit on fresh metrics at every reading until the next refit.
@@ -102,6 +105,7 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             "peak_forecast": float(fc.upper.max()),
             "plot": png_markdown(png),
             **{k: float(v) for k, v in figures.items()},
+            **(realised or {}),
         }
         return Output(fc, metadata=metadata)
 

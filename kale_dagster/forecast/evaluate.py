@@ -5,6 +5,10 @@ From each origin in the evaluated tail, the model (refitted every
 errors are taken at the final horizon step, the figure a planner acting that
 far ahead depends on.  Seasonal-naive baselines (a day and a week earlier)
 are scored on the same origins and the better one is reported.
+
+``realised_error`` scores a forecast already made against what then
+arrived, with the day-earlier seasonal naive on the same instants: what a
+deployed forecaster is judged by.
 """
 
 from __future__ import annotations
@@ -74,6 +78,31 @@ class EvaluationResult:
             "eval_days": self.eval_days,
             "note": self.note,
         }
+
+
+def realised_error(forecast, history: pd.DataFrame) -> Optional[dict]:
+    """sMAPE of ``forecast`` against the ``history`` (``timestamp``, ``rate``) recorded at its instants, and of
+    the rate a day before each instant; None until some instant of the forecast has been recorded."""
+    if history.empty or not len(forecast):
+        return None
+    ts = (pd.to_datetime(history["timestamp"], utc=True) - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy()
+    rate = history["rate"].to_numpy(dtype=float)
+    order = np.argsort(ts)
+    ts, rate = ts[order], rate[order]
+
+    def at(times: np.ndarray) -> np.ndarray:
+        # The reading nearest each instant, if one lies within half a forecast step of it.
+        idx = np.clip(np.searchsorted(ts, times), 1, len(ts) - 1) if len(ts) > 1 else np.zeros(len(times), dtype=int)
+        nearest = np.where(np.abs(ts[idx] - times) <= np.abs(ts[idx - 1] - times), idx, idx - 1) if len(ts) > 1 else idx
+        return np.where(np.abs(ts[nearest] - times) <= forecast.step_s / 2, rate[nearest], np.nan)
+
+    times = forecast.times
+    actual, day_before = at(times), at(times - DAY_S)
+    ok = np.isfinite(actual) & np.isfinite(day_before) & np.isfinite(forecast.point)
+    if not ok.any():
+        return None
+    return {"realised_smape": smape(actual[ok], forecast.point[ok]), "realised_baseline_smape": smape(actual[ok], day_before[ok]),
+            "realised_points": int(ok.sum())}
 
 
 def _seasonal_naive(rate: np.ndarray, target: np.ndarray, season: int) -> np.ndarray:
