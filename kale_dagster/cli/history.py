@@ -6,6 +6,7 @@ import json
 import time
 
 from kale_dagster.cli.k8s import find_pipeline
+from kale_dagster.cli.progress import ProgressBar
 from kale_dagster.errors import CommandError
 
 
@@ -32,10 +33,13 @@ def run_backfill(args) -> int:
     started = time.monotonic()
     from kafka.errors import KafkaError
 
+    bar = ProgressBar("backfill", enabled=not args.json)
     try:
-        result = backfill_pipeline(pipeline, args.days, bucket_s=args.bucket_seconds)
+        result = backfill_pipeline(pipeline, args.days, bucket_s=args.bucket_seconds, done=bar.update)
     except (KafkaError, LookupError, TimeoutError) as exc:
         raise CommandError(f"could not read {', '.join(pipeline.source.topics)} at {pipeline.source.bootstrap_servers}: {exc}") from exc
+    finally:
+        bar.close()
     summary = {
         "pipeline": pipeline.name, "buckets": len(result.rows), "records": int(result.rows["records"].sum()) if len(result.rows) else 0,
         "from": result.start, "to": result.end, "method": result.method, "requests": result.requests,

@@ -7,7 +7,7 @@ marked ``seeded``.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.definitions.resources import KafkaStreamResource
@@ -16,7 +16,7 @@ from kale_dagster.stream.backfill import ArrivalBackfill, rebuild_arrivals
 
 
 def backfill_pipeline(p: OnlineTrainingPipeline, days: float, bucket_s: Optional[float] = None,
-                      stream: Optional[KafkaStreamResource] = None) -> ArrivalBackfill:
+                      stream: Optional[KafkaStreamResource] = None, done: Optional[Callable[[int, int], None]] = None) -> ArrivalBackfill:
     """Rebuild ``days`` of arrival rates at the sensor's cadence (or ``bucket_s``) and seed them into the history."""
     if p.clock.time_scale != 1.0:
         raise KaleConfigError("clock", "a backfill reads Kafka's wall-clock timestamps; it needs a pipeline on wall time")
@@ -27,7 +27,7 @@ def backfill_pipeline(p: OnlineTrainingPipeline, days: float, bucket_s: Optional
     until = float(live["ts"].min()) if len(live) else None
     with stream.consumer(max_partition_fetch_bytes=1 << 20, fetch_max_wait_ms=50) as consumer:
         result = rebuild_arrivals(consumer, stream.topics, days=days, bucket_s=bucket_s or p.metrics_interval_seconds,
-                                  until=until, samples_per_record=stream.samples_per_record)
+                                  until=until, samples_per_record=stream.samples_per_record, done=done)
     if len(result.rows):
         history.seed_stream(p.name, result.rows[["ts", "arrival_rate"]])
     return result

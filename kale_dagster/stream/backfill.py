@@ -32,7 +32,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import pandas as pd
 
@@ -96,8 +96,8 @@ class OffsetLookup(ABC):
         return self.list_offsets + self.reader.fetches
 
     @abstractmethod
-    def offsets(self, boundaries_ms: Sequence[int]) -> dict:
-        """{tp: [offset per boundary]}; boundaries ascending."""
+    def offsets(self, boundaries_ms: Sequence[int], done: Optional[Callable[[int, int], None]] = None) -> dict:
+        """{tp: [offset per boundary]}; boundaries ascending; ``done(k, n)`` reports progress."""
 
 
 class TimestampIndexLookup(OffsetLookup):
@@ -105,14 +105,16 @@ class TimestampIndexLookup(OffsetLookup):
 
     method = "list-offsets-by-timestamp"
 
-    def offsets(self, boundaries_ms: Sequence[int]) -> dict:
+    def offsets(self, boundaries_ms: Sequence[int], done: Optional[Callable[[int, int], None]] = None) -> dict:
         out = {tp: [] for tp in self.spans}
-        for b in boundaries_ms:
+        for k, b in enumerate(boundaries_ms):
             answers = self.reader.consumer.offsets_for_times({tp: int(b) for tp in self.spans})
             self.list_offsets += 1
             for tp, span in self.spans.items():
                 found = answers.get(tp)
                 out[tp].append(span.end if found is None else min(max(found.offset, span.start), span.end))
+            if done:
+                done(k + 1, len(boundaries_ms))
         return out
 
 
@@ -121,12 +123,14 @@ class FetchSearchLookup(OffsetLookup):
 
     method = "fetch-search"
 
-    def offsets(self, boundaries_ms: Sequence[int]) -> dict:
+    def offsets(self, boundaries_ms: Sequence[int], done: Optional[Callable[[int, int], None]] = None) -> dict:
         out = {}
-        for tp, span in self.spans.items():
+        for k, (tp, span) in enumerate(self.spans.items()):
             found: dict[int, int] = {}
             self._search(tp, list(boundaries_ms), span.start, span.end, found)
             out[tp] = [found[b] for b in boundaries_ms]
+            if done:
+                done(k + 1, len(self.spans))
         return out
 
     def _search(self, tp, boundaries: list[int], lo: int, hi: int, found: dict) -> None:
@@ -227,8 +231,10 @@ class ArrivalBackfill:
 
 
 def rebuild_arrivals(consumer, topics: Sequence[str], *, days: float, bucket_s: float, now: Optional[float] = None,
-                     until: Optional[float] = None, samples_per_record: int = 1) -> ArrivalBackfill:
-    """The arrival rate per ``bucket_s`` over the last ``days`` (or up to ``until``), from retained records."""
+                     until: Optional[float] = None, samples_per_record: int = 1,
+                     done: Optional[Callable[[int, int], None]] = None) -> ArrivalBackfill:
+    """The arrival rate per ``bucket_s`` over the last ``days`` (or up to ``until``), from retained records;
+    ``done(k, n)`` reports progress (boundaries or partitions looked up)."""
     if days <= 0 or bucket_s <= 0:
         raise InputDataError(f"days and bucket_s must be > 0, got {days} and {bucket_s}")
     now = time.time() if now is None else now
@@ -253,7 +259,7 @@ def rebuild_arrivals(consumer, topics: Sequence[str], *, days: float, bucket_s: 
         return ArrivalBackfill(empty, "none", reader.fetches, start, end, note or "no complete bucket retained")
     lookup = choose_lookup(reader, spans)
     boundaries = [int(round((start + k * bucket_s) * 1000)) for k in range(int(round((end - start) / bucket_s)) + 1)]
-    per_partition = lookup.offsets(boundaries)
+    per_partition = lookup.offsets(boundaries, done)
     totals = [sum(offsets[k] for offsets in per_partition.values()) for k in range(len(boundaries))]
     records = [b - a for a, b in zip(totals, totals[1:])]
     rows = pd.DataFrame({
