@@ -218,3 +218,72 @@ def test_training_rides_out_a_frozen_broker_and_loses_nothing(kafka_broker, tmp_
     # Offsets are committed off the training thread: a silent broker stalls no collective, so the group never restarts.
     assert not restarts
     assert figures["lost"] == 0 and figures["duplicated"] == 0, figures
+
+
+@pytest.fixture
+def small_volume(tmp_path):
+    """A 40 MB tmpfs for the checkpoints, so that the test can fill it; skipped where mounting is not allowed."""
+    import subprocess
+
+    mount = tmp_path / "ckpt"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root in a mount namespace")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_checkpoint_volume_keeps_training_the_last_checkpoint_and_its_offsets(kafka_broker, tmp_path, small_volume, fault_record):
+    from kale_dagster.trainer.checkpoint import list_checkpoints, load_latest
+
+    servers = kafka_broker.bootstrap_servers
+    ensure_topic(servers, TOPIC, PARTITIONS)
+    launcher, _ = trainer(servers, tmp_path)
+    stop, produced = threading.Event(), [0]
+
+    def keep_producing():
+        while not stop.is_set():
+            produced[0] = produce(servers, 100, start_seq=produced[0])
+            stop.wait(0.5)
+
+    feeder = threading.Thread(target=keep_producing, daemon=True)
+    filler = small_volume / "filler"
+    try:
+        launcher.start(2)
+        feeder.start()
+        wait_for(lambda: list_checkpoints(small_volume), 30, "a first checkpoint")
+        free = os.statvfs(small_volume)
+        filler.write_bytes(b"\0" * (free.f_bavail * free.f_frsize - (1 << 20)))  # 1 MB left: no checkpoint fits
+        error = wait_for(lambda: launcher.status().checkpoint_error, 30, "the workers to report the failed checkpoint")
+        saved = load_latest(small_volume)  # the previous checkpoint stays whole and loadable
+        trained_before = len(trained_samples(tmp_path / "trained"))
+        time.sleep(4.0)  # several checkpoint intervals on a full volume
+        committed_full = committed_offsets(servers, TOPIC, "trainer", PARTITIONS)
+        trained_full = len(trained_samples(tmp_path / "trained"))
+        leftovers = [p.name for p in small_volume.iterdir() if p.name.endswith(".tmp")]
+        filler.unlink()
+        freed_at = time.monotonic()
+        wait_for(lambda: not launcher.status().checkpoint_error, 30, "a checkpoint once space is back")
+        recovery_s = time.monotonic() - freed_at
+        stop.set()
+        feeder.join()
+        caught_up(launcher, servers)
+        restarts = [r for r in launcher.records if r.reason.startswith("crash-restart")]
+    finally:
+        stop.set()
+        launcher.stop()
+    figures = accounting(tmp_path, produced[0])
+    latest_offsets = {int(p): o for p, o in saved["offsets"].items()}
+    checks = {
+        "clear error": "No space left on device" in error and "stays the latest" in error,
+        "training went on": trained_full > trained_before,
+        "offsets not past the saved checkpoint": all(committed_full[p] <= latest_offsets.get(p, 0) for p in committed_full),
+        "no partial file": not leftovers,
+        "no restart": not restarts,
+        "nothing lost or repeated": figures["lost"] == 0 and figures["duplicated"] == 0,
+    }
+    fault_record(fault="checkpoint volume full", injected=1, survived=int(all(checks.values())), recovery_s=round(recovery_s, 1), **figures)
+    assert all(checks.values()), (checks, error, figures)

@@ -18,7 +18,7 @@ from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.stream.producer import ReplaySettings, ensure_topic, replay
 from kale_dagster.stream.samples import RECORD_SIZE, GroundTruth, decode, encode, partition_weights
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
-from kale_dagster.trainer.checkpoint import list_checkpoints, load_latest, save_atomic
+from kale_dagster.trainer.checkpoint import CheckpointWriteError, list_checkpoints, load_latest, save_atomic
 from kale_dagster.trainer.model import RollingAUC
 
 
@@ -32,6 +32,15 @@ def test_checkpoint_is_atomic_and_pruned(tmp_path):
     (tmp_path / "ckpt-000000000005.pt").write_bytes(b"not a checkpoint")
     assert load_latest(tmp_path)["step"] == 4
     assert load_latest(tmp_path / "missing") is None
+
+
+def test_a_checkpoint_that_cannot_be_written_says_why_and_leaves_the_last_one(tmp_path):
+    save_atomic(tmp_path, 1, {"step": 1})
+    (tmp_path / "ckpt-000000000002.pt.tmp").symlink_to("/dev/full")  # every write: ENOSPC, as on a full volume
+    with pytest.raises(CheckpointWriteError, match=r"No space left on device; ckpt-000000000001.pt stays the latest"):
+        save_atomic(tmp_path, 2, {"step": 2})
+    assert not (tmp_path / "ckpt-000000000002.pt.tmp").exists()  # the partial file is gone
+    assert load_latest(tmp_path)["step"] == 1
 
 
 @pytest.mark.parametrize(

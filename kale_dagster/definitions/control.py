@@ -180,6 +180,8 @@ class PipelineControl:
             metadata["group_failed"] = status.failed
         if status is not None and status.poison_records:
             metadata["poison_records"] = status.poison_records
+        if status is not None and status.checkpoint_error:
+            metadata["checkpoint_error"] = status.checkpoint_error
         return step, metadata
 
     def tick(self, instance, reading: StreamReading, cursor: ControlCursor, plot_dir: Optional[str] = None) -> TickResult:

@@ -60,7 +60,8 @@ class LauncherStatus:
     ``measures`` says whether the launcher relays the workers' metrics at all.
     ``failed`` says why the running group has failed (a pod OOM-killed, its node lost or preempted) when
     nothing will restart it but a rescale; empty otherwise.  ``poison_records`` counts the records the
-    running workers skipped because they were not valid samples.
+    running workers skipped because they were not valid samples; ``checkpoint_error`` why the
+    group's last checkpoint could not be written (empty once one is).
     """
 
     workers: int
@@ -73,6 +74,7 @@ class LauncherStatus:
     emulated: bool = False
     failed: str = ""
     poison_records: int = 0
+    checkpoint_error: str = ""
 
     def to_dict(self) -> dict:
         return {**asdict(self), "downtimes_s": list(self.downtimes_s)}

@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 from kale_dagster.stream.samples import RECORD, decode
 from kale_dagster.stream.source import WORKER_ENV
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
-from kale_dagster.trainer.checkpoint import load_latest, save_atomic
+from kale_dagster.trainer.checkpoint import CheckpointWriteError, load_latest, save_atomic
 from kale_dagster.trainer.committer import OffsetCommitter
 from kale_dagster.trainer.model import CTRModel, RollingAUC, batch_tensors
 from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S, GroupAssignment, StepStatus, WorkerEvent, event_line
@@ -150,6 +150,7 @@ class Worker:
         self.committer = None  # rank 0's OffsetCommitter for the current group, once it has checkpointed
         self.samples_per_record = 1  # as last seen: turns the queue's room into a record count
         self.poison_records = 0  # records skipped since the process started (not whole, valid samples)
+        self.checkpoint_error = ""  # why the last checkpoint could not be written (rank 0), empty once one is
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -356,7 +357,7 @@ class Worker:
         if time.monotonic() - window.start < self.args.metrics_every_s:
             return window
         emit(WorkerEvent.METRICS, rank=self.rank, world=self.world, **window.fields(), auc=self.auc.value(), step=step,
-             emulated=bool(self.args.emulate_gpu_rate), poison_records=self.poison_records)
+             emulated=bool(self.args.emulate_gpu_rate), poison_records=self.poison_records, checkpoint_error=self.checkpoint_error)
         return MetricsWindow()
 
     def gather_status(self, mine: StepStatus) -> list[StepStatus]:
@@ -441,11 +442,19 @@ class Worker:
                 "step": step, "trained_total": trained_total, "offsets": offsets, "partition_rates": rates,
                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "world": self.world,
             }
-            path = save_atomic(self.args.checkpoint_dir, step, state, keep=self.args.keep)
-            if self.committer is None:
-                self.committer = OffsetCommitter(kafka_config(self.args.bootstrap_servers), self.args.group_id, self.args.topic)
-            self.committer.submit(offsets)  # after the save, never ahead of it; off the step, never stalling it
-            emit(WorkerEvent.CHECKPOINT, step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
+            try:
+                path = save_atomic(self.args.checkpoint_dir, step, state, keep=self.args.keep)
+            except CheckpointWriteError as exc:
+                # Training goes on; Kafka keeps the offsets of the last checkpoint written, so a restart
+                # repeats what was trained since (nothing is lost) and the growing lag shows it.
+                self.checkpoint_error = str(exc)
+                print(f"{exc}; training continues, offsets not committed past it", file=sys.stderr, flush=True)
+            else:
+                self.checkpoint_error = ""
+                if self.committer is None:
+                    self.committer = OffsetCommitter(kafka_config(self.args.bootstrap_servers), self.args.group_id, self.args.topic)
+                self.committer.submit(offsets)  # after the save, never ahead of it; off the step, never stalling it
+                emit(WorkerEvent.CHECKPOINT, step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
         dist.barrier()
         return step, trained_total
 
