@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from support import committed_offsets, decision_of, end_offsets, produce_events, sensor_tick, trained_samples, wait_for
+from support import committed_offsets, decision_of, descendants, end_offsets, produce_events, running, sensor_tick, trained_samples, wait_for
 
 from kale_dagster import KafkaSource
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
@@ -287,3 +287,61 @@ def test_a_full_checkpoint_volume_keeps_training_the_last_checkpoint_and_its_off
     }
     fault_record(fault="checkpoint volume full", injected=1, survived=int(all(checks.values())), recovery_s=round(recovery_s, 1), **figures)
     assert all(checks.values()), (checks, error, figures)
+
+
+def test_a_killed_trainer_service_leaves_no_orphans_and_a_new_one_resumes(kafka_broker, tmp_path, fault_record):
+    import subprocess
+    import sys
+
+    from kale_dagster.launchers.service import LocalTrainerClient
+    from kale_dagster.stream.broker import free_loopback_port
+
+    servers = kafka_broker.bootstrap_servers
+    ensure_topic(servers, TOPIC, PARTITIONS)
+    (tmp_path / "trained").mkdir()
+
+    def serve(port: int) -> tuple[subprocess.Popen, LocalTrainerClient]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kale_dagster.cli", "trainer", "serve", "--bootstrap-servers", servers, "--topic", TOPIC, "--group-id", "trainer",
+             "--checkpoint-dir", str(tmp_path / "ckpt"), "--workers", "2", "--batch-size", "64", "--emulate-gpu-rate", "300",
+             "--trained-log", str(tmp_path / "trained"), "--port", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        client = LocalTrainerClient(f"http://127.0.0.1:{port}")
+
+        def up():
+            try:
+                return client.workers == 2
+            except RuntimeError:
+                return False
+
+        wait_for(up, 120, "the trainer service and its 2 workers")
+        return proc, client
+
+    produced = produce(servers, 1500)
+    first, _ = serve(free_loopback_port())
+    second = None
+    try:
+        time.sleep(3.0)
+        workers = descendants(first.pid)
+        first.kill()  # SIGKILL: no chance to stop its workers
+        first.wait()
+        killed_at = time.monotonic()
+        wait_for(lambda: not any(running(pid) for pid in workers), 60, "the orphaned workers to leave")
+        orphans_gone_s = time.monotonic() - killed_at
+        produced = produce(servers, 1500, start_seq=produced)
+        second, client = serve(free_loopback_port())
+        recovery_s = time.monotonic() - killed_at
+        ends = end_offsets(servers, TOPIC, PARTITIONS)
+        wait_for(lambda: committed_offsets(servers, TOPIC, "trainer", PARTITIONS) == ends, 90, "the new service's group to catch up")
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+                proc.wait(timeout=120)
+    figures = accounting(tmp_path, produced)
+    survived = figures["lost"] == 0 and figures["duplicated"] == 0
+    fault_record(fault="trainer service killed (SIGKILL) while its workers trained; a new one started", injected=1, survived=int(survived),
+                 recovery_s=round(recovery_s, 1), **figures)
+    print(f"orphaned workers left {orphans_gone_s:.1f} s after the service died")
+    # Orphaned workers stop as on SIGTERM (checkpoint, commit): nothing lost, nothing repeated.
+    assert figures["lost"] == 0 and figures["duplicated"] == 0, figures

@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--batch-size", type=int, default=256)
     serve.add_argument("--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap each worker at this many samples/s")
+    serve.add_argument("--trained-log", help="directory for per-worker logs of every trained (partition, offset, sample seq): "
+                                             "end-to-end accounting for tests and benchmarks")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind; loopback only (127.0.0.1 or localhost)")
     serve.add_argument("--token-file", help="where to write the access token (default: $XDG_RUNTIME_DIR/kale/trainer-PORT.token, "
@@ -39,7 +41,8 @@ def register(subparsers) -> None:
 
 def run_serve(args) -> int:
     source = KafkaSource(args.bootstrap_servers, (args.topic,), args.group_id)
-    settings = TrainerSettings(source, args.checkpoint_dir, batch_size=args.batch_size, emulate_gpu_rate=args.emulate_gpu_rate)
+    settings = TrainerSettings(source, args.checkpoint_dir, batch_size=args.batch_size, emulate_gpu_rate=args.emulate_gpu_rate,
+                               trained_log=args.trained_log)
     launcher = LocalLauncher(settings)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

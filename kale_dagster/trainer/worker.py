@@ -33,6 +33,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -481,6 +482,15 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def _leave_when_orphaned(parent: int, every_s: float = 1.0) -> None:
+    """Stop as on SIGTERM once the launcher that started this worker is gone (killed, crashed): nothing would
+    read its events, restart or stop it, and a new launcher would start a second group on the same partitions.
+    Polling the parent works from any thread, where PR_SET_PDEATHSIG follows the thread that forked."""
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     worker = Worker(args)
@@ -492,6 +502,7 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
+    threading.Thread(target=_leave_when_orphaned, args=(os.getppid(),), daemon=True).start()
     try:
         if not args.standby:
             env = os.environ
