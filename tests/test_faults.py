@@ -345,3 +345,32 @@ def test_a_killed_trainer_service_leaves_no_orphans_and_a_new_one_resumes(kafka_
     print(f"orphaned workers left {orphans_gone_s:.1f} s after the service died")
     # Orphaned workers stop as on SIGTERM (checkpoint, commit): nothing lost, nothing repeated.
     assert figures["lost"] == 0 and figures["duplicated"] == 0, figures
+
+
+def test_a_rescale_run_whose_process_died_is_failed_and_retried_not_waited_for(controlled, fault_record):
+    """A daemon or node killed mid-rescale takes the run's process along and leaves the run STARTED in storage;
+    left alone it would hold back every later rescale ("one at a time")."""
+    from dagster import DagsterEvent, DagsterEventType, DagsterRunStatus
+
+    from kale_dagster.definitions.control import TARGET_TAG
+
+    env = controlled
+    instance = env["instance"]
+    orphan = instance.create_run_for_job(env["defs"].resolve_job_def("ctl_rescale"), tags={TARGET_TAG: "3", "kale/pipeline": "ctl"})
+    instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, job_name="ctl_rescale"), orphan.run_id,
+                                  timestamp=time.time() - 3600)  # started an hour ago; its process is gone
+    assert instance.get_run_by_id(orphan.run_id).status == DagsterRunStatus.STARTED
+    produce_events(env["servers"], 40)
+    first = sensor_tick(env)  # the next tick finds it
+    noted = decision_of(first).get("stale_rescale_run", "")
+    failed = instance.get_run_by_id(orphan.run_id).status == DagsterRunStatus.FAILURE
+    time.sleep(0.5)
+    produce_events(env["servers"], 40)
+    second = sensor_tick(env, first.cursor)
+    decision = decision_of(second)
+    said = "was in flight for" in noted and "marked failed" in noted
+    survived = failed and said and decision["workers"] == 3
+    fault_record(fault="rescale run left STARTED by a killed daemon", injected=1, survived=int(survived))
+    assert failed and said, noted
+    assert decision["workers"] == 3  # the allocation still converges: the failure is retried after its backoff
+    assert "failed" in decision["action"] and "retrying in" in decision["action"], decision["action"]

@@ -123,6 +123,21 @@ class PipelineControl:
             return []
         return list(instance.get_run_records(RunsFilter(job_name=job, statuses=statuses), limit=limit))
 
+    def _rescale_in_flight(self, instance) -> tuple[bool, str]:
+        """Whether a rescale run is under way, and what was done about one that cannot be: a run in flight
+        longer than a rescale can take lost its process, and left alone it would hold back every later rescale."""
+        limit, now, live, stale = self.p.launcher.rescale_timeout_s, time.time(), False, ""
+        for record in self._runs(instance, self.rescale_job, IN_FLIGHT, limit=10):
+            age = now - (record.start_time or record.create_timestamp.timestamp())
+            if age <= limit:
+                live = True
+                continue
+            run = record.dagster_run
+            stale = (f"rescale run {run.run_id[:8]} was in flight for {age:.0f} s, longer than a rescale through "
+                     f"{self.p.launcher.describe()} takes ({limit:.0f} s): its process is gone; marked failed")
+            instance.report_run_failed(run, stale)
+        return live, stale
+
     # --- the step ------------------------------------------------------------------------
 
     def decide(self, instance, reading: StreamReading, cursor: ControlCursor = ControlCursor()) -> tuple[ControlStep, dict]:
@@ -134,7 +149,7 @@ class PipelineControl:
         model, model_source = self.throughput_model(instance)
         forecast = self.forecast()
         error = self._forecast_error(history, cursor, reading.time)
-        in_flight = bool(self._runs(instance, self.rescale_job, IN_FLIGHT))
+        in_flight, stale = self._rescale_in_flight(instance)
         step = self.controller.step(
             reading, status, model, forecast=forecast, forecast_error=error, policy_state=previous.get("policy_state"),
             rescale_in_flight=in_flight, time_scale=p.clock.time_scale, launcher_error=launcher_error,
@@ -178,6 +193,8 @@ class PipelineControl:
             metadata["held"] = step.held
         if status is not None and status.failed:
             metadata["group_failed"] = status.failed
+        if stale:
+            metadata["stale_rescale_run"] = stale
         if status is not None and status.poison_records:
             metadata["poison_records"] = status.poison_records
         if status is not None and status.checkpoint_error:
@@ -191,7 +208,9 @@ class PipelineControl:
         if step.rescale_to is not None:
             # The wall time of the decision, so a run's start and its rescale's end say how long acting took.
             requests.append(RunRequest(job_name=self.rescale_job, run_key=f"{self.p.name}-rescale-{reading.time:.0f}-{step.rescale_to}",
-                                       tags={"kale/pipeline": self.p.name, TARGET_TAG: str(step.rescale_to), DECIDED_TAG: f"{time.time():.3f}"}))
+                                       tags={"kale/pipeline": self.p.name, TARGET_TAG: str(step.rescale_to), DECIDED_TAG: f"{time.time():.3f}",
+                                             # Dagster's run monitoring, where enabled, fails it past this too.
+                                             "dagster/max_runtime": str(int(self.p.launcher.rescale_timeout_s))}))
         refit = self._refit_request(instance, reading.time)
         if refit is not None:
             requests.append(refit)

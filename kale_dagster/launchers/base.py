@@ -180,7 +180,13 @@ class Launcher(ABC):
 
 
 class LauncherConfig(ABC):
-    """Where a pipeline's workers run; ``build`` makes the launcher the rescale job drives."""
+    """Where a pipeline's workers run; ``build`` makes the launcher the rescale job drives.
+
+    ``rescale_timeout_s`` bounds how long one rescale run can take (stop, start, first step); a run in
+    flight for longer has lost its process (a killed daemon or node takes its run along) and is failed.
+    """
+
+    rescale_timeout_s: float = 900.0
 
     @abstractmethod
     def build(self, pipeline: str, source: "KafkaSource"):

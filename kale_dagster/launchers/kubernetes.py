@@ -85,6 +85,10 @@ class KubernetesLauncherConfig(LauncherConfig):
             if "password" in arg.lower() or "secret" in arg.lower():
                 raise KaleConfigError("trainer_args", "credentials must come from kafka_secret, not command-line arguments")
 
+    @property
+    def rescale_timeout_s(self) -> float:  # the old Job's stop, the new one's readiness, and a margin for the API
+        return self.stop_timeout_s + self.ready_timeout_s + 120.0
+
     def build(self, pipeline: str, source: KafkaSource) -> "KubernetesLauncher":
         return KubernetesLauncher(pipeline, self, source)
 
