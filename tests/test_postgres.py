@@ -11,6 +11,7 @@ resumes; a sensor whose history is on the dead server skips with the reason).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import StandInWorkers, wait_for
+from support import StandInWorkers, descendants, wait_for
 
 from kale_dagster.processes import stop_process_group
 from kale_dagster.stream.broker import free_loopback_port
@@ -206,7 +207,12 @@ def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(
             assert len(before) >= 2 and rows_before >= len(before)  # one history row per reading
 
             # Phase 2: the daemon dies and comes back; cursor, policy state and history carry over.
+            # As a lost node would: the daemon and the code server it started (its own session) die together.
+            doomed = descendants(daemon.pid)
             os.killpg(daemon.pid, signal.SIGKILL)
+            for pid in doomed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             daemon.wait()
             restarted_at = max(d["time"] for d in before)
             daemon = start_daemon()
