@@ -49,6 +49,27 @@ def trainer(servers: str, tmp_path, **overrides) -> tuple[LocalLauncher, Trainer
     return LocalLauncher(settings, pool_size=2), settings
 
 
+class Feeder:
+    """100 valid samples every half second, in the background, until ``stop``; ``produced`` counts them."""
+
+    def __init__(self, servers: str):
+        self.servers, self.produced, self._stop = servers, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.produced = produce(self.servers, 100, start_seq=self.produced)
+            self._stop.wait(0.5)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 def caught_up(launcher: LocalLauncher, servers: str, timeout: float = 90) -> None:
     ends = end_offsets(servers, TOPIC, PARTITIONS)
 
@@ -92,15 +113,7 @@ def test_a_hung_worker_trips_the_collective_timeout_and_the_group_restarts_from_
     servers = kafka_broker.bootstrap_servers
     ensure_topic(servers, TOPIC, PARTITIONS)
     launcher, settings = trainer(servers, tmp_path)
-    stop = threading.Event()
-    produced = [0]
-
-    def keep_producing():
-        while not stop.is_set():
-            produced[0] = produce(servers, 100, start_seq=produced[0])
-            stop.wait(0.5)
-
-    feeder = threading.Thread(target=keep_producing, daemon=True)
+    feeder = Feeder(servers)
     try:
         launcher.start(2)
         feeder.start()
@@ -111,13 +124,12 @@ def test_a_hung_worker_trips_the_collective_timeout_and_the_group_restarts_from_
         record = wait_for(launcher.supervise_once, 60, "the group to restart after the collective timeout")
         recovery_s = time.monotonic() - injected_at
         time.sleep(3.0)
-        stop.set()
-        feeder.join()
+        feeder.stop()
         caught_up(launcher, servers)
     finally:
-        stop.set()
+        feeder.stop()
         launcher.stop()
-    figures = accounting(tmp_path, produced[0])
+    figures = accounting(tmp_path, feeder.produced)
     # What a crash may repeat: what the group trained since its last checkpoint (an interval and a step).
     bound = 2 * settings.emulate_gpu_rate * (settings.checkpoint_every_s + settings.batch_size / settings.emulate_gpu_rate)
     survived = record.reason.startswith("crash-restart") and figures["lost"] == 0 and figures["duplicated"] <= bound
@@ -242,14 +254,7 @@ def test_a_full_checkpoint_volume_keeps_training_the_last_checkpoint_and_its_off
     servers = kafka_broker.bootstrap_servers
     ensure_topic(servers, TOPIC, PARTITIONS)
     launcher, _ = trainer(servers, tmp_path)
-    stop, produced = threading.Event(), [0]
-
-    def keep_producing():
-        while not stop.is_set():
-            produced[0] = produce(servers, 100, start_seq=produced[0])
-            stop.wait(0.5)
-
-    feeder = threading.Thread(target=keep_producing, daemon=True)
+    feeder = Feeder(servers)
     filler = small_volume / "filler"
     try:
         launcher.start(2)
@@ -268,14 +273,13 @@ def test_a_full_checkpoint_volume_keeps_training_the_last_checkpoint_and_its_off
         freed_at = time.monotonic()
         wait_for(lambda: not launcher.status().checkpoint_error, 30, "a checkpoint once space is back")
         recovery_s = time.monotonic() - freed_at
-        stop.set()
-        feeder.join()
+        feeder.stop()
         caught_up(launcher, servers)
         restarts = [r for r in launcher.records if r.reason.startswith("crash-restart")]
     finally:
-        stop.set()
+        feeder.stop()
         launcher.stop()
-    figures = accounting(tmp_path, produced[0])
+    figures = accounting(tmp_path, feeder.produced)
     latest_offsets = {int(p): o for p, o in saved["offsets"].items()}
     checks = {
         "clear error": "No space left on device" in error and "stays the latest" in error,

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import StandInWorkers, descendants, wait_for
+from support import StandInWorkers, descendants, produce_events, wait_for
 
 from kale_dagster.processes import stop_process_group
 from kale_dagster.stream.broker import free_loopback_port
@@ -121,17 +121,9 @@ defs = build_definitions(pipeline)
 
 
 def _produce_until(servers: str, stop: threading.Event) -> None:
-    from kafka import KafkaProducer
-
-    producer = KafkaProducer(bootstrap_servers=servers)
-    i = 0
     while not stop.is_set():
-        for _ in range(20):
-            producer.send("events", value=b"x" * 29, partition=i % 2)
-            i += 1
-        producer.flush()
+        produce_events(servers, 20)
         stop.wait(0.5)
-    producer.close()
 
 
 def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(kafka_broker, postgres, tmp_path, fault_record):

@@ -101,8 +101,8 @@ def test_samples_round_trip_and_learnable_labels():
     nan["dense"][0, 3] = np.nan
     label = records[1:2].copy()
     label["label"] = 7
-    samples, counts = decode([b"short", values[0], nan.tobytes(), label.tobytes(), b"", packed[0]])
-    assert list(counts) == [0, 1, 0, 0, 0, 16] and (samples == np.concatenate([records[:1], records[:16]])).all()
+    samples, counts = decode([b"short", values[0], nan.tobytes(), label.tobytes(), b"", None, packed[0]])  # None: a tombstone
+    assert list(counts) == [0, 1, 0, 0, 0, 0, 16] and (samples == np.concatenate([records[:1], records[:16]])).all()
     assert np.allclose(partition_weights(4, 0.5), [0.5, 1 / 6, 1 / 6, 1 / 6])
 
 

@@ -27,12 +27,12 @@ def register(subparsers) -> None:
 
 
 def run_backfill(args) -> int:
+    from kafka.errors import KafkaError
+
     from kale_dagster.definitions.backfill import backfill_pipeline
 
     pipeline = find_pipeline(args.module, args.pipeline)
     started = time.monotonic()
-    from kafka.errors import KafkaError
-
     bar = ProgressBar("backfill", enabled=not args.json)
     try:
         result = backfill_pipeline(pipeline, args.days, bucket_s=args.bucket_seconds, done=bar.update)

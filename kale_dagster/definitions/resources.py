@@ -98,21 +98,14 @@ class KafkaStreamResource(ConfigurableResource):
 
     def snapshot(self, previous: Optional[PreviousOffsets] = None, fetch_timeout_s: float = 5.0) -> StreamSnapshot:
         """Read the stream's offsets now; rates come from ``previous`` when given."""
-        from kafka import KafkaAdminClient, KafkaConsumer
+        from kafka import KafkaAdminClient
 
-        common = self.client_config()
-        consumer = admin = None
-        try:
-            consumer = KafkaConsumer(
-                **common, enable_auto_commit=False, group_id=None,
-                max_partition_fetch_bytes=1024, fetch_max_wait_ms=50, fetch_min_bytes=1,
-                connections_max_idle_ms=max(self.request_timeout_ms * 2, 60_000),
-            )
-            admin = KafkaAdminClient(**common)
-            raw = read_offsets(consumer, admin, self.topics, self.group_id, fetch_timeout_s)
-        finally:
-            for client in (consumer, admin):
-                if client is not None:
-                    with contextlib.suppress(Exception):
-                        client.close()
+        with self.consumer(max_partition_fetch_bytes=1024, fetch_max_wait_ms=50, fetch_min_bytes=1,
+                           connections_max_idle_ms=max(self.request_timeout_ms * 2, 60_000)) as consumer:
+            admin = KafkaAdminClient(**self.client_config())
+            try:
+                raw = read_offsets(consumer, admin, self.topics, self.group_id, fetch_timeout_s)
+            finally:
+                with contextlib.suppress(Exception):
+                    admin.close()
         return build_snapshot(raw, previous, self.samples_per_record)

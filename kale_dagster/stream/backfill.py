@@ -143,10 +143,10 @@ class FetchSearchLookup(OffsetLookup):
         if hi - lo <= len(boundaries) * self.reader.run_records:
             self._scan(tp, boundaries, lo, hi, found)  # more boundaries than runs to read: reading them all is cheaper
             return
-        run, _ = self.reader.run_at(tp, (lo + hi) // 2)
+        mid = (lo + hi) // 2
+        run, _ = self.reader.run_at(tp, mid)
         run = [(offset, ts) for offset, ts in run if offset < hi]
         if not run:  # no record in [mid, hi): every answer is in [lo, mid), or hi itself
-            mid = (lo + hi) // 2
             sub: dict[int, int] = {}
             self._search(tp, boundaries, lo, mid, sub)
             found.update((b, hi if o == mid else o) for b, o in sub.items())

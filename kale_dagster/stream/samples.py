@@ -10,6 +10,7 @@ a trainer that learns it shows a rising AUC: the number means something.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -64,15 +65,17 @@ def encode(records: np.ndarray, samples_per_record: int = 1) -> list[bytes]:
     return [raw[i : i + size] for i in range(0, len(raw), size)]
 
 
-def decode(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def decode(values: list[Optional[bytes]]) -> tuple[np.ndarray, np.ndarray]:
     """Samples from record values, and how many samples each value carried.
 
     A value that is not whole samples with a 0/1 label and finite features
-    (a poison record: another producer, a truncated write) carries 0: it is
-    skipped, and the caller counts it, rather than stopping training on it.
+    (a poison record: another producer, a truncated write, a tombstone's
+    None) carries 0: it is skipped, and the caller counts it, rather than
+    stopping training on it.
     """
     if not values:
         return np.empty(0, dtype=RECORD), np.empty(0, dtype=np.int64)
+    values = [v or b"" for v in values]
     lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
     whole = (lengths % RECORD_SIZE == 0) & (lengths > 0)
     counts = np.where(whole, lengths // RECORD_SIZE, 0)

@@ -239,7 +239,7 @@ class Worker:
         for tp, records in consumer.poll(timeout_ms=wait_ms, max_records=max(room // self.samples_per_record, 1)).items():
             if not records:
                 continue
-            samples, counts = decode([r.value or b"" for r in records])  # a tombstone has no value
+            samples, counts = decode([r.value for r in records])
             poison = counts == 0
             if poison.any():  # skipped, never retried: its offset is passed like any other
                 self.poison_records += int(poison.sum())
@@ -458,6 +458,7 @@ class Worker:
                 emit(WorkerEvent.CHECKPOINT, step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
         dist.barrier()
         return step, trained_total
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description="kale trainer worker")
