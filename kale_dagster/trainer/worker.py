@@ -68,7 +68,12 @@ def kafka_config(servers: str) -> dict:
 
 
 def emit(event: WorkerEvent, **fields) -> None:
-    print(event_line(event, **fields), flush=True)
+    try:
+        print(event_line(event, **fields), flush=True)
+    except BrokenPipeError:
+        # The launcher that read these is gone: events go nowhere from now on, and the worker stops
+        # gracefully (``_leave_when_orphaned``) instead of dying mid-step on a write.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 class LocalQueue:
