@@ -103,14 +103,16 @@ def snapshot_metadata(snap: StreamSnapshot, figures: dict) -> dict:
 
 
 def reading_from(history: MetricsHistory, pipeline: str, now: float, snap: StreamSnapshot, figures: dict, rate_window_s: float) -> StreamReading:
-    """The controller's reading: rates averaged over the window (None on a first snapshot), lag now."""
+    """The controller's reading: rates averaged over the window and the latest interval's (None on a first
+    snapshot), lag now."""
     arrival = consumption = None
     if figures["arrival_rate"] is not None:
         recent = history.stream(pipeline, start=now - rate_window_s)
         arrival = float(recent["arrival_rate"].dropna().mean())
         consumption = float(recent["consumption_rate"].dropna().mean()) if recent["consumption_rate"].notna().any() else 0.0
     partitions = tuple(PartitionOffsets(p.partition, p.end_offset, p.committed) for p in snap.partitions)
-    return StreamReading(now, arrival, consumption, float(snap.sample_lag), figures["time_lag_s"], partitions)
+    return StreamReading(now, arrival, consumption, float(snap.sample_lag), figures["time_lag_s"], partitions,
+                         latest_arrival_rate=figures["arrival_rate"])
 
 
 def build_stream_metrics_sensor(

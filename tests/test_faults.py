@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -46,7 +49,8 @@ def trainer(servers: str, tmp_path, **overrides) -> tuple[LocalLauncher, Trainer
         "batch_size": 64, "emulate_gpu_rate": 300, "checkpoint_every_s": 1.0, "trained_log": str(tmp_path / "trained"),
         "collective_timeout_s": 5, **overrides})
     (tmp_path / "trained").mkdir(exist_ok=True)
-    return LocalLauncher(settings, pool_size=2), settings
+    # Worker logs beside, not on, the checkpoint volume, which the volume faults fill or remount read-only.
+    return LocalLauncher(settings, pool_size=2, log_dir=tmp_path / "logs"), settings
 
 
 class Feeder:
@@ -166,67 +170,60 @@ def test_a_locked_metrics_history_skips_the_tick_and_the_next_one_recovers(contr
     assert decision["workers"] == 3 and "held" not in decision
 
 
-FREEZE_S = 20.0  # the issue asks for two minutes; 20 s spans several sensor ticks and the workers' fetch timeouts
+FREEZE_S = 120.0  # spans many sensor ticks, the workers' fetch and request timeouts, and the committer's retries
 
 
-def test_a_frozen_broker_skips_sensor_ticks_without_false_readings_and_no_scale_in(controlled, kafka_broker, fault_record):
+def test_a_broker_frozen_for_two_minutes_skips_ticks_holds_and_training_loses_nothing(controlled, kafka_broker, tmp_path, fault_record):
+    """One freeze, both sides of it: the metrics sensor (stand-in workers behind the trainer service) and real torch
+    workers training from the same broker."""
     from dagster import SkipReason
 
     from kale_dagster.stream.history import MetricsHistory
 
-    env = controlled
-    produce_events(env["servers"], 40)
-    first = sensor_tick(env)
-    time.sleep(0.5)
-    produce_events(env["servers"], 40)
-    second = sensor_tick(env, first.cursor)
-    before = decision_of(second)
-    history = MetricsHistory(env["p"].history_url)
-    rows_before = len(history.stream("ctl"))
-    os.kill(kafka_broker.process.pid, signal.SIGSTOP)
-    try:
-        frozen_at, skips = time.monotonic(), []
-        while time.monotonic() - frozen_at < FREEZE_S:
-            skips.append(sensor_tick(env, second.cursor))
-    finally:
-        os.kill(kafka_broker.process.pid, signal.SIGCONT)
-    resumed_at = time.monotonic()
-    rows_during = len(history.stream("ctl"))
-    produce_events(env["servers"], 40)
-    after = sensor_tick(env, second.cursor)
-    recovery_s = time.monotonic() - resumed_at
-    decision = decision_of(after)
-    skipped = all(isinstance(s, SkipReason) and s.skip_message.startswith("could not read the stream") for s in skips)
-    survived = skipped and rows_during == rows_before and decision["workers"] >= before["workers"] and "held" not in decision
-    fault_record(fault=f"broker frozen (SIGSTOP) {FREEZE_S:.0f} s: sensor", injected=len(skips), survived=int(survived), recovery_s=round(recovery_s, 1))
-    assert skips and skipped, [getattr(s, "skip_message", s) for s in skips]
-    assert rows_during == rows_before  # no reading invented while the broker was silent
-    assert decision["workers"] >= before["workers"] and "held" not in decision  # no scale-in on missing data; decides again at once
-
-
-def test_training_rides_out_a_frozen_broker_and_loses_nothing(kafka_broker, tmp_path, fault_record):
-    servers = kafka_broker.bootstrap_servers
+    env, servers = controlled, kafka_broker.bootstrap_servers
     ensure_topic(servers, TOPIC, PARTITIONS)
     produced = produce(servers, 1500)
-    launcher, _ = trainer(servers, tmp_path)
+    (tmp_path / "training").mkdir()
+    launcher, _ = trainer(servers, tmp_path / "training")
     try:
         launcher.start(2)
-        time.sleep(2.0)
+        produce_events(servers, 40)
+        first = sensor_tick(env)
+        time.sleep(0.5)
+        produce_events(servers, 40)
+        second = sensor_tick(env, first.cursor)
+        before = decision_of(second)
+        history = MetricsHistory(env["p"].history_url)
+        rows_before = len(history.stream("ctl"))
         os.kill(kafka_broker.process.pid, signal.SIGSTOP)
         try:
-            time.sleep(FREEZE_S)
+            frozen_at, skips = time.monotonic(), []
+            while time.monotonic() - frozen_at < FREEZE_S:
+                skips.append(sensor_tick(env, second.cursor))
         finally:
             os.kill(kafka_broker.process.pid, signal.SIGCONT)
         resumed_at = time.monotonic()
+        rows_during = len(history.stream("ctl"))
+        produce_events(servers, 40)
+        after = sensor_tick(env, second.cursor)
+        sensor_recovery_s = time.monotonic() - resumed_at
         produced = produce(servers, 1500, start_seq=produced)
         caught_up(launcher, servers)
-        recovery_s = time.monotonic() - resumed_at
+        training_recovery_s = time.monotonic() - resumed_at
         restarts = [r.reason for r in launcher.records if r.reason.startswith("crash-restart")]
     finally:
         launcher.stop()
-    figures = accounting(tmp_path, produced)
-    survived = figures["lost"] == 0 and figures["duplicated"] == 0 and not restarts
-    fault_record(fault=f"broker frozen (SIGSTOP) {FREEZE_S:.0f} s: training", injected=1, survived=int(survived), recovery_s=round(recovery_s, 1), **figures)
+    decision = decision_of(after)
+    skipped = all(isinstance(s, SkipReason) and s.skip_message.startswith("could not read the stream") for s in skips)
+    survived = skipped and rows_during == rows_before and decision["workers"] >= before["workers"] and "held" not in decision
+    fault_record(fault=f"broker frozen (SIGSTOP) {FREEZE_S:.0f} s: sensor", injected=len(skips), survived=int(survived),
+                 recovery_s=round(sensor_recovery_s, 1))
+    figures = accounting(tmp_path / "training", produced)
+    fault_record(fault=f"broker frozen (SIGSTOP) {FREEZE_S:.0f} s: training", injected=1,
+                 survived=int(figures["lost"] == 0 and figures["duplicated"] == 0 and not restarts), recovery_s=round(training_recovery_s, 1), **figures)
+    assert skips and skipped, [getattr(s, "skip_message", s) for s in skips]
+    assert rows_during == rows_before  # no reading invented while the broker was silent
+    assert decision["workers"] >= before["workers"] and "held" not in decision  # no scale-in on missing data; decides again at once
     # Offsets are committed off the training thread: a silent broker stalls no collective, so the group never restarts.
     assert not restarts
     assert figures["lost"] == 0 and figures["duplicated"] == 0, figures
@@ -234,9 +231,8 @@ def test_training_rides_out_a_frozen_broker_and_loses_nothing(kafka_broker, tmp_
 
 @pytest.fixture
 def small_volume(tmp_path):
-    """A 40 MB tmpfs for the checkpoints, so that the test can fill it; skipped where mounting is not allowed."""
-    import subprocess
-
+    """A 40 MB tmpfs for the checkpoints, so that the test can fill it or remount it read-only; skipped where
+    mounting is not allowed."""
     mount = tmp_path / "ckpt"
     mount.mkdir()
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)], capture_output=True, text=True)
@@ -248,20 +244,38 @@ def small_volume(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
-def test_a_full_checkpoint_volume_keeps_training_the_last_checkpoint_and_its_offsets(kafka_broker, tmp_path, small_volume, fault_record):
+def _fill(volume: Path) -> Callable[[], None]:
+    filler = volume / "filler"
+    free = os.statvfs(volume)
+    filler.write_bytes(b"\0" * (free.f_bavail * free.f_frsize - (1 << 20)))  # 1 MB left: no checkpoint fits
+    return filler.unlink
+
+
+def _make_read_only(volume: Path) -> Callable[[], None]:
+    # A remount refuses writes even to root, as a volume the kernel or the storage driver turned read-only does.
+    # It is refused (busy) while a checkpoint is being written: retried until it lands between two writes.
+    wait_for(lambda: subprocess.run(["mount", "-o", "remount,ro", str(volume)], capture_output=True).returncode == 0,
+             10, "a read-only remount between two checkpoint writes", poll_s=0.02)
+    return lambda: subprocess.run(["mount", "-o", "remount,rw", str(volume)], check=True)
+
+
+@pytest.mark.parametrize("fault, inject, message", [
+    ("checkpoint volume full", _fill, "No space left on device"),
+    ("checkpoint volume turned read-only", _make_read_only, "Read-only file system"),
+])
+def test_a_full_or_read_only_checkpoint_volume_keeps_training_the_last_checkpoint_and_its_offsets(
+        kafka_broker, tmp_path, small_volume, fault_record, fault, inject, message):
     from kale_dagster.trainer.checkpoint import list_checkpoints, load_latest
 
     servers = kafka_broker.bootstrap_servers
     ensure_topic(servers, TOPIC, PARTITIONS)
     launcher, _ = trainer(servers, tmp_path)
     feeder = Feeder(servers)
-    filler = small_volume / "filler"
     try:
         launcher.start(2)
         feeder.start()
         wait_for(lambda: list_checkpoints(small_volume), 30, "a first checkpoint")
-        free = os.statvfs(small_volume)
-        filler.write_bytes(b"\0" * (free.f_bavail * free.f_frsize - (1 << 20)))  # 1 MB left: no checkpoint fits
+        undo = inject(small_volume)
         error = wait_for(lambda: launcher.status().checkpoint_error, 30, "the workers to report the failed checkpoint")
         saved = load_latest(small_volume)  # the previous checkpoint stays whole and loadable
         trained_before = len(trained_samples(tmp_path / "trained"))
@@ -269,9 +283,9 @@ def test_a_full_checkpoint_volume_keeps_training_the_last_checkpoint_and_its_off
         committed_full = committed_offsets(servers, TOPIC, "trainer", PARTITIONS)
         trained_full = len(trained_samples(tmp_path / "trained"))
         leftovers = [p.name for p in small_volume.iterdir() if p.name.endswith(".tmp")]
-        filler.unlink()
+        undo()
         freed_at = time.monotonic()
-        wait_for(lambda: not launcher.status().checkpoint_error, 30, "a checkpoint once space is back")
+        wait_for(lambda: not launcher.status().checkpoint_error, 30, "a checkpoint once the volume is writable again")
         recovery_s = time.monotonic() - freed_at
         feeder.stop()
         caught_up(launcher, servers)
@@ -282,19 +296,18 @@ def test_a_full_checkpoint_volume_keeps_training_the_last_checkpoint_and_its_off
     figures = accounting(tmp_path, feeder.produced)
     latest_offsets = {int(p): o for p, o in saved["offsets"].items()}
     checks = {
-        "clear error": "No space left on device" in error and "stays the latest" in error,
+        "clear error": message in error and "stays the latest" in error,
         "training went on": trained_full > trained_before,
         "offsets not past the saved checkpoint": all(committed_full[p] <= latest_offsets.get(p, 0) for p in committed_full),
         "no partial file": not leftovers,
         "no restart": not restarts,
         "nothing lost or repeated": figures["lost"] == 0 and figures["duplicated"] == 0,
     }
-    fault_record(fault="checkpoint volume full", injected=1, survived=int(all(checks.values())), recovery_s=round(recovery_s, 1), **figures)
+    fault_record(fault=fault, injected=1, survived=int(all(checks.values())), recovery_s=round(recovery_s, 1), **figures)
     assert all(checks.values()), (checks, error, figures)
 
 
 def test_a_killed_trainer_service_leaves_no_orphans_and_a_new_one_resumes(kafka_broker, tmp_path, fault_record):
-    import subprocess
     import sys
 
     from kale_dagster.launchers.service import LocalTrainerClient
@@ -378,3 +391,35 @@ def test_a_rescale_run_whose_process_died_is_failed_and_retried_not_waited_for(c
     assert failed and said, noted
     assert decision["workers"] == 3  # the allocation still converges: the failure is retried after its backoff
     assert "failed" in decision["action"] and "retrying in" in decision["action"], decision["action"]
+
+
+def test_a_10x_arrival_burst_is_met_by_the_emergency_path_within_one_tick(controlled, fault_record):
+    """Kale's fallback acts on the latest interval's rate: the windowed rate and the lag would take a rate window
+    or half an SLO to show the burst, too late for a restart to keep the lag under the SLO."""
+    from dataclasses import replace
+
+    from kale_dagster import ThroughputModel, build_definitions
+    from kale_dagster.definitions.control import TARGET_TAG
+
+    # One worker takes 1 sample per pipeline second: the steady ~40 records per ~1 s tick (1.3/s at 30x) keep two busy.
+    p = replace(controlled["p"], policy="kale", policy_options={}, throughput_prior=ThroughputModel.linear(1.0))
+    env = {**controlled, "p": p, "defs": build_definitions(p)}
+    cursor, steady = None, []
+    for _ in range(6):
+        produce_events(env["servers"], 40)
+        result = sensor_tick(env, cursor)
+        cursor = result.cursor
+        steady.append(decision_of(result))
+        time.sleep(0.5)
+    produce_events(env["servers"], 400)  # 10x in one interval
+    burst_at = time.monotonic()
+    result = sensor_tick(env, cursor)
+    recovery_s = time.monotonic() - burst_at
+    decision = decision_of(result)
+    rescales = [int(r.tags[TARGET_TAG]) for r in result.run_requests if TARGET_TAG in r.tags]
+    caught = "burst:" in decision["reason"] and decision["workers"] > decision["running_workers"] and rescales == [decision["workers"]]
+    fault_record(fault="10x arrival burst in one metrics interval", injected=1, survived=int(caught), recovery_s=round(recovery_s, 1))
+    assert all("burst:" not in d["reason"] for d in steady), [d["reason"] for d in steady]  # steady noise is no burst
+    assert caught, (decision, rescales)
+    # The windowed rate, which has not caught up yet, would not have called for it.
+    assert decision["latest_arrival_rate"] > 2 * decision["arrival_rate"], decision

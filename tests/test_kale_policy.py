@@ -125,6 +125,31 @@ def test_fallback_takes_over(obs_kwargs, trigger):
     assert trigger in d.reason
 
 
+def _burst_obs(latest, forecast=True, workers=4, rate=3500.0):
+    base = _obs(workers=workers, rate=rate, forecast=_forecast([3500] * 120) if forecast else None)
+    return Observation(**{**base.__dict__, "latest_arrival_rate": latest})
+
+
+@pytest.mark.parametrize(
+    "case, obs, acts, workers",
+    [
+        # 4 workers take 4,000/s; the forecast expects 3,500/s: a burst is above 2 x 4,000/s.
+        ("10x the forecast in the last interval: scale up at once, sized for it", _burst_obs(35_000.0), True, 32),
+        ("2.5x: past both bounds; sized for it and the restart's backlog", _burst_obs(10_000.0), True, 12),
+        ("1.9x capacity: not a burst, the plan holds", _burst_obs(7_600.0), False, 4),
+        ("no latest interval (first reading)", _burst_obs(None), False, 4),
+        ("over-provisioned: 3x the forecast but under 2x capacity; the plan scales in", _burst_obs(10_500.0, workers=16), False, 6),
+        ("no forecast: the windowed rate is what is expected", _burst_obs(35_000.0, forecast=False), True, 32),
+    ],
+)
+def test_a_burst_in_the_latest_interval_triggers_the_fallback_at_once(case, obs, acts, workers):
+    d = KalePolicy(LINEAR, KaleConfig(slo_s=1200, max_workers=32)).decide(obs)
+    assert ("burst:" in d.reason) == acts, (case, d.reason)
+    assert d.workers == workers, (case, d.reason)
+    if acts:
+        assert d.policy == "kale/fallback"
+
+
 def test_fallback_drains_a_large_backlog():
     policy = KalePolicy(LINEAR, KaleConfig(slo_s=1200))
     # 3 workers cannot keep up with 3,500/s: lag would grow without bound.
@@ -172,6 +197,7 @@ def test_waits_while_restarting():
         (dict(forecast_quantile=1.5), "forecast_quantile"),
         (dict(rho=0), "rho"),
         (dict(lag_weight=-1), "lag_weight"),
+        (dict(burst_ratio=1.0), "burst_ratio"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, field):

@@ -43,6 +43,23 @@ def test_a_checkpoint_that_cannot_be_written_says_why_and_leaves_the_last_one(tm
     assert load_latest(tmp_path)["step"] == 1
 
 
+def test_a_read_only_volume_says_so_and_is_not_a_crash(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    save_atomic(tmp_path, 1, {"step": 1})
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr("builtins.open", refuse)  # the volume turned read-only: every write and unlink is refused
+    monkeypatch.setattr(os, "unlink", refuse)
+    with pytest.raises(CheckpointWriteError, match=r"Read-only file system; ckpt-000000000001.pt stays the latest"):
+        save_atomic(tmp_path, 2, {"step": 2})
+    monkeypatch.undo()
+    assert load_latest(tmp_path)["step"] == 1
+
+
 @pytest.mark.parametrize(
     "rates, workers, expected",
     [

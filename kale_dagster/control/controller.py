@@ -6,7 +6,7 @@ what actually runs and what was measured, in pipeline units
 (``control.clock``):
 
 1. observe: the stream (lag, time lag, rates averaged over the rate
-   window), what the launcher reports (workers allocated, their busy share,
+   window and the latest interval's arrival rate), what the launcher reports (workers allocated, their busy share,
    a restart in progress), the fitted throughput model and the forecast,
    into the same ``Observation`` the simulator builds, with the same
    utilization formula (``model.utilization``);
@@ -56,7 +56,12 @@ class ControlSettings:
 
 @dataclass(frozen=True)
 class StreamReading:
-    """Telemetry at one tick, in pipeline units; rates are None until two readings exist."""
+    """Telemetry at one tick, in pipeline units; rates are None until two readings exist.
+
+    ``arrival_rate`` is averaged over the rate window, which a one-interval spike
+    cannot move; ``latest_arrival_rate``, over the interval since the previous
+    reading, is where a burst shows first.
+    """
 
     time: float
     arrival_rate: Optional[float]
@@ -64,6 +69,7 @@ class StreamReading:
     backlog: float
     time_lag_s: float
     partitions: tuple[PartitionOffsets, ...] = ()
+    latest_arrival_rate: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,7 @@ class Controller:
             forecast=forecast,
             forecast_error=forecast_error,
             restarting=status.rescaling or rescale_in_flight or starting,
+            latest_arrival_rate=reading.latest_arrival_rate,
         )
 
     def step(

@@ -162,7 +162,9 @@ def latest_reading(p: OnlineTrainingPipeline, rate_window_s: float) -> StreamRea
     window = latest[latest["ts"] >= row["ts"] - rate_window_s]
     arrival = float(window["arrival_rate"].dropna().mean()) if window["arrival_rate"].notna().any() else None
     consumption = float(window["consumption_rate"].dropna().mean()) if window["consumption_rate"].notna().any() else 0.0
-    return StreamReading(float(row["ts"]), arrival, consumption, float(row["sample_lag"] or 0), float(row["time_lag_s"] or 0.0))
+    last_interval = float(row["arrival_rate"]) if pd.notna(row["arrival_rate"]) else None
+    return StreamReading(float(row["ts"]), arrival, consumption, float(row["sample_lag"] or 0), float(row["time_lag_s"] or 0.0),
+                         latest_arrival_rate=last_interval)
 
 
 def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:

@@ -187,6 +187,8 @@ class PipelineControl:
         if obs is not None:
             metadata.update({"arrival_rate": obs.arrival_rate, "time_lag_s": obs.time_lag_s, "backlog": obs.backlog,
                              "utilization": round(obs.utilization, 4), "restarting": obs.restarting})
+            if obs.latest_arrival_rate is not None:
+                metadata["latest_arrival_rate"] = obs.latest_arrival_rate
         if error is not None:
             metadata["forecast_recent_smape"] = round(error, 4)
         if step.held:

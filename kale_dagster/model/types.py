@@ -47,6 +47,7 @@ class Observation:
     forecast: Optional[Forecast] = None
     forecast_error: Optional[float] = None
     restarting: bool = False
+    latest_arrival_rate: Optional[float] = None  # over the last reading's interval only: a burst shows here first
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 One decision, in stages that are each small and testable:
 
-1. fallback check: no forecast, lag above the fallback threshold, or recent
-   forecast error too large -> the reactive policy on measured rates acts;
+1. fallback check: a burst (the latest interval's arrival rate far above
+   both what the workers can consume and what was expected), no forecast,
+   lag above the fallback threshold, or recent forecast error too large ->
+   the reactive policy on measured rates acts;
 2. estimate: workers per plan step from the forecast (upper band or a
    quantile) plus the backlog's drain rate (``kale_dagster.model.estimator``);
 3. stabilize: our variant of the paper's Algorithm 1, or the paper's own with
@@ -64,6 +66,10 @@ class KaleConfig:
     drain_window_s: Optional[float] = None
     fallback_lag_s: Optional[float] = None
     max_forecast_error: float = 0.5
+    # A burst: the latest interval's arrival rate above this multiple of both the running workers' capacity and the
+    # expected rate (the forecast's planning level now; without one, the windowed mean).  Acted on at once: the
+    # windowed rate and the lag take a rate window or half an SLO to show it, too late to restart in time.
+    burst_ratio: float = 2.0
     scale_in_lag_guard_s: Optional[float] = None
     lag_weight: float = 8.0
     violation_weight: float = 100.0
@@ -91,6 +97,7 @@ class KaleConfig:
             value = getattr(self, name)
             need(value is None or value > 0, name, f"must be > 0 or None, got {value}")
         need(self.max_forecast_error > 0, "max_forecast_error", f"must be > 0, got {self.max_forecast_error}")
+        need(self.burst_ratio > 1, "burst_ratio", f"must be > 1 (a multiple of capacity and of the expected rate), got {self.burst_ratio}")
         for name in ("lag_weight", "violation_weight"):
             need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         need(self.projection_tick_s > 0, "projection_tick_s", f"must be > 0, got {self.projection_tick_s}")
@@ -137,6 +144,22 @@ class KalePolicy:
         self.last_change_time = state.get("last_change_time")
 
     # --- stages -------------------------------------------------------------
+
+    def _burst(self, obs: Observation) -> str:
+        """Why the latest interval's rate is a burst to act on now, or "" when it is not."""
+        latest = obs.latest_arrival_rate
+        if latest is None:
+            return ""
+        capacity = float(self.model.predict(obs.workers))
+        expected, of = obs.arrival_rate, "the windowed rate"
+        if obs.forecast is not None and len(obs.forecast):
+            skip = min(max(int((obs.time - obs.forecast.start) // obs.forecast.step_s), 0), len(obs.forecast) - 1)
+            expected, of = float(obs.forecast.level(self.config.forecast_quantile)[skip]), "the forecast"
+        bound = self.config.burst_ratio * max(capacity, expected)
+        if latest <= bound:
+            return ""
+        return (f"burst: {_fmt_rate(latest)} over the last interval, above {self.config.burst_ratio:g}x both the "
+                f"{obs.workers} workers' capacity {_fmt_rate(capacity)} and {of} {_fmt_rate(expected)}")
 
     def _fallback_reason(self, obs: Observation) -> str:
         cfg = self.config
@@ -253,6 +276,9 @@ class KalePolicy:
         if obs.restarting:
             return Decision(current, self.name, "rescale in progress; waiting for it to finish")
 
+        burst = self._burst(obs)
+        if burst:
+            return self._decide_reactive(obs, burst, rate=obs.latest_arrival_rate)
         fallback = self._fallback_reason(obs)
         if fallback:
             return self._decide_reactive(obs, fallback)
@@ -271,9 +297,10 @@ class KalePolicy:
         outlook = self._outlook(obs) if cfg.outlook_scale_in else None
         return self._apply_guards(obs, set(plan), rates, why, plan, details, policy=self.name, outlook=outlook, horizon_need=max(raw_plan))
 
-    def _decide_reactive(self, obs: Observation, trigger: str) -> Decision:
+    def _decide_reactive(self, obs: Observation, trigger: str, rate: Optional[float] = None) -> Decision:
+        """Size for the measured ``rate`` (the windowed arrival rate unless given) held over the judge horizon."""
         cfg = self.config
-        rate = obs.arrival_rate
+        rate = obs.arrival_rate if rate is None else rate
         if obs.forecast is not None and len(obs.forecast):
             rate = max(rate, float(obs.forecast.point[0]))
         rates = np.array([rate])

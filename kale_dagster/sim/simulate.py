@@ -298,7 +298,8 @@ def simulate(
                     busy_share = utilization(None, queue.backlog, measured, 0.0 if restarting else capacity_of[workers])
                 starting = now < restart_until + config.metrics_window_s
                 busy_consumed = busy_capacity = 0.0
-                reading = StreamReading(now, measured, consumption, seen.backlog, reported_lag(minute))
+                reading = StreamReading(now, measured, consumption, seen.backlog, reported_lag(minute),
+                                        latest_arrival_rate=rates[minute - 1] if minute > 0 else None)
                 status = LauncherStatus(workers, rescaling=restarting, measures=True, busy_share=None if starting else busy_share,
                                         downtimes_s=learned.downtimes())
                 step = controller.step(reading, status, planning_model, forecast=forecast,

@@ -46,7 +46,10 @@ def save_atomic(directory, step: int, state: dict, keep: int = 3) -> Path:
             os.fsync(fh.fileno())
         os.replace(tmp, final)
     except OSError as exc:  # full or read-only volume
-        tmp.unlink(missing_ok=True)  # give back the space the partial file took
+        try:
+            tmp.unlink(missing_ok=True)  # give back the space the partial file took
+        except OSError:
+            pass  # a read-only volume keeps it; loading never reads a .tmp file
         latest = list_checkpoints(directory)
         raise CheckpointWriteError(f"could not write checkpoint {final.name} to {directory}: {exc}; "
                                    f"{latest[-1].name if latest else 'no checkpoint'} stays the latest") from exc
