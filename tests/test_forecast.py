@@ -12,7 +12,7 @@ import pytest
 
 from kale_dagster import InputDataError
 from kale_dagster.forecast import EwmaForecaster, ProphetForecaster, SeasonalNaiveForecaster, make_forecaster
-from kale_dagster.forecast.evaluate import rolling_origin, smape
+from kale_dagster.forecast.evaluate import noise_floor, rolling_origin, rolling_origin_horizons, simple_baselines, smape
 from kale_dagster.forecast.history import prepare_history, read_trace_csv
 from kale_dagster.sim.trace import synth_trace
 
@@ -120,6 +120,40 @@ def test_rolling_origin_reports_baseline_on_the_same_folds():
     assert result.baseline == "seasonal-naive-day"
     assert result.smape == pytest.approx(result.baseline_smape)
     assert result.folds == 144 - 2
+
+
+def test_the_noise_floor_is_the_centered_average_s_error():
+    rate = np.array([10.0, 10, 10, 10, 17, 10, 10, 10, 10])
+    # At the spike the 7-bucket average is 11, off by 6; at its neighbours, off by 1.
+    assert noise_floor(rate, np.array([4])) == pytest.approx(6.0)
+    assert noise_floor(rate, np.array([3, 5])) == pytest.approx(1.0)
+    assert noise_floor(np.full(20, 5.0), np.arange(3, 17)) == 0.0
+
+
+def test_simple_baselines_see_only_the_past_and_choose_k_before_the_tail():
+    step = 3600.0  # a day is 24 buckets
+    rate = np.tile(np.r_[np.full(12, 1.0), np.full(12, 9.0)], 20)  # half-day on, half-day off, 20 days
+    origins = np.arange(24 * 15, 24 * 19, 1)
+    guesses = simple_baselines(rate, origins, horizon=1, step_s=step, held_out=np.arange(24 * 8, 24 * 15))
+    target = origins
+    assert np.array_equal(guesses["seasonal-naive-day"], rate[target - 24]) and np.array_equal(guesses["seasonal-naive-day"], rate[target])
+    assert np.array_equal(guesses["persistence"], rate[origins - 1])
+    (mean_name,) = [n for n in guesses if n.startswith("mean of last")]
+    assert mean_name == "mean of last 2"  # the shortest mean beats longer ones on a square wave; 1 is persistence
+
+
+def test_one_pass_scores_every_horizon_against_every_simple_baseline_and_the_floor():
+    hist = _history(days=10.0, step_s=600.0)
+    short, long = rolling_origin_horizons(hist, lambda: make_forecaster("prophet", horizon_s=7200), (1800, 7200), eval_days=2, origin_every_s=3600)
+    for r in (short, long):
+        assert set(r.simple_mae) >= {"seasonal-naive-day", "seasonal-naive-week", "persistence"} and r.folds > 40
+        assert r.baseline_mae == min(r.simple_mae["seasonal-naive-day"], r.simple_mae["seasonal-naive-week"])
+        assert r.floor_mae < r.baseline_mae  # a daily trace with noise: the floor is below repeating the past
+        assert r.gap_closed == pytest.approx((r.baseline_mae - r.mae) / (r.baseline_mae - r.floor_mae))
+    # The 10-minute plan step is one bucket of this trace: its mean is the point itself.
+    assert short.plan_step_mae == pytest.approx(short.mae)
+    # Two hours ahead, the daily swing defeats persistence; the forecast follows it.
+    assert long.mae < 0.5 * long.simple_mae["persistence"]
 
 
 def test_read_trace_converts_counts_to_rates():

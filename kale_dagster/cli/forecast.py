@@ -17,7 +17,8 @@ def register(subparsers) -> None:
         "forecast",
         help="evaluate a traffic forecaster on a timestamp,value trace (rolling origin)",
         description="Rolling-origin evaluation over the last days of a trace: sMAPE, MAPE, MAE and band "
-        "coverage at the horizon, against the better of the daily and weekly seasonal-naive baselines.",
+        "coverage at the horizon, against the better of the daily and weekly seasonal-naive baselines, the best "
+        "simple baseline (seasonal naive, persistence, a recent mean) and the noise floor.",
         epilog="example: kale forecast --trace nyc_taxi.csv --horizon 120 --json",
     )
     parser.add_argument("--trace", required=True, help="CSV with header timestamp,value (arrivals per interval)")
@@ -54,6 +55,11 @@ def run(args) -> int:
     print(f"  sMAPE {result.smape:.4f}  MAPE {result.mape:.4f}  MAE {result.mae:.4g}/s  band coverage {result.coverage:.1%}")
     print(f"  baseline {result.baseline}: sMAPE {result.baseline_smape:.4f}  (model/baseline {ratio:.2f}x)")
     print(f"  best seasonal naive MAE {result.baseline_mae:.4g}/s  (relative MAE {result.relative_mae:.2f}x)")
+    simple, simple_mae = result.best_simple
+    print(f"  best simple baseline {simple}: MAE {simple_mae:.4g}/s  (model/it {result.mae / simple_mae:.2f}x)")
+    gap = f"{result.gap_closed:.0%} of the gap to it closed" if result.gap_closed == result.gap_closed else "no gap: the floor is not below the baseline"
+    print(f"  noise floor MAE {result.floor_mae:.4g}/s  ({gap})")
+    print(f"  on the rate averaged over the plan step: MAE {result.plan_step_mae:.4g}/s, seasonal naive {result.plan_step_baseline_mae:.4g}/s")
     if result.fallbacks:
         print(f"  note: {result.fallbacks} folds used the short-history fallback", file=sys.stderr)
     return 0

@@ -13,8 +13,9 @@ deployed forecaster is judged by.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -56,11 +57,28 @@ class EvaluationResult:
     baseline_mae: float = float("nan")  # the best seasonal naive's MAE on the same folds (the lower of day and week)
     eval_days: float = float("nan")  # the tail actually evaluated
     note: str = ""  # why the tail is shorter than asked, if it is
+    simple_mae: dict = field(default_factory=dict)  # every simple baseline's MAE on the same folds (``simple_baselines``)
+    floor_mae: float = float("nan")  # the noise floor (``noise_floor``)
+    plan_step_mae: float = float("nan")  # on the rate averaged over the plan step ending at the horizon
+    plan_step_baseline_mae: float = float("nan")  # the best seasonal naive's, averaged the same way
+    fit_seconds: float = float("nan")  # median fit time
 
     @property
     def relative_mae(self) -> float:
         """MAE over the best seasonal naive's: what capacity planning feels (sMAPE rewards predicting zero)."""
         return self.mae / self.baseline_mae if self.baseline_mae > 0 else float("nan")
+
+    @property
+    def best_simple(self) -> tuple[str, float]:
+        """The simple baseline with the lowest MAE, and that MAE."""
+        name = min(self.simple_mae, key=self.simple_mae.get) if self.simple_mae else ""
+        return name, self.simple_mae.get(name, float("nan"))
+
+    @property
+    def gap_closed(self) -> float:
+        """The share of the gap between the best seasonal naive's MAE and the noise floor that the model closes."""
+        gap = self.baseline_mae - self.floor_mae
+        return (self.baseline_mae - self.mae) / gap if gap > 0 else float("nan")
 
     def to_json(self) -> dict:
         return {
@@ -74,6 +92,13 @@ class EvaluationResult:
             "baseline_smape": self.baseline_smape,
             "baseline_mae": self.baseline_mae,
             "relative_mae": self.relative_mae,
+            "simple_mae": self.simple_mae,
+            "best_simple": self.best_simple[0],
+            "floor_mae": self.floor_mae,
+            "gap_closed": self.gap_closed,
+            "plan_step_mae": self.plan_step_mae,
+            "plan_step_baseline_mae": self.plan_step_baseline_mae,
+            "fit_seconds": self.fit_seconds,
             "folds": self.folds,
             "eval_days": self.eval_days,
             "note": self.note,
@@ -110,6 +135,58 @@ def _seasonal_naive(rate: np.ndarray, target: np.ndarray, season: int) -> np.nda
     return np.where(src >= 0, rate[np.maximum(src, 0)], np.nan)
 
 
+#: Window lengths (in buckets) the recent-mean baseline may choose from on held-out origins.
+RECENT_MEAN_WINDOWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 144, 288)
+#: The noise floor's centered moving average spans this many buckets (35 minutes of 5-minute data).
+FLOOR_WINDOW = 7
+
+
+def _recent_mean(csum: np.ndarray, origins: np.ndarray, k: int) -> np.ndarray:
+    lo = np.maximum(origins - k, 0)
+    return (csum[origins] - csum[lo]) / np.maximum(origins - lo, 1)
+
+
+def _mae(actual: np.ndarray, guess: np.ndarray) -> float:
+    ok = np.isfinite(actual) & np.isfinite(guess)
+    return float(np.mean(np.abs(guess[ok] - actual[ok]))) if ok.any() else float("nan")
+
+
+def noise_floor(rate: np.ndarray, target: np.ndarray, window: int = FLOOR_WINDOW) -> float:
+    """MAE of a centered moving average of the actual values around each target: it sees the future, so on a
+    noisy series it approximates what no forecaster can beat (on a smooth one it is no bound)."""
+    filled = np.nan_to_num(rate)
+    csum = np.concatenate([[0.0], np.cumsum(filled)])
+    lo, hi = np.maximum(target - window // 2, 0), np.minimum(target + window // 2 + 1, len(rate))
+    return _mae(rate[target], (csum[hi] - csum[lo]) / (hi - lo))
+
+
+def simple_baselines(rate: np.ndarray, origins: np.ndarray, horizon: int, step_s: float, held_out: np.ndarray) -> dict[str, np.ndarray]:
+    """Each simple forecaster's guess for ``origins + horizon - 1``: seasonal naive (day, week; only where every
+    origin has its season), persistence, and the mean of the last k buckets with k chosen by MAE on the
+    ``held_out`` origins (all before the evaluated ones)."""
+    target = origins + horizon - 1
+    out: dict[str, np.ndarray] = {}
+    for name, season_s in (("seasonal-naive-day", DAY_S), ("seasonal-naive-week", WEEK_S)):
+        season = int(round(season_s / step_s))
+        if season >= horizon:
+            guess = _seasonal_naive(rate, target, season)
+            if np.isfinite(guess[np.isfinite(rate[target])]).all():
+                out[name] = guess
+    filled = np.nan_to_num(rate)
+    csum = np.concatenate([[0.0], np.cumsum(filled)])
+    out["persistence"] = rate[origins - 1]
+    windows = [k for k in RECENT_MEAN_WINDOWS if k * step_s <= DAY_S and k > 1]
+    if len(held_out) and windows:
+        k = min(windows, key=lambda k: _mae(rate[held_out + horizon - 1], _recent_mean(csum, held_out, k)))
+        out[f"mean of last {k}"] = _recent_mean(csum, origins, k)
+    return out
+
+
+def _plan_step_mean(values: np.ndarray, width: int) -> np.ndarray:
+    """Rows of per-step values -> the mean of each row's last ``width`` steps (the plan step ending at the horizon)."""
+    return np.nanmean(values[:, -width:], axis=1)
+
+
 def rolling_origin(
     history: pd.DataFrame,
     factory: Factory,
@@ -121,18 +198,34 @@ def rolling_origin(
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> EvaluationResult:
     """Evaluate ``factory()`` models over the last ``eval_days`` of ``history`` (clean, regular)."""
+    return rolling_origin_horizons(history, factory, (horizon_s,), eval_days, refit_every_s, origin_every_s, min_train_s, progress)[0]
+
+
+def rolling_origin_horizons(
+    history: pd.DataFrame,
+    factory: Factory,
+    horizons_s: Sequence[float],
+    eval_days: float = 28.0,
+    refit_every_s: float = DAY_S,
+    origin_every_s: Optional[float] = None,
+    min_train_s: float = 2 * DAY_S,
+    progress: Optional[Callable[[int, int], None]] = None,
+    plan_step_s: float = 600.0,
+) -> list[EvaluationResult]:
+    """One rolling-origin pass scored at several horizons (one fit and one forecast per origin serve all)."""
     ts = history["timestamp"]
     rate = history["rate"].to_numpy(dtype=float)
     step = float((ts.iloc[1] - ts.iloc[0]).total_seconds())
-    horizon = max(1, int(round(horizon_s / step)))
+    horizons = [max(1, int(round(h / step))) for h in horizons_s]
+    longest = max(horizons)
     n = len(rate)
     eval_steps = int(eval_days * DAY_S / step)
     # The tail starts after the training minimum and a day of history (the daily baseline's), whatever was asked.
     start = max(n - eval_steps, int(min_train_s / step), int(round(DAY_S / step)))
-    if start >= n - horizon:
+    if start >= n - longest:
         raise InputDataError(
             f"trace too short to evaluate: {n * step / DAY_S:.1f} days of data, need more than "
-            f"{max(min_train_s, DAY_S) / DAY_S:.0f} days of training plus the {horizon_s / 60:.0f}-minute horizon"
+            f"{max(min_train_s, DAY_S) / DAY_S:.0f} days of training plus the {max(horizons_s) / 60:.0f}-minute horizon"
         )
     evaluated_days = (n - start) * step / DAY_S
     note = ""
@@ -141,53 +234,67 @@ def rolling_origin(
                 f"after the {max(min_train_s, DAY_S) / DAY_S:.0f} days of history the first fit needs")
     every = max(1, int(round((origin_every_s or step) / step)))
     refit_steps = max(1, int(round(refit_every_s / step)))
-    origins = np.arange(start, n - horizon + 1, every)  # origin = first forecast index
-    preds, lows, highs, refits, fallbacks = [], [], [], 0, 0
+    origins = np.arange(start, n - longest + 1, every)  # origin = first forecast index
+    paths, lows, highs, fit_s, refits, fallbacks = [], [], [], [], 0, 0
     model = None
     next_refit = -1
     for k, origin in enumerate(origins):
         past = history.iloc[:origin]
         if origin >= next_refit:
+            started = time.perf_counter()
             model = factory().fit(past)
+            fit_s.append(time.perf_counter() - started)
             refits += 1
             next_refit = origin + refit_steps
-        fc = model.predict(horizon, history=past)
-        preds.append(fc.point[horizon - 1])
-        lows.append(fc.lower[horizon - 1])
-        highs.append(fc.upper[horizon - 1])
+        fc = model.predict(longest, history=past)
+        paths.append(fc.point[:longest])
+        lows.append(fc.lower[:longest])
+        highs.append(fc.upper[:longest])
         fallbacks += bool(fc.fallback)
         if progress:
             progress(k + 1, len(origins))
-    target = origins + horizon - 1
-    actual = rate[target]
-    ok = np.isfinite(actual)
-    preds, lows, highs = np.array(preds), np.array(lows), np.array(highs)
-    base, base_mae = {}, {}
-    for name, season_s in (("seasonal-naive-day", DAY_S), ("seasonal-naive-week", WEEK_S)):
-        season = int(round(season_s / step))
-        if season >= horizon:
-            guess = _seasonal_naive(rate, target, season)
-            good = ok & np.isfinite(guess)
-            if good.sum() == ok.sum():  # a baseline counts only if it covers every fold
-                base[name] = smape(actual[good], guess[good])
-                base_mae[name] = float(np.mean(np.abs(guess[good] - actual[good])))
-    if not base:
-        raise InputDataError("not enough history before the evaluated tail for a seasonal-naive baseline")
-    best = min(base, key=base.get)
-    return EvaluationResult(
-        model=getattr(model, "name", type(model).__name__),
-        horizon_minutes=horizon_s / 60,
-        smape=smape(actual[ok], preds[ok]),
-        mape=mape(actual[ok], preds[ok]),
-        mae=float(np.mean(np.abs(preds[ok] - actual[ok]))),
-        coverage=float(np.mean((actual[ok] >= lows[ok]) & (actual[ok] <= highs[ok]))),
-        baseline=best,
-        baseline_smape=base[best],
-        folds=int(ok.sum()),
-        refits=refits,
-        fallbacks=fallbacks,
-        baseline_mae=min(base_mae.values()),
-        eval_days=evaluated_days,
-        note=note,
-    )
-
+    paths, lows, highs = np.array(paths), np.array(lows), np.array(highs)
+    # Held-out origins for choosing the recent mean's window: up to a week before the evaluated tail.
+    held_out = np.arange(max(start - int(WEEK_S / step), max(RECENT_MEAN_WINDOWS)), start - longest + 1, every)
+    plan_width = max(1, int(round(plan_step_s / step)))
+    results = []
+    for horizon_s, horizon in zip(horizons_s, horizons):
+        target = origins + horizon - 1
+        actual = rate[target]
+        ok = np.isfinite(actual)
+        preds = paths[:, horizon - 1]
+        simple = simple_baselines(rate, origins, horizon, step, held_out)
+        seasonal = {name: guess for name, guess in simple.items() if name.startswith("seasonal-naive")}
+        if not seasonal:
+            raise InputDataError("not enough history before the evaluated tail for a seasonal-naive baseline")
+        base = {name: smape(actual[ok], guess[ok]) for name, guess in seasonal.items()}
+        best = min(base, key=base.get)
+        simple_mae = {name: _mae(actual, guess) for name, guess in simple.items()}
+        # The plan step ending at the horizon, averaged, as the allocation uses the rate.
+        width = min(plan_width, horizon)
+        steps_back = np.arange(horizon - width, horizon)
+        actual_plan = np.nanmean(rate[origins[:, None] + steps_back[None, :]], axis=1)
+        season = int(round((DAY_S if best.endswith("day") else WEEK_S) / step))
+        naive_plan = np.nanmean(rate[np.maximum(origins[:, None] + steps_back[None, :] - season, 0)], axis=1)
+        results.append(EvaluationResult(
+            model=getattr(model, "name", type(model).__name__),
+            horizon_minutes=horizon_s / 60,
+            smape=smape(actual[ok], preds[ok]),
+            mape=mape(actual[ok], preds[ok]),
+            mae=float(np.mean(np.abs(preds[ok] - actual[ok]))),
+            coverage=float(np.mean((actual[ok] >= lows[ok, horizon - 1]) & (actual[ok] <= highs[ok, horizon - 1]))),
+            baseline=best,
+            baseline_smape=base[best],
+            folds=int(ok.sum()),
+            refits=refits,
+            fallbacks=fallbacks,
+            baseline_mae=min(simple_mae[name] for name in seasonal),
+            eval_days=evaluated_days,
+            note=note,
+            simple_mae=simple_mae,
+            floor_mae=noise_floor(rate, target[ok]),
+            plan_step_mae=_mae(actual_plan, _plan_step_mean(paths[:, :horizon], width)),
+            plan_step_baseline_mae=_mae(actual_plan, naive_plan),
+            fit_seconds=float(np.median(fit_s)),
+        ))
+    return results

@@ -10,11 +10,17 @@ repeating last week.  Three additions fix that, each measured in
    base model's error at each step ahead from its recent errors averaged
    over several windows (the latest level);
 3. ensemble: the same correction on a robust seasonal base (the median of
-   the same time over the last ``seasons`` weeks, or days with under two
-   weeks of history), blended with the Prophet branch by weights chosen
-   per horizon step on a held-out tail.
+   the same time over the last ``seasons`` periods, a week, or a day with
+   under two weeks of history, or a shorter cycle down to the horizon where
+   its held-out error is lower), and the recent level (the geometric mean
+   of the last k buckets, k chosen on held-out data), blended with the Prophet branch
+   by weights chosen per horizon step by MAE on up to three held-out days:
+   where a branch does not pay on a series (Prophet's shape on noisy
+   counts, the seasonal base on irregular ones), its weight goes to zero.
 
-Bands are empirical quantiles of the blended model's held-out errors.
+Bands are empirical quantiles of the blended model's errors on the held-out
+days, where the corrections were not fitted (the blend weights were chosen
+there, so they are calibrated, not strictly split-conformal).
 
 With less than ``min_history_s`` (two days) of data Prophet is not trusted:
 the forecaster falls back to the EWMA level and says so in
@@ -34,7 +40,12 @@ from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.naive import DAY_S, WEEK_S, EwmaForecaster, _FittedSeries, empirical_band
 
-_WEIGHTS = np.linspace(0.0, 1.0, 5)  # candidate Prophet shares in the blend
+# Candidate blends of (Prophet, seasonal median, recent level): shares in quarters.
+_SIMPLEX = [np.array([a, b, 4 - a - b]) / 4 for a in range(5) for b in range(5 - a)]
+_RECENT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 144, 288)  # windows the recent level may average
+_HOLDOUT_S = 3 * DAY_S  # the blend's held-out tail, at most a third of the history
+# Cycles shorter than a day the seasonal base may repeat instead of the calendar's (periodic jobs).
+_CYCLES_S = (12 * 3600.0, 8 * 3600.0, 6 * 3600.0, 4 * 3600.0, 3 * 3600.0, 2 * 3600.0, 3600.0)
 _WINDOWS_S = (0, 600, 1800, 3600, 7200, 14_400)  # residual averaging windows; 0 = the latest step
 
 
@@ -169,6 +180,25 @@ class ProphetForecaster(_FittedSeries):
         out[has] = np.nanmedian(values[has], axis=1)
         return out
 
+    def _choose_season(self, n: int) -> int:
+        """The seasonal base's period, in steps: the calendar's (a week with two weeks of history, else a day),
+        unless a divisor of a day no shorter than the horizon (a periodic job's cycle) has a lower MAE over the
+        held-out days.  The calendar's period itself is not put to the vote: a few days cannot tell a week from
+        a day reliably (holidays moved nyc_taxi's choice back and forth, at a cost), while a cycle of spikes
+        shows at once.  No shorter than the horizon, each forecast's seasonal value is already observed."""
+        calendar = int(round((WEEK_S if n * self.step_s >= 2 * WEEK_S else DAY_S) / self.step_s))
+        shorter = [int(round(period / self.step_s)) for period in _CYCLES_S if period >= max(self.horizon, 2) * self.step_s]
+        holdout = np.arange(max(n - int(min(_HOLDOUT_S, n * self.step_s / 3) // self.step_s), 0), n)
+        actual = self.from_log(self.log_rate[holdout])
+
+        def error(season: int) -> float:
+            self._season = season
+            guess = self.from_log(self._naive_log(self.log_rate, holdout))
+            return float(np.nanmean(np.abs(guess - actual))) if np.isfinite(guess).any() else np.inf
+
+        best = min(shorter, key=error, default=None)
+        return best if best is not None and error(best) < error(calendar) else calendar
+
     def fit(self, history: pd.DataFrame) -> "ProphetForecaster":
         started = time.perf_counter()
         self._set_history(history)
@@ -184,8 +214,8 @@ class ProphetForecaster(_FittedSeries):
             self.fit_seconds = time.perf_counter() - started
             return self
         self._fit_prophet()
-        self._season = int(round((WEEK_S if span >= 2 * WEEK_S else DAY_S) / self.step_s))
         n = len(self.log_rate)
+        self._season = self._choose_season(n)
         # One Prophet call covers the history and the next prefetch_s ahead,
         # so predictions between refits are lookups.
         ahead = self.horizon + int(self.prefetch_s // self.step_s)
@@ -207,11 +237,24 @@ class ProphetForecaster(_FittedSeries):
             errs[k, : end - last - 1] = self.log_rate[last + 1 : end] - predict_fn(last)[: end - last - 1]
         return errs
 
+    def _recent_log(self, log_rate: np.ndarray, lasts: np.ndarray, k: int) -> np.ndarray:
+        """The mean log rate of the ``k`` buckets up to each of ``lasts`` (a geometric mean: one spike barely moves it)."""
+        ok = np.isfinite(log_rate)
+        csum = np.concatenate([[0.0], np.cumsum(np.where(ok, log_rate, 0.0))])
+        count = np.concatenate([[0], np.cumsum(ok)])
+        lo = np.maximum(lasts + 1 - k, 0)
+        seen = count[lasts + 1] - count[lo]
+        return np.where(seen > 0, (csum[lasts + 1] - csum[lo]) / np.maximum(seen, 1), np.nan)
+
     def _fit_blend(self, n: int) -> None:
+        """Three branches, each judged on held-out days: Prophet and the seasonal median, each with its correction,
+        and the recent level (its window chosen there too); per horizon step, the blend of the three with the lowest
+        held-out MAE on the rate scale (the error capacity feels; sMAPE would favour predicting zero)."""
         resid_p = self.log_rate - self._base_prophet
         resid_n = self.log_rate - self._naive_log(self.log_rate, np.arange(n))
         first = self._season + max(self._windows_len(), 1)
-        holdout = max(int(DAY_S // self.step_s), self.horizon)
+        # Several held-out days when the history has them: one day's weights would follow that day's accidents.
+        holdout = max(int(min(_HOLDOUT_S, n * self.step_s / 3) // self.step_s), self.horizon)
         lasts = np.arange(first, n - 1)
         train, test = lasts[lasts < n - 1 - holdout], lasts[lasts >= n - 1 - holdout]
         if len(train) < 10 or len(test) < 1:
@@ -221,26 +264,33 @@ class ProphetForecaster(_FittedSeries):
         steps = np.arange(1, self.horizon + 1)
         target = np.stack([self.log_rate[np.minimum(test + h, n - 1)] for h in steps], axis=1)
         target[test[:, None] + steps[None, :] >= n] = np.nan
+        actual = self.from_log(target)
+
+        def mae(log_pred: np.ndarray) -> np.ndarray:
+            return np.nanmean(np.abs(self.from_log(log_pred) - actual), axis=0)
+
         pred_p = self._base_prophet[np.minimum(test[:, None] + steps[None, :], n - 1)] + self._corr_p.predict(resid_p, test)
         pred_n = self._naive_log(self.log_rate, (test[:, None] + steps[None, :]).ravel()).reshape(len(test), -1) + self._corr_n.predict(resid_n, test)
-        # Per-step blend weight minimising held-out sMAPE on the rate scale.
-        best_w = np.zeros(self.horizon)
+        pred_n = np.where(np.isnan(pred_n), pred_p, pred_n)
+        windows = [k for k in _RECENT_BUCKETS if k * self.step_s <= DAY_S] or [1]
+        self.recent_k = min(windows, key=lambda k: float(np.nansum(mae(np.repeat(self._recent_log(self.log_rate, test, k)[:, None], self.horizon, axis=1)))))
+        pred_r = np.repeat(self._recent_log(self.log_rate, test, self.recent_k)[:, None], self.horizon, axis=1)
+        pred_r = np.where(np.isnan(pred_r), pred_p, pred_r)
+        branches = np.stack([pred_p, pred_n, pred_r])  # (branch, origin, step)
+        best_w = np.tile([1.0, 0.0, 0.0], (self.horizon, 1))
         best_err = np.full(self.horizon, np.inf)
-        for w in _WEIGHTS:
-            blend = w * pred_p + (1 - w) * np.nan_to_num(pred_n, nan=0) if w < 1 else pred_p
-            if w < 1:
-                blend = np.where(np.isnan(pred_n), pred_p, blend)
-            a, f = self.from_log(target), self.from_log(blend)
-            err = np.nanmean(2 * np.abs(f - a) / (np.abs(a) + np.abs(f) + 1e-9), axis=0)
+        for w in _SIMPLEX:
+            err = mae(np.tensordot(w, branches, axes=1))
             better = err < best_err
             best_w[better], best_err[better] = w, err[better]
         self.blend_weights = best_w
-        final = best_w * pred_p + (1 - best_w) * np.where(np.isnan(pred_n), pred_p, pred_n)
+        final = np.einsum("sb,bos->os", best_w, branches)
         self._band = empirical_band(target - final, self.interval_width)
+        a, f = actual, self.from_log(final)
+        self.holdout_smape = float(np.nanmean(2 * np.abs(f - a) / (np.abs(a) + np.abs(f) + 1e-9)))
         # Refit the corrections on everything now that the weights are chosen.
         self._corr_p.fit(resid_p, lasts)
         self._corr_n.fit(resid_n, lasts)
-        self.holdout_smape = float(np.nanmean(best_err))
 
     def _windows_len(self) -> int:
         return max(_Correction(self.step_s, 1).windows)
@@ -276,8 +326,11 @@ class ProphetForecaster(_FittedSeries):
         lasts = np.array([last])
         pred_p = base_p + self._corr_p.predict(resid_p, lasts)[0, :horizon]
         pred_n = self._naive_log(log_rate, future) + self._corr_n.predict(resid_n, lasts)[0, :horizon]
+        pred_n = np.where(np.isnan(pred_n), pred_p, pred_n)
+        pred_r = np.full(horizon, self._recent_log(log_rate, lasts, self.recent_k)[0])
+        pred_r = np.where(np.isnan(pred_r), pred_p, pred_r)
         w = self.blend_weights[:horizon]
-        point = w * pred_p + (1 - w) * np.where(np.isnan(pred_n), pred_p, pred_n)
+        point = w[:, 0] * pred_p + w[:, 1] * pred_n + w[:, 2] * pred_r
         lo, hi = self._band
         fc = self._forecast(point, lo, hi, self.name, self.interval_width)
         # Past the horizon, the seasonal median (the naive base the correction blends in) says how the day goes on,
@@ -286,7 +339,7 @@ class ProphetForecaster(_FittedSeries):
         seasonal = self._naive_log(log_rate, beyond)
         seasonal = seasonal[: np.argmax(np.isnan(seasonal))] if np.isnan(seasonal).any() else seasonal
         outlook = self.from_log(seasonal[1:])
-        return _with(fc, fit_seconds=self.fit_seconds, extras={"blend_weight_prophet": float(np.mean(w))}, outlook=outlook)
+        return _with(fc, fit_seconds=self.fit_seconds, extras={"blend_weight_prophet": float(np.mean(w[:, 0]))}, outlook=outlook)
 
 
 def _with(fc: Forecast, **changes) -> Forecast:
