@@ -4,7 +4,11 @@ From each origin in the evaluated tail, the model (refitted every
 ``refit_every_s`` on everything before the origin) forecasts the horizon;
 errors are taken at the final horizon step, the figure a planner acting that
 far ahead depends on.  Seasonal-naive baselines (a day and a week earlier)
-are scored on the same origins and the better one is reported.
+are scored on the same origins and the better one is reported, beside
+every simple baseline (``simple_baselines``: persistence and a recent mean
+too), the noise floor (``noise_floor``) and the error on the rate averaged
+over the plan step that ends at the horizon.  ``rolling_origin_horizons``
+scores one pass at several horizons.
 
 ``realised_error`` scores a forecast already made against what then
 arrived, with the day-earlier seasonal naive on the same instants: what a
