@@ -241,7 +241,12 @@ def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(
                          recovery_s=round(time.monotonic() - server_back, 1))
     finally:
         stop.set()
+        # The daemon's code server runs in its own session, out of the daemon's group: it outlived the stop (CI, once).
+        spawned = descendants(daemon.pid) if daemon.poll() is None else set()
         stop_process_group(daemon, timeout=30)
+        for pid in spawned:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         producer.join(timeout=10)
         history.dispose()
         service.close()
