@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from kale_dagster.errors import InputDataError
-from kale_dagster.forecast.naive import DAY_S, WEEK_S
+from kale_dagster.forecast.naive import DAY_S, WEEK_S, window_means
 
 Factory = Callable[[], object]
 
@@ -145,9 +145,8 @@ RECENT_MEAN_WINDOWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 144, 288)
 FLOOR_WINDOW = 7
 
 
-def _recent_mean(csum: np.ndarray, origins: np.ndarray, k: int) -> np.ndarray:
-    lo = np.maximum(origins - k, 0)
-    return (csum[origins] - csum[lo]) / np.maximum(origins - lo, 1)
+def _recent_mean(rate: np.ndarray, origins: np.ndarray, k: int) -> np.ndarray:
+    return window_means(rate, np.maximum(origins - k, 0), origins)
 
 
 def _mae(actual: np.ndarray, guess: np.ndarray) -> float:
@@ -158,10 +157,8 @@ def _mae(actual: np.ndarray, guess: np.ndarray) -> float:
 def noise_floor(rate: np.ndarray, target: np.ndarray, window: int = FLOOR_WINDOW) -> float:
     """MAE of a centered moving average of the actual values around each target: it sees the future, so on a
     noisy series it approximates what no forecaster can beat (on a smooth one it is no bound)."""
-    filled = np.nan_to_num(rate)
-    csum = np.concatenate([[0.0], np.cumsum(filled)])
     lo, hi = np.maximum(target - window // 2, 0), np.minimum(target + window // 2 + 1, len(rate))
-    return _mae(rate[target], (csum[hi] - csum[lo]) / (hi - lo))
+    return _mae(rate[target], window_means(rate, lo, hi))
 
 
 def simple_baselines(rate: np.ndarray, origins: np.ndarray, horizon: int, step_s: float, held_out: np.ndarray) -> dict[str, np.ndarray]:
@@ -176,13 +173,11 @@ def simple_baselines(rate: np.ndarray, origins: np.ndarray, horizon: int, step_s
             guess = _seasonal_naive(rate, target, season)
             if np.isfinite(guess[np.isfinite(rate[target])]).all():
                 out[name] = guess
-    filled = np.nan_to_num(rate)
-    csum = np.concatenate([[0.0], np.cumsum(filled)])
     out["persistence"] = rate[origins - 1]
     windows = [k for k in RECENT_MEAN_WINDOWS if k * step_s <= DAY_S and k > 1]
     if len(held_out) and windows:
-        k = min(windows, key=lambda k: _mae(rate[held_out + horizon - 1], _recent_mean(csum, held_out, k)))
-        out[f"mean of last {k}"] = _recent_mean(csum, origins, k)
+        k = min(windows, key=lambda k: _mae(rate[held_out + horizon - 1], _recent_mean(rate, held_out, k)))
+        out[f"mean of last {k}"] = _recent_mean(rate, origins, k)
     return out
 
 

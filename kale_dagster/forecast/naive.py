@@ -20,6 +20,15 @@ DAY_S = 86_400.0
 WEEK_S = 7 * DAY_S
 
 
+def window_means(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The mean of ``values[lo:hi]`` for each pair of bounds, NaN ignored (NaN where a window holds none)."""
+    seen = np.isfinite(values)
+    total = np.concatenate([[0.0], np.cumsum(np.where(seen, values, 0.0))])
+    count = np.concatenate([[0], np.cumsum(seen)])
+    n = count[hi] - count[lo]
+    return np.where(n > 0, (total[hi] - total[lo]) / np.maximum(n, 1), np.nan)
+
+
 def empirical_band(errors: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
     """Per-horizon (lower, upper) quantiles of log errors (rows: origins, columns: horizon steps)."""
     lo_q, hi_q = (1 - width) / 2, (1 + width) / 2

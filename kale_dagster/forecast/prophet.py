@@ -38,7 +38,7 @@ import pandas as pd
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
-from kale_dagster.forecast.naive import DAY_S, WEEK_S, EwmaForecaster, _FittedSeries, empirical_band
+from kale_dagster.forecast.naive import DAY_S, WEEK_S, EwmaForecaster, _FittedSeries, empirical_band, window_means
 
 # Candidate blends of (Prophet, seasonal median, recent level): shares in quarters.
 _SIMPLEX = [np.array([a, b, 4 - a - b]) / 4 for a in range(5) for b in range(5 - a)]
@@ -170,9 +170,10 @@ class ProphetForecaster(_FittedSeries):
             self._prophet_cache.update(zip(need, values))
         return np.array([self._prophet_cache[int(p)] for p in positions])
 
-    def _naive_log(self, log_rate: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Median of the same time over the last ``seasons`` seasons: a seasonal base that one odd week cannot move."""
-        src = np.asarray(positions)[:, None] - self._season * np.arange(1, self.seasons + 1)[None, :]
+    def _naive_log(self, log_rate: np.ndarray, positions: np.ndarray, season: Optional[int] = None) -> np.ndarray:
+        """Median of the same time over the last ``seasons`` seasons (of ``season`` steps, the chosen period by
+        default): a seasonal base that one odd week cannot move."""
+        src = np.asarray(positions)[:, None] - (season or self._season) * np.arange(1, self.seasons + 1)[None, :]
         ok = (src >= 0) & (src < len(log_rate))
         values = np.where(ok, log_rate[np.clip(src, 0, len(log_rate) - 1)], np.nan)
         out = np.full(len(src), np.nan)
@@ -192,8 +193,7 @@ class ProphetForecaster(_FittedSeries):
         actual = self.from_log(self.log_rate[holdout])
 
         def error(season: int) -> float:
-            self._season = season
-            guess = self.from_log(self._naive_log(self.log_rate, holdout))
+            guess = self.from_log(self._naive_log(self.log_rate, holdout, season))
             return float(np.nanmean(np.abs(guess - actual))) if np.isfinite(guess).any() else np.inf
 
         best = min(shorter, key=error, default=None)
@@ -237,14 +237,10 @@ class ProphetForecaster(_FittedSeries):
             errs[k, : end - last - 1] = self.log_rate[last + 1 : end] - predict_fn(last)[: end - last - 1]
         return errs
 
-    def _recent_log(self, log_rate: np.ndarray, lasts: np.ndarray, k: int) -> np.ndarray:
+    @staticmethod
+    def _recent_log(log_rate: np.ndarray, lasts: np.ndarray, k: int) -> np.ndarray:
         """The mean log rate of the ``k`` buckets up to each of ``lasts`` (a geometric mean: one spike barely moves it)."""
-        ok = np.isfinite(log_rate)
-        csum = np.concatenate([[0.0], np.cumsum(np.where(ok, log_rate, 0.0))])
-        count = np.concatenate([[0], np.cumsum(ok)])
-        lo = np.maximum(lasts + 1 - k, 0)
-        seen = count[lasts + 1] - count[lo]
-        return np.where(seen > 0, (csum[lasts + 1] - csum[lo]) / np.maximum(seen, 1), np.nan)
+        return window_means(log_rate, np.maximum(lasts + 1 - k, 0), lasts + 1)
 
     def _fit_blend(self, n: int) -> None:
         """Three branches, each judged on held-out days: Prophet and the seasonal median, each with its correction,
@@ -273,9 +269,9 @@ class ProphetForecaster(_FittedSeries):
         pred_n = self._naive_log(self.log_rate, (test[:, None] + steps[None, :]).ravel()).reshape(len(test), -1) + self._corr_n.predict(resid_n, test)
         pred_n = np.where(np.isnan(pred_n), pred_p, pred_n)
         windows = [k for k in _RECENT_BUCKETS if k * self.step_s <= DAY_S] or [1]
-        self.recent_k = min(windows, key=lambda k: float(np.nansum(mae(np.repeat(self._recent_log(self.log_rate, test, k)[:, None], self.horizon, axis=1)))))
-        pred_r = np.repeat(self._recent_log(self.log_rate, test, self.recent_k)[:, None], self.horizon, axis=1)
-        pred_r = np.where(np.isnan(pred_r), pred_p, pred_r)
+        levels = {k: np.repeat(self._recent_log(self.log_rate, test, k)[:, None], self.horizon, axis=1) for k in windows}
+        self.recent_k = min(levels, key=lambda k: float(np.nansum(mae(levels[k]))))
+        pred_r = np.where(np.isnan(levels[self.recent_k]), pred_p, levels[self.recent_k])
         branches = np.stack([pred_p, pred_n, pred_r])  # (branch, origin, step)
         best_w = np.tile([1.0, 0.0, 0.0], (self.horizon, 1))
         best_err = np.full(self.horizon, np.inf)

@@ -120,6 +120,11 @@ class KaleConfig:
 MAX_FALLBACK_HORIZON_S = 6 * 3600.0
 
 
+def _steps_past(obs: Observation) -> int:
+    """How many steps of the observation's forecast lie in the past: the index of "now"."""
+    return max(int((obs.time - obs.forecast.start) // obs.forecast.step_s), 0)
+
+
 def _fmt_rate(rate: float) -> str:
     return f"{rate:,.0f}/s"
 
@@ -153,8 +158,8 @@ class KalePolicy:
         capacity = float(self.model.predict(obs.workers))
         expected, of = obs.arrival_rate, "the windowed rate"
         if obs.forecast is not None and len(obs.forecast):
-            skip = min(max(int((obs.time - obs.forecast.start) // obs.forecast.step_s), 0), len(obs.forecast) - 1)
-            expected, of = float(obs.forecast.level(self.config.forecast_quantile)[skip]), "the forecast"
+            now = min(_steps_past(obs), len(obs.forecast) - 1)
+            expected, of = float(obs.forecast.level(self.config.forecast_quantile)[now]), "the forecast"
         bound = self.config.burst_ratio * max(capacity, expected)
         if latest <= bound:
             return ""
@@ -175,8 +180,7 @@ class KalePolicy:
         fc = obs.forecast
         assert fc is not None
         # Forecast steps already in the past are dropped so step 0 is "now".
-        skip = max(int((obs.time - fc.start) // fc.step_s), 0)
-        levels = fc.level(self.config.forecast_quantile)[skip:]
+        levels = fc.level(self.config.forecast_quantile)[_steps_past(obs):]
         if len(levels) == 0:
             levels = np.array([obs.arrival_rate])
         return resample_max(levels, fc.step_s, self.config.plan_step_s)
