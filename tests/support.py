@@ -50,6 +50,7 @@ class StandInWorkers:
 
     def __init__(self, workers=2):
         self.workers, self.busy, self.fail, self.records = workers, 1.0, False, []
+        self.saturated = False  # whether the group never waited for data (its rate is then its capacity)
 
     def rescale(self, m, reason="rescale"):
         if self.fail:
@@ -63,7 +64,7 @@ class StandInWorkers:
 
     def status(self):
         rate = 100.0 * self.workers * self.busy
-        return LauncherStatus(workers=self.workers, measures=True, reported=self.workers, busy_share=self.busy, samples_per_s=rate,
+        return LauncherStatus(workers=self.workers, measures=True, reported=self.workers, busy_share=self.busy, samples_per_s=rate, saturated=self.saturated,
                               downtimes_s=tuple(r.downtime_s for r in self.records))
 
 

@@ -156,6 +156,28 @@ def test_sensor_decides_at_every_reading_and_hpa_windows_hold_across_ticks(contr
 
 
 @pytest.mark.integration
+def test_throughput_is_recorded_only_while_the_group_never_waited_for_data(controlled):
+    # A backlog is no sign of saturation: nothing consumes this topic (offsets are committed at checkpoints in
+    # production, so a backlog stays while the workers idle); only the workers can say they never waited.
+    env = controlled
+    history = env["p"].history()
+    produce_events(env["servers"], 40)
+    cursor = sensor_tick(env).cursor
+    for saturated in (False, True):
+        env["workers"].saturated = saturated
+        time.sleep(0.5)
+        produce_events(env["servers"], 40)
+        result = sensor_tick(env, cursor)
+        cursor = result.cursor
+        assert decision_of(result)["backlog"] > 0
+        recorded = history.throughput("ctl")
+        assert len(recorded) == int(saturated)
+    # Recorded in pipeline units: the stand-ins' 100 samples/s per worker, at 30x.
+    assert recorded.iloc[-1]["samples_per_s"] == pytest.approx(2 * 100.0 / 30.0)
+    history.dispose()
+
+
+@pytest.mark.integration
 def test_a_failed_rescale_is_retried_later_and_the_decision_says_so(controlled):
     env = controlled
     produce_events(env["servers"], 40)

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from dagster import AssetKey, AssetMaterialization, instance_for_test
+from support import wait_for
 
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline, build_definitions
 from kale_dagster.launchers import RescaleRecord
@@ -215,7 +216,10 @@ def test_trainer_serve_rescales_real_workers_and_reports_their_throughput(kafka_
         status = client.status()
         assert (status.workers, status.reported, status.rescaling, status.emulated) == (2, 2, False, True)
         assert 0 < status.samples_per_s <= 2 * 100 * 1.05 and 0 < status.busy_share <= 1  # capped at the EMULATED rate
+        assert status.saturated is True  # arrivals above capacity: no step waited for data
         assert status.downtimes_s[-1] == pytest.approx(record.downtime_s)
+        stop.set()  # arrivals end: once the backlog is trained, the workers wait and their rate is no capacity
+        assert wait_for(lambda: client.status().saturated is False, 60, "the drained group to report it waited")
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:

@@ -36,8 +36,6 @@ from kale_dagster.model.throughput import ThroughputModel
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 #: A failed rescale is retried after this many wall seconds, doubled per consecutive failure, at most MAX_RETRY_S.
 RETRY_S, MAX_RETRY_S = 30.0, 600.0
-#: A backlog of more than this many wall seconds of arrivals keeps every worker busy: its throughput is its capacity.
-SATURATED_WALL_S = 2.0
 TARGET_TAG = "kale/target_workers"
 DECIDED_TAG = "kale/decided_at"
 
@@ -160,9 +158,10 @@ class PipelineControl:
             wait, note = self._retry_wait(instance)
             if wait:
                 step = replace(step, rescale_to=None)
-        if status is not None and not status.rescaling and status.samples_per_s and reading.backlog > (reading.arrival_rate or 0.0) * p.clock.duration(SATURATED_WALL_S):
-            # F(w) is what the workers deliver while they never wait for data (the paper's profiling); an idle
-            # group's rate is the arrival rate, not its capacity, so only saturated readings are recorded.
+        if status is not None and not status.rescaling and status.samples_per_s and status.saturated:
+            # F(w) is what the workers deliver while they never wait for data (the paper's profiling); a group
+            # that waited delivered the arrival rate, not its capacity.  A backlog is no sign of saturation:
+            # offsets committed at checkpoints keep one while the workers idle.
             history.append_throughput(p.name, reading.time, status.workers, p.clock.rate(status.samples_per_s), emulated=status.emulated)
         obs = step.observation
         action = (f"rescale to {step.rescale_to} requested" if step.rescale_to is not None

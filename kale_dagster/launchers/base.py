@@ -55,6 +55,8 @@ class LauncherStatus:
     that have reported metrics since the group started, and ``busy_share``
     and ``samples_per_s`` are set once all have (a group still starting
     gives no utilization, as pods that are not ready give HPA none).
+    ``saturated`` says the group never waited for data over those reports:
+    only then is ``samples_per_s`` its capacity F(w) rather than the arrival rate.
     ``downtimes_s`` are the latest restarts' measured downtimes, oldest first
     (a start from no workers is not one).
     ``measures`` says whether the launcher relays the workers' metrics at all.
@@ -70,6 +72,7 @@ class LauncherStatus:
     reported: int = 0
     busy_share: Optional[float] = None
     samples_per_s: Optional[float] = None
+    saturated: Optional[bool] = None
     downtimes_s: tuple[float, ...] = ()
     emulated: bool = False
     failed: str = ""

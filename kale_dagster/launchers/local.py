@@ -263,6 +263,7 @@ class LocalLauncher(Launcher):
             "reported": len(latest),
             "busy_share": sum(m["busy_share"] for m in latest) / len(latest) if complete else None,
             "samples_per_s": sum(m["samples_per_s"] for m in latest) if complete else None,
+            "saturated": all(m.get("saturated", False) for m in latest) if complete else None,
             "emulated": self.settings.emulate_gpu_rate > 0,
             "poison_records": sum(int(m.get("poison_records", 0)) for m in latest),
             "checkpoint_error": next((m["checkpoint_error"] for m in latest if m.get("checkpoint_error")), ""),

@@ -130,18 +130,27 @@ class MetricsWindow:
 
     def __init__(self):
         self.start, self.samples, self.steps, self.idle_steps, self.busy_s = time.monotonic(), 0, 0, 0, 0.0
+        self.waited = False
 
-    def add(self, samples: int, busy_s: float) -> None:
+    def add(self, samples: int, busy_s: float, full: bool) -> None:
         self.samples += samples
         self.steps += 1
         self.idle_steps += samples == 0
         self.busy_s += busy_s
+        self.waited |= not full
+
+    def wait(self) -> None:
+        """The group found nothing to train."""
+        self.waited = True
 
     def fields(self) -> dict:
         elapsed = time.monotonic() - self.start
         # busy_share is what GPU utilization reports (HPA's metric); idle_share
         # counts steps this rank sat out while others trained (imbalance).
-        return {"samples_per_s": self.samples / elapsed, "idle_share": self.idle_steps / max(self.steps, 1), "busy_share": min(self.busy_s / elapsed, 1.0)}
+        # saturated: no step of the window waited for data, so samples_per_s is
+        # the group's capacity, F(w), not the arrival rate (the paper's profiling).
+        return {"samples_per_s": self.samples / elapsed, "idle_share": self.idle_steps / max(self.steps, 1),
+                "busy_share": min(self.busy_s / elapsed, 1.0), "saturated": self.steps > 0 and not self.waited}
 
 
 class Worker:
@@ -325,6 +334,7 @@ class Worker:
                         emit(WorkerEvent.STEP, rank=self.rank, step=step, first=True, caught_up=True)
                         window = MetricsWindow()
                     if first_step_done:
+                        window.wait()
                         window = self.report(window, step)  # an idle group reports too: 0 samples/s, 0% busy
                     if checkpoint_now:
                         step, trained_total = self.checkpoint(step, trained_total, queue)
@@ -335,7 +345,7 @@ class Worker:
                 busy_s = self.train_batch(batch, global_n)
                 step += 1
                 trained_total += len(batch)
-                window.add(len(batch), busy_s)
+                window.add(len(batch), busy_s, full=global_n == args.batch_size * self.world)
                 if not first_step_done:
                     first_step_done = True
                     emit(WorkerEvent.STEP, rank=self.rank, step=step, first=True)
