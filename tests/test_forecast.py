@@ -152,6 +152,7 @@ def test_one_pass_scores_every_horizon_against_every_simple_baseline_and_the_flo
         assert r.gap_closed == pytest.approx((r.baseline_mae - r.mae) / (r.baseline_mae - r.floor_mae))
     # The 10-minute plan step is one bucket of this trace: its mean is the point itself.
     assert short.plan_step_mae == pytest.approx(short.mae)
+    assert short.plan_step_baseline_mae == pytest.approx(short.baseline_mae)  # the same season, chosen by MAE
     # Two hours ahead, the daily swing defeats persistence; the forecast follows it.
     assert long.mae < 0.5 * long.simple_mae["persistence"]
 

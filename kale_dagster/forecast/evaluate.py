@@ -64,7 +64,7 @@ class EvaluationResult:
     simple_mae: dict = field(default_factory=dict)  # every simple baseline's MAE on the same folds (``simple_baselines``)
     floor_mae: float = float("nan")  # the noise floor (``noise_floor``)
     plan_step_mae: float = float("nan")  # on the rate averaged over the plan step ending at the horizon
-    plan_step_baseline_mae: float = float("nan")  # the best seasonal naive's, averaged the same way
+    plan_step_baseline_mae: float = float("nan")  # the seasonal naive's with the lower MAE, averaged the same way
     fit_seconds: float = float("nan")  # median fit time
 
     @property
@@ -140,6 +140,7 @@ def _seasonal_naive(rate: np.ndarray, target: np.ndarray, season: int) -> np.nda
 
 
 #: Window lengths (in buckets) the recent-mean baseline may choose from on held-out origins.
+SEASONAL_NAIVE = {"seasonal-naive-day": DAY_S, "seasonal-naive-week": WEEK_S}  # the baselines' names and periods
 RECENT_MEAN_WINDOWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 144, 288)
 #: The noise floor's centered moving average spans this many buckets (35 minutes of 5-minute data).
 FLOOR_WINDOW = 7
@@ -167,7 +168,7 @@ def simple_baselines(rate: np.ndarray, origins: np.ndarray, horizon: int, step_s
     ``held_out`` origins (all before the evaluated ones)."""
     target = origins + horizon - 1
     out: dict[str, np.ndarray] = {}
-    for name, season_s in (("seasonal-naive-day", DAY_S), ("seasonal-naive-week", WEEK_S)):
+    for name, season_s in SEASONAL_NAIVE.items():
         season = int(round(season_s / step_s))
         if season >= horizon:
             guess = _seasonal_naive(rate, target, season)
@@ -272,9 +273,11 @@ def rolling_origin_horizons(
         # The plan step ending at the horizon, averaged, as the allocation uses the rate.
         width = min(plan_width, horizon)
         steps_back = np.arange(horizon - width, horizon)
-        actual_plan = np.nanmean(rate[origins[:, None] + steps_back[None, :]], axis=1)
-        season = int(round((DAY_S if best.endswith("day") else WEEK_S) / step))
-        naive_plan = np.nanmean(rate[np.maximum(origins[:, None] + steps_back[None, :] - season, 0)], axis=1)
+        window = origins[:, None] + steps_back[None, :]
+        actual_plan = np.nanmean(rate[window], axis=1)
+        # The baseline of the plan step is, as baseline_mae is, the season with the lower MAE (here on the step's mean).
+        naive_plan_mae = min(_mae(actual_plan, np.nanmean(rate[np.maximum(window - int(round(SEASONAL_NAIVE[name] / step)), 0)], axis=1))
+                             for name in seasonal)
         results.append(EvaluationResult(
             model=getattr(model, "name", type(model).__name__),
             horizon_minutes=horizon_s / 60,
@@ -293,7 +296,7 @@ def rolling_origin_horizons(
             simple_mae=simple_mae,
             floor_mae=noise_floor(rate, target[ok]),
             plan_step_mae=_mae(actual_plan, _plan_step_mean(paths[:, :horizon], width)),
-            plan_step_baseline_mae=_mae(actual_plan, naive_plan),
+            plan_step_baseline_mae=naive_plan_mae,
             fit_seconds=float(np.median(fit_s)),
         ))
     return results
