@@ -139,8 +139,9 @@ def _seasonal_naive(rate: np.ndarray, target: np.ndarray, season: int) -> np.nda
     return np.where(src >= 0, rate[np.maximum(src, 0)], np.nan)
 
 
+#: The seasonal-naive baselines, by name, and their periods (s).
+SEASONAL_NAIVE = {"seasonal-naive-day": DAY_S, "seasonal-naive-week": WEEK_S}
 #: Window lengths (in buckets) the recent-mean baseline may choose from on held-out origins.
-SEASONAL_NAIVE = {"seasonal-naive-day": DAY_S, "seasonal-naive-week": WEEK_S}  # the baselines' names and periods
 RECENT_MEAN_WINDOWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 144, 288)
 #: The noise floor's centered moving average spans this many buckets (35 minutes of 5-minute data).
 FLOOR_WINDOW = 7
