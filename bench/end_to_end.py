@@ -459,15 +459,15 @@ def main() -> int:
     print("tuned HPA (simulated sweep, lowest GPU-min + 8 x lag-min + 100 x violation-min): " + json.dumps(tuned), flush=True)
     for c, setting, m in sweep[:5]:
         print(f"  cost {c:9,.0f}: {json.dumps(setting)}: lag {m['accumulated_lag_minutes']:,.0f} min, GPU h {m['gpu_hours']:.1f}, SLO {m['slo_violation_rate']:.1%}")
-    simulated = {name: predict(name, frame, args.speedup, cal, tuned, args.sim_seeds) for name in names}
     runs: dict = {name: [] for name in names}
-    if args.runs_from:
+    live_repeats = args.repeats
+    if args.runs_from:  # checked before the prediction's minutes are spent
         saved = json.loads(Path(args.runs_from).read_text())
         if (saved["speedup"], saved["hours"], saved["tuned_hpa"]) != (args.speedup, args.hours, tuned):
             raise SystemExit(f"--runs-from {args.runs_from}: its runs had another speed-up, length or tuned HPA; run them again")
-        runs = {name: saved["runs"][name] for name in names}
-        args.repeats = min(len(r) for r in runs.values())
-    for r in range(0 if args.runs_from else args.repeats):
+        runs, live_repeats = {name: saved["runs"][name] for name in names}, 0
+    simulated = {name: predict(name, frame, args.speedup, cal, tuned, args.sim_seeds) for name in names}
+    for r in range(live_repeats):
         for name in names:
             result = run_live(name, frame, args.speedup, cal, tuned, args.out, f"{name}-{r + 1}")
             runs[name].append(result)
@@ -477,7 +477,7 @@ def main() -> int:
                   + f"{statistics.median(d['decision_to_run_start_s']) if d['decision_to_run_start_s'] else float('nan'):.1f} s; "
                   + f"failed runs {d['failed_runs']}", flush=True)
     measured = {name: {k: float(np.median([run["metrics"][k] for run in runs[name]])) for k in keys} for name in names}
-    print(f"\n{'(medians of ' + str(args.repeats) + ')':<22}" + "".join(f"{k[:14]:>16}" for k in keys))
+    print(f"\n{'(medians of ' + str(min(len(r) for r in runs.values())) + ')':<22}" + "".join(f"{k[:14]:>16}" for k in keys))
     for name in names:
         for label, m in (("measured", measured[name]), ("simulated", simulated[name])):
             print(f"{name + ' ' + label:<22}" + "".join(f"{m[k]:>16.3f}" for k in keys))
