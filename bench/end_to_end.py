@@ -59,7 +59,7 @@ from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.policies import POLICIES
 from kale_dagster.processes import stop_process_group
 from kale_dagster.sim.metrics import score_readings
-from kale_dagster.sim.simulate import SimConfig, simulate
+from kale_dagster.sim.simulate import ForecastFeed, SimConfig, simulate
 from kale_dagster.sim.trace import synth_trace
 from kale_dagster.stream.broker import embedded_broker, free_loopback_port
 from kale_dagster.stream.history import MetricsHistory
@@ -259,10 +259,10 @@ def run_sim(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tu
     live, prior = trace.iloc[start:], trace.iloc[:start]
     controller = Controller(ControlSettings(policy=policy_name, min_workers=1, max_workers=MAX_WORKERS, slo_s=SLO_MIN * 60,
                                             restart_s=cal.restart_s * speed, policy_options=options))
-    factory = (lambda: make_forecaster("prophet", horizon_s=7200.0)) if POLICIES[policy_name].uses_forecast else None
-    result = simulate(live["rate"].to_numpy(), pd.DatetimeIndex(live["timestamp"]), controller, model,
-                      sim_config(cal, speed, WARMUP_MIN, first_workers(frame, cal), seed),
-                      forecaster_factory=factory, forecast_history=prior.reset_index(drop=True))
+    rates, times, config = live["rate"].to_numpy(), pd.DatetimeIndex(live["timestamp"]), sim_config(cal, speed, WARMUP_MIN, first_workers(frame, cal), seed)
+    forecasts = (ForecastFeed(lambda: make_forecaster("prophet", horizon_s=7200.0), times, rates, config, prior.reset_index(drop=True))
+                 if POLICIES[policy_name].uses_forecast else None)
+    result = simulate(rates, times, controller, model, config, forecasts=forecasts)
     return result.metrics.to_json()
 
 

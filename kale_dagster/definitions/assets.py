@@ -184,7 +184,7 @@ def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             warmup_days=min(2.0, span_days / 2), forecaster=p.forecaster, model=model, scale_trace=False,
         )
         bt = Backtest(history, settings)
-        runs = dict(zip(POLICIES, bt.run_many([Run(name) for name in POLICIES])))
+        runs = dict(zip(POLICIES, bt.run_many([Run(name) for name in POLICIES])[0]))
         value = {name: r.metrics.to_json() for name, r in runs.items()}
         png = plot_backtest({name: r.timeline for name, r in runs.items()}, p.slo_minutes, plot_path(context, p, "backtest"))
         return Output(value, metadata={"days_replayed": round(span_days, 2), "results": MetadataValue.md(backtest_table(value)), "plot": png_markdown(png)})

@@ -51,6 +51,12 @@ def prepare_history(history: pd.DataFrame, step_s: Optional[float] = None, max_f
     if bad.any():
         first = ts[bad].iloc[0]
         raise InputDataError(f"history.rate must be finite and >= 0; {int(bad.sum())} bad values, first at {first} ({rate[bad].iloc[0]})")
+    clean = _already_regular(ts, rate, step_s)
+    return clean if clean is not None else _regularise(ts, rate, step_s, max_fill_steps)
+
+
+def _regularise(ts: pd.Series, rate: pd.Series, step_s: Optional[float], max_fill_steps: int) -> pd.DataFrame:
+    """Sorted, duplicates averaged, on a regular grid, short gaps filled."""
     frame = pd.DataFrame({"timestamp": ts, "rate": rate}).groupby("timestamp", as_index=True)["rate"].mean().sort_index()
     if frame.notna().sum() == 0:
         raise InputDataError("history has no usable (non-NaN) rate values")
@@ -58,6 +64,21 @@ def prepare_history(history: pd.DataFrame, step_s: Optional[float] = None, max_f
     regular = frame.resample(pd.Timedelta(seconds=step)).mean()
     regular = _fill_short_gaps(regular, max_fill_steps)
     return pd.DataFrame({"timestamp": regular.index, "rate": regular.to_numpy()}).reset_index(drop=True)
+
+
+def _already_regular(ts: pd.Series, rate: pd.Series, step_s: Optional[float]) -> Optional[pd.DataFrame]:
+    """The history as it is when it is already clean (sorted, one row per step, no gaps), else None.
+
+    A forecaster re-reads a growing history every few minutes; most of what it is handed is clean already."""
+    if len(ts) < 2 or rate.isna().any():
+        return None
+    index = pd.DatetimeIndex(ts)
+    steps = np.diff(index.asi8)
+    if steps[0] <= 0 or np.any(steps != steps[0]):
+        return None
+    if step_s is not None and pd.Timedelta(int(steps[0]), unit=index.unit).total_seconds() != step_s:
+        return None
+    return pd.DataFrame({"timestamp": index, "rate": rate.to_numpy(dtype=float)})
 
 
 def _fill_short_gaps(series: pd.Series, max_steps: int) -> pd.Series:

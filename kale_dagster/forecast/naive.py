@@ -29,6 +29,24 @@ def window_means(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarr
     return np.where(n > 0, (total[hi] - total[lo]) / np.maximum(n, 1), np.nan)
 
 
+def row_nanmedian(values: np.ndarray) -> np.ndarray:
+    """``np.nanmedian(values, axis=1)`` for rows with at least one value, by one sort (numpy's goes row by row)."""
+    ordered = np.sort(values, axis=1)  # NaN sorts last
+    n = np.count_nonzero(~np.isnan(values), axis=1)
+    rows = np.arange(len(values))
+    return (ordered[rows, (n - 1) // 2] + ordered[rows, n // 2]) / 2
+
+
+def column_nanquantile(errors: np.ndarray, q: float) -> np.ndarray:
+    """``np.nanquantile(errors, q, axis=0)``; columns without NaN in one vectorized call (numpy's goes column by column)."""
+    out = np.empty(errors.shape[1])
+    full = ~np.isnan(errors).any(axis=0)
+    out[full] = np.quantile(errors[:, full], q, axis=0)
+    if not full.all():
+        out[~full] = np.nanquantile(errors[:, ~full], q, axis=0)
+    return out
+
+
 def empirical_band(errors: np.ndarray, width: float) -> tuple[np.ndarray, np.ndarray]:
     """Per-horizon (lower, upper) quantiles of log errors (rows: origins, columns: horizon steps)."""
     lo_q, hi_q = (1 - width) / 2, (1 + width) / 2
@@ -38,8 +56,8 @@ def empirical_band(errors: np.ndarray, width: float) -> tuple[np.ndarray, np.nda
     # Steps no origin reached yet (short history, long horizon) get a zero band.
     seen = ~np.all(np.isnan(errors), axis=0)
     lower, upper = np.zeros(errors.shape[1]), np.zeros(errors.shape[1])
-    lower[seen] = np.nanquantile(errors[:, seen], lo_q, axis=0)
-    upper[seen] = np.nanquantile(errors[:, seen], hi_q, axis=0)
+    lower[seen] = column_nanquantile(errors[:, seen], lo_q)
+    upper[seen] = column_nanquantile(errors[:, seen], hi_q)
     return lower, upper
 
 
@@ -77,10 +95,11 @@ class _FittedSeries:
             self._origin = clean["timestamp"].iloc[0]
         else:
             clean = prepare_history(history, step_s=self.step_s)
-            step = pd.Timedelta(seconds=self.step_s)
-            grid = pd.date_range(self._origin, clean["timestamp"].iloc[-1], freq=step)
-            rates = clean.set_index("timestamp")["rate"].reindex(grid, method="nearest", tolerance=step / 2)
-            clean = pd.DataFrame({"timestamp": grid, "rate": rates.to_numpy()})
+            if clean["timestamp"].iloc[0] != self._origin:  # on another grid, or trimmed: put it on the fitted one
+                step = pd.Timedelta(seconds=self.step_s)
+                grid = pd.date_range(self._origin, clean["timestamp"].iloc[-1], freq=step)
+                rates = clean.set_index("timestamp")["rate"].reindex(grid, method="nearest", tolerance=step / 2)
+                clean = pd.DataFrame({"timestamp": grid, "rate": rates.to_numpy()})
         self.end = clean["timestamp"].iloc[-1].timestamp()
         rate = clean["rate"].to_numpy()
         if refit or self._offset is None:

@@ -38,7 +38,7 @@ import pandas as pd
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
-from kale_dagster.forecast.naive import DAY_S, WEEK_S, EwmaForecaster, _FittedSeries, empirical_band, window_means
+from kale_dagster.forecast.naive import DAY_S, WEEK_S, EwmaForecaster, _FittedSeries, empirical_band, row_nanmedian, window_means
 
 # Candidate blends of (Prophet, seasonal median, recent level): shares in quarters.
 _SIMPLEX = [np.array([a, b, 4 - a - b]) / 4 for a in range(5) for b in range(5 - a)]
@@ -178,7 +178,7 @@ class ProphetForecaster(_FittedSeries):
         values = np.where(ok, log_rate[np.clip(src, 0, len(log_rate) - 1)], np.nan)
         out = np.full(len(src), np.nan)
         has = ok.any(axis=1)
-        out[has] = np.nanmedian(values[has], axis=1)
+        out[has] = row_nanmedian(values[has])
         return out
 
     def _choose_season(self, n: int) -> int:
@@ -315,10 +315,11 @@ class ProphetForecaster(_FittedSeries):
         if not self.correct:
             lo, hi = self._band
             return _with(self._forecast(base_p, lo, hi, "prophet (plain)", self.interval_width), fit_seconds=self.fit_seconds)
+        # The corrections read the residuals of the last few windows only.
         positions = np.arange(max(last - self._windows_len() - 1, 0), last + 1)
-        resid_p = np.full(last + 1, np.nan)
+        resid_p, resid_n = np.full(last + 1, np.nan), np.full(last + 1, np.nan)
         resid_p[positions] = log_rate[positions] - self._prophet_log(positions)
-        resid_n = log_rate - self._naive_log(log_rate, np.arange(last + 1))
+        resid_n[positions] = log_rate[positions] - self._naive_log(log_rate, positions)
         lasts = np.array([last])
         pred_p = base_p + self._corr_p.predict(resid_p, lasts)[0, :horizon]
         pred_n = self._naive_log(log_rate, future) + self._corr_n.predict(resid_n, lasts)[0, :horizon]

@@ -72,13 +72,9 @@ class FifoBacklog:
             return 0.0
         return max(self.now - self._cohorts[0].oldest_arrival(), 0.0)
 
-    def copy(self) -> "FifoBacklog":
-        clone = FifoBacklog(self.now)
-        clone._cohorts = deque(_Cohort(c.start, c.end, c.count, c.remaining) for c in self._cohorts)
-        clone.backlog = self.backlog
-        clone.consumed_total = self.consumed_total
-        clone.arrived_total = self.arrived_total
-        return clone
+    def cohorts(self) -> list[tuple[float, float, float]]:
+        """What waits, oldest first: (arrival of its oldest sample, of its newest, how many), each spread evenly."""
+        return [(c.oldest_arrival(), c.end, c.remaining) for c in self._cohorts]
 
     @classmethod
     def from_observation(cls, now: float, backlog: float, time_lag_s: float) -> "FifoBacklog":

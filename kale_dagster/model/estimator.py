@@ -64,5 +64,5 @@ def estimate_workers(
     drain_steps = max(1, math.ceil((downtime_s + drain_window_s) / step_s)) if extra > 0 else 0
     need = rates.copy()
     need[:drain_steps] += extra
-    plan = tuple(model.min_workers_for(r, max_workers=max_workers, min_workers=min_workers) for r in need)
+    plan = tuple(int(w) for w in model.min_workers_for_each(need, max_workers=max_workers, min_workers=min_workers))
     return WorkerEstimate(plan=plan, need_rate=need, drain_rate=extra, drain_steps=drain_steps)

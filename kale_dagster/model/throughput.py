@@ -30,6 +30,7 @@ from kale_dagster.errors import InputDataError, KaleConfigError
 Form = Literal["sync", "async"]
 
 _PARAMS = {"sync": 4, "async": 3}
+_TABLE_LIMIT = 4096  # worker counts below this are read from the cached table
 
 
 def _basis(form: Form, workers: np.ndarray) -> np.ndarray:
@@ -59,7 +60,8 @@ class ThroughputModel:
     fit_mape: Optional[float] = None
     holdout_mape: Optional[float] = None
     samples: int = 0
-    _peak_cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+    # Per instance, computed once: policies ask for F(w) at the same few counts thousands of times per decision.
+    _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def __post_init__(self):
         if self.form not in _PARAMS:
@@ -150,6 +152,13 @@ class ThroughputModel:
 
     def predict(self, workers):
         """Samples/s at the given worker count(s); 0 workers give 0."""
+        if np.ndim(workers) == 0:
+            w = float(workers)
+            if w.is_integer() and 0 <= w < _TABLE_LIMIT:
+                return float(self.capacities(int(w))[int(w)])
+        return self._evaluate(workers)
+
+    def _evaluate(self, workers):
         w = np.atleast_1d(np.asarray(workers, dtype=float))
         out = np.zeros_like(w)
         pos = w > 0
@@ -158,34 +167,49 @@ class ThroughputModel:
             out[pos] = numerator / self.iteration_time(w[pos])
         return float(out[0]) if np.ndim(workers) == 0 else out
 
+    def capacities(self, max_workers: int) -> np.ndarray:
+        """F(0), F(1), ... up to at least F(max_workers), as one cached array (read-only)."""
+        table = self._cache.get("table")
+        if table is None or len(table) <= max_workers:
+            size = max(max_workers + 1, 2 * len(table) if table is not None else 33)
+            table = self._evaluate(np.arange(size))
+            table.flags.writeable = False
+            self._cache["table"] = table
+        return table
+
     def peak_workers(self, max_workers: int) -> int:
         """The worker count in [1, max_workers] with the highest throughput (smallest on ties)."""
         if max_workers < 1:
             raise KaleConfigError("max_workers", f"must be >= 1, got {max_workers}")
-        if max_workers not in self._peak_cache:
-            rates = self.predict(np.arange(1, max_workers + 1))
+        key = ("peak", max_workers)
+        if key not in self._cache:
+            rates = self.capacities(max_workers)[1 : max_workers + 1]
             # Treat rates within 1e-9 relative of the best as ties: a flat
             # tail must not be climbed for nothing.
             best = rates.max()
-            self._peak_cache[max_workers] = int(np.argmax(rates >= best * (1 - 1e-9)) + 1)
-        return self._peak_cache[max_workers]
+            self._cache[key] = int(np.argmax(rates >= best * (1 - 1e-9)) + 1)
+        return self._cache[key]
 
     def min_workers_for(self, rate: float, max_workers: int, min_workers: int = 1) -> int:
         """Smallest w in [min_workers, peak] with F(w) >= rate; the peak when none suffices.
 
         Never more than the throughput peak: past it more workers are slower.
         """
+        return int(self.min_workers_for_each(np.array([rate], dtype=float), max_workers, min_workers)[0])
+
+    def min_workers_for_each(self, rates: np.ndarray, max_workers: int, min_workers: int = 1) -> np.ndarray:
+        """:meth:`min_workers_for` of each rate, in one pass."""
         if min_workers < 0 or min_workers > max_workers:
             raise KaleConfigError("min_workers", f"must be in [0, max_workers={max_workers}], got {min_workers}")
+        rates = np.asarray(rates, dtype=float)
         cap = self.peak_workers(max_workers)
         lo = max(min_workers, 1)
-        if rate <= 0:
-            return min_workers
         if lo >= cap:
-            return lo  # an explicit floor wins over the peak
-        candidates = np.arange(lo, cap + 1)
-        ok = np.nonzero(self.predict(candidates) >= rate)[0]
-        return int(candidates[ok[0]]) if len(ok) else cap
+            out = np.full(len(rates), lo)  # an explicit floor wins over the peak
+        else:
+            ok = self.capacities(cap)[lo : cap + 1][None, :] >= rates[:, None]
+            out = np.where(ok.any(axis=1), lo + np.argmax(ok, axis=1), cap)
+        return np.where(rates <= 0, min_workers, out)
 
     # --- serialisation (asset values, cursors) ------------------------------
 

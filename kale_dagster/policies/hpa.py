@@ -21,13 +21,14 @@ with an AverageValue target).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Optional
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation
-from kale_dagster.policies.hpa_replicas import DEFAULT_TOLERANCE, Pod, Tolerances, external_per_pod_replicas, resource_replicas
+from kale_dagster.policies.hpa_replicas import DEFAULT_TOLERANCE, Pod, PodMetric, Tolerances, external_per_pod_replicas, resource_replicas
 from kale_dagster.policies.registry import PolicySpec, Sizing
 
 #: What a backtest sweeps, as users tune an HPA in front of slow restarts: the target utilization (percent),
@@ -252,6 +253,12 @@ def rate_limit(current: int, desired: int, min_replicas: int, max_replicas: int,
     return desired, "DesiredWithinRange"
 
 
+@functools.lru_cache(maxsize=None)
+def _worker_pods(count: int) -> tuple[Pod, ...]:
+    """The workers as pods, each requesting one GPU (1000m): the same immutable pods at every sync."""
+    return tuple(Pod(f"w{i}", request=1000) for i in range(count))
+
+
 @dataclass
 class HPAPolicy:
     """A HorizontalPodAutoscaler on GPU utilization (default) or on consumer lag.
@@ -310,9 +317,10 @@ class HPAPolicy:
             return desired, f"lag {obs.backlog:,.0f} vs {self.target_lag_per_worker:,.0f} per worker"
         # Every worker reports the group's utilization (data-parallel workers
         # move in lockstep); usage in milli-GPU against a 1000m request.
-        usage = int(round(obs.utilization * 1000))
-        pods = [Pod(f"w{i}", request=1000) for i in range(current)]
-        desired, util = resource_replicas(current, self.target_utilization, pods, {p.name: usage for p in pods}, self.tolerances, now=obs.time)
+        sample = PodMetric(int(round(obs.utilization * 1000)))
+        pods = _worker_pods(current)
+        desired, util = resource_replicas(current, self.target_utilization, pods, dict.fromkeys((p.name for p in pods), sample),
+                                          self.tolerances, now=obs.time)
         return desired, f"utilization {util}% vs target {self.target_utilization}%"
 
     def decide(self, obs: Observation) -> Decision:

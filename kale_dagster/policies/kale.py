@@ -34,7 +34,7 @@ import numpy as np
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.estimator import estimate_workers, resample_max
-from kale_dagster.model.projection import project
+from kale_dagster.model.projection import Option, project_options
 from kale_dagster.model.stabilizer import MODES, Mode, stabilize
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation
@@ -203,14 +203,13 @@ class KalePolicy:
             est = estimate_workers(**common, downtime_s=cfg.restart_s)
         return list(est.plan), est.drain_rate
 
-    def _project(self, obs: Observation, rates: np.ndarray, workers: int, downtime_s: Optional[float] = None):
-        """``workers`` held over ``rates`` from what is waiting now; a change of level restarts first (``downtime_s``
-        overrides that)."""
+    def _project(self, obs: Observation, rates: np.ndarray, options: list[tuple[int, float]]) -> dict:
+        """Each (workers, downtime s) held over ``rates`` from what is waiting now, keyed by the option."""
         cfg = self.config
         start = FifoBacklog.from_observation(obs.time, obs.backlog, obs.time_lag_s)
-        if downtime_s is None:
-            downtime_s = 0.0 if workers == obs.workers else cfg.restart_s
-        return project(start, rates, cfg.plan_step_s, self.model.predict(workers), workers, cfg.slo_s, downtime_s=downtime_s, tick_s=cfg.projection_tick_s)
+        played = project_options(start, rates, cfg.plan_step_s, [Option(w, self.model.predict(w), d) for w, d in options], cfg.slo_s,
+                                 tick_s=cfg.projection_tick_s)
+        return dict(zip(options, played))
 
     def _cost(self, p) -> float:
         cfg = self.config
@@ -226,35 +225,36 @@ class KalePolicy:
         only after hours, longer than the horizon.  A lower level that the outlook says will not last is also
         charged the restart back up, unless keeping would need that restart too.
         """
-        current = obs.workers
-        keep_cost: dict[int, tuple[float, object]] = {}
-
-        def keep(span: np.ndarray):
-            if len(span) not in keep_cost:
-                p = self._project(obs, span, current)
-                keep_cost[len(span)] = (self._cost(p), p)
-            return keep_cost[len(span)]
-
-        best, best_delta, best_note = current, 0.0, ""
+        current, restart = obs.workers, self.config.restart_s
+        judged = []  # (workers, the span it is judged over, charged a restart back up?)
         for w in sorted(candidates - {current}):
             span, back_up = rates, False
             if w < current and outlook is not None and len(outlook) and horizon_need is not None and w >= horizon_need:
                 span, back_up = self._lasting(w, current, rates, outlook)
-            p = self._project(obs, span, w)
-            delta = self._cost(p) - keep(span)[0]
-            if back_up:
-                delta += self._restart_cost(obs, span, w)
+            judged.append((w, span, back_up))
+        # One projection per span: keeping, each candidate after its restart, and (for a restart back up) without it.
+        projected: dict[tuple[int, int, float], object] = {}
+        for span in {len(span): span for _, span, _ in [(current, rates, False), *judged]}.values():
+            options = [(current, 0.0)] + [(w, restart) for w, s, _ in judged if len(s) == len(span)]
+            options += [(w, 0.0) for w, s, back_up in judged if back_up and len(s) == len(span)]
+            projected.update({(len(span), *option): p for option, p in self._project(obs, span, options).items()})
+
+        best, best_delta, best_note = current, 0.0, ""
+        for w, span, back_up in judged:
+            p, kept = projected[(len(span), w, restart)], projected[(len(span), current, 0.0)]
+            delta = self._cost(p) - self._cost(kept)
+            if back_up:  # what one restart costs at w over the span
+                delta += self._cost(p) - self._cost(projected[(len(span), w, 0.0)])
             if delta < best_delta:
-                kept = keep(span)[1]
                 best, best_delta = w, delta
                 best_note = (
                     f"{w} workers cost least over {len(span) * self.config.plan_step_s / 3600:.1f} h including a "
-                    f"{self.config.restart_s / 60:.1f} min restart{' and one back up' if back_up else ''}: "
+                    f"{restart / 60:.1f} min restart{' and one back up' if back_up else ''}: "
                     f"{p.gpu_minutes:.0f} GPU-min and {p.accumulated_lag_min:.0f} lag-min (max {p.max_lag_s / 60:.1f} min) "
                     f"vs {kept.gpu_minutes:.0f} GPU-min and {kept.accumulated_lag_min:.0f} lag-min at {current}"
                 )
         if best == current:
-            _, k = keep(rates)
+            k = projected[(len(rates), current, 0.0)]
             return current, f"keeping {current} costs least (lag {k.accumulated_lag_min:.0f} lag-min over the horizon, max {k.max_lag_s / 60:.1f} min)"
         return best, best_note
 
@@ -267,10 +267,6 @@ class KalePolicy:
             return np.concatenate([rates, outlook]), False
         k = int(above[0])
         return np.concatenate([rates, outlook[:k]]), bool(outlook[k] <= float(self.model.predict(current)))
-
-    def _restart_cost(self, obs: Observation, span: np.ndarray, workers: int) -> float:
-        """What one restart costs at ``workers`` over ``span``: the projected cost with its downtime minus without."""
-        return self._cost(self._project(obs, span, workers, self.config.restart_s)) - self._cost(self._project(obs, span, workers, 0.0))
 
     # --- decision -----------------------------------------------------------
 

@@ -32,7 +32,7 @@ from kale_dagster.policies import POLICIES, Sizing
 from kale_dagster.policies.kale import KaleConfig
 from kale_dagster.sim.metrics import objective
 from kale_dagster.sim.oracle import Hindsight, OracleSchedule, SchedulePolicy, optimal_schedule
-from kale_dagster.sim.simulate import SimConfig, SimResult, simulate
+from kale_dagster.sim.simulate import ForecastFeed, SimConfig, SimResult, simulate
 
 #: Default worker model for backtests: ~1,000 samples/s per worker with a
 #: small synchronisation cost, peaking far beyond 32 workers.
@@ -124,6 +124,7 @@ class Backtest:
             profile_workers=profile,
             seed=s.seed,
         )
+        self._feeds: dict[bool, ForecastFeed] = {}  # recorded forecasts: perfect or not -> feed
 
     def control_settings(self, name: str, options: Optional[Mapping] = None) -> ControlSettings:
         """The controller's settings for policy ``name`` with ``options`` (default: the settings' for it)."""
@@ -136,37 +137,53 @@ class Backtest:
         """The pipeline's controller for a registered policy."""
         return Controller(self.control_settings(name, options))
 
-    def run(self, name: str, options: Optional[Mapping] = None, oracle: bool = False, perfect_forecast: bool = False,
-            progress: Optional[Callable[[int, int], None]] = None) -> SimResult:
+    def forecasts(self, perfect: bool = False) -> ForecastFeed:
+        """The forecasts a forecasting policy reads over this trace (``perfect``: the trace's true future), recorded
+        once: they depend on the trace alone, so every run replays the same."""
+        if perfect not in self._feeds:
+            s = self.settings
+            factory = ((lambda: Hindsight(self.times, self.rates)) if perfect
+                       else (lambda: make_forecaster(s.forecaster, horizon_s=s.horizon_minutes * 60)))
+            self._feeds[perfect] = ForecastFeed(factory, self.times, self.rates, self.sim_config).record()
+        return self._feeds[perfect]
+
+    def run(self, name: str, options: Optional[Mapping] = None, oracle: bool = False, perfect_forecast: bool = False) -> SimResult:
         """One registered policy over the trace.  ``oracle`` plans with the true F(w) and restart time;
         ``perfect_forecast`` forecasts with the trace's true future."""
-        factory = None
-        if POLICIES[name].uses_forecast:
-            s = self.settings
-            factory = ((lambda: Hindsight(self.times, self.rates)) if perfect_forecast
-                       else (lambda: make_forecaster(s.forecaster, horizon_s=s.horizon_minutes * 60)))
+        forecasts = self.forecasts(perfect_forecast) if POLICIES[name].uses_forecast else None
         config = replace(self.sim_config, oracle=oracle) if oracle else self.sim_config
-        return simulate(self.rates, self.times, self.controller(name, options), self.settings.model, config,
-                        forecaster_factory=factory, progress=progress)
+        return simulate(self.rates, self.times, self.controller(name, options), self.settings.model, config, forecasts=forecasts)
 
-    def run_many(self, runs: Sequence["Run"], done: Optional[Callable[[int, int], None]] = None) -> list[SimResult]:
-        """Runs in parallel processes; ``done(k, n)`` as they finish."""
-        workers = min(self.settings.processes or os.cpu_count() or 1, len(runs))
+    def run_many(self, runs: Sequence["Run"], done: Optional[Callable[[int, int], None]] = None,
+                 optimum: bool = False) -> tuple[list[SimResult], Optional[tuple[OracleSchedule, SimResult]]]:
+        """Runs, and with ``optimum`` the offline optimum, in parallel processes; ``done(k, n)`` as they finish.
+
+        Each kind of forecast the runs read is recorded by one process while the others run what needs none."""
+        total = len(runs) + optimum
+        finished = 0
+
+        def finish(result):
+            nonlocal finished
+            finished += 1
+            if done:
+                done(finished, total)
+            return result
+
+        workers = min(self.settings.processes or os.cpu_count() or 1, total)
         if workers <= 1:
-            results = []
-            for run in runs:
-                results.append(self.run(*run))
-                if done:
-                    done(len(results), len(runs))
-            return results
+            results = [finish(self.run(*run)) for run in runs]
+            return results, finish(self.optimum()) if optimum else None
+        needs = [run.perfect_forecast if POLICIES[run.name].uses_forecast and run.perfect_forecast not in self._feeds else None for run in runs]
         # fork: the children share the prepared trace instead of pickling it per run.
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_adopt, initargs=(self,)) as pool:
-            futures = [pool.submit(_run_adopted, run) for run in runs]
-            for k, future in enumerate(futures, 1):
-                future.result()
-                if done:
-                    done(k, len(runs))
-            return [f.result() for f in futures]
+            feeds = {kind: pool.submit(_record_adopted, kind) for kind in set(needs) - {None}}
+            futures = {i: pool.submit(_run_adopted, run) for i, (run, kind) in enumerate(zip(runs, needs)) if kind is None}
+            best = pool.submit(_optimum_adopted) if optimum else None
+            for kind, recording in feeds.items():
+                self._feeds[kind] = recording.result()
+                futures.update({i: pool.submit(_run_adopted, run, self._feeds[kind]) for i, (run, k) in enumerate(zip(runs, needs)) if k == kind})
+            results = [finish(futures[i].result()) for i in range(len(runs))]
+            return results, finish(best.result()) if best else None
 
     def optimum(self, max_labels: int = 24) -> tuple[OracleSchedule, SimResult]:
         """The offline optimum of Kale's own cost (``sim.oracle``), replayed in the simulator."""
@@ -195,8 +212,18 @@ def _adopt(backtest: Backtest) -> None:
     _ADOPTED = backtest
 
 
-def _run_adopted(run: Run) -> SimResult:
+def _run_adopted(run: Run, forecasts: Optional[ForecastFeed] = None) -> SimResult:
+    if forecasts is not None:  # recorded in another process after this one was forked
+        _ADOPTED._feeds.setdefault(run.perfect_forecast, forecasts)
     return _ADOPTED.run(*run)
+
+
+def _record_adopted(perfect: bool) -> ForecastFeed:
+    return _ADOPTED.forecasts(perfect)
+
+
+def _optimum_adopted() -> tuple[OracleSchedule, SimResult]:
+    return _ADOPTED.optimum()
 
 
 def pareto_frontier(rows: Sequence[dict]) -> list[dict]:
@@ -243,7 +270,7 @@ def compare(backtest: Backtest, names: Sequence[str], sweeps: bool = True, varia
     extra = [(key, KALE_VARIANTS[key]) for key in variants] if "kale" in names else []
     runs = [Run(name) for name in names] + [run for _, run in extra]
     grid = [(name, label, options) for name in names for label, options in POLICIES[name].sweep(backtest.sizing)] if sweeps else []
-    results = backtest.run_many(runs + [Run(name, options) for name, _, options in grid], done)
+    results, best = backtest.run_many(runs + [Run(name, options) for name, _, options in grid], done, optimum=optimum)
     report: dict = {"policies": {name: r.metrics.to_json() for name, r in zip(names, results)},
                     "timelines": {name: r.timeline for name, r in zip(names, results)}}
     report["kale_variants"] = {key: r.metrics.to_json() for (key, _), r in zip(extra, results[len(names):])}
@@ -257,7 +284,7 @@ def compare(backtest: Backtest, names: Sequence[str], sweeps: bool = True, varia
     report["kale_dominated_by"] = dominating_baselines(kale, swept) if kale else []
     if optimum:
         minutes = float(len(backtest.rates) - backtest.sim_config.warmup_steps)
-        schedule, replay = backtest.optimum()
+        schedule, replay = best
         report["optimum"] = {**replay.metrics.to_json(), "max_labels": schedule.max_labels, "step_minutes": schedule.step_minutes}
         costs = {"optimum": objective(report["optimum"], minutes)}
         costs.update({name: objective(m, minutes) for name, m in report["policies"].items()})

@@ -116,10 +116,9 @@ def optimal_schedule(
         return backlog, cost
 
     # Labels per worker count: cost, backlog, and for the backtrack (parent count index, parent label index).
-    labels = []
-    for wi in range(len(counts)):  # the first step starts at any count without a restart
-        b, c = advance(0, np.zeros(1), np.full(1, capacity[wi]), np.zeros(1, bool), np.full(1, counts[wi]))
-        labels.append((c, b))
+    # The first step starts at any count without a restart.
+    b, c = advance(0, np.zeros(len(counts)), capacity, np.zeros(len(counts), bool), counts)
+    labels = [(c[wi:wi + 1], b[wi:wi + 1]) for wi in range(len(counts))]
     parents: list[list[tuple[np.ndarray, np.ndarray]]] = []
     for k in range(1, steps):
         # A restart can come from any label of any count: only the union's undominated labels matter.
@@ -128,19 +127,22 @@ def optimal_schedule(
         origin_w = np.concatenate([np.full(len(c), wi) for wi, (c, _) in enumerate(labels)])
         origin_l = np.concatenate([np.arange(len(c)) for c, _ in labels])
         union = _prune(all_cost, all_backlog, max_labels)
+        # Every count's candidates (its own labels staying, the union's restarting into it) advance in one pass.
+        stays = [len(c) for c, _ in labels]
+        sizes = np.array(stays) + len(union)
+        into = np.repeat(np.arange(len(counts)), sizes)
+        pw = np.concatenate([np.concatenate([np.full(n, wi), origin_w[union]]) for wi, n in enumerate(stays)])
+        pl = np.concatenate([np.concatenate([np.arange(n), origin_l[union]]) for n in stays])
+        before = np.concatenate([np.concatenate([c, all_cost[union]]) for c, _ in labels])
+        backlog = np.concatenate([np.concatenate([b, all_backlog[union]]) for _, b in labels])
+        b, c = advance(k, backlog, capacity[into], pw != into, counts[into])
+        c = c + before
         new_labels, step_parents = [], []
-        for wi in range(len(counts)):
-            stay_c, stay_b = labels[wi]
-            n_stay = len(stay_c)
-            backlog = np.concatenate([stay_b, all_backlog[union]])
-            restarted = np.concatenate([np.zeros(n_stay, bool), origin_w[union] != wi])
-            b, c = advance(k, backlog, np.full(len(backlog), capacity[wi]), restarted, np.full(len(backlog), counts[wi]))
-            c = c + np.concatenate([stay_c, all_cost[union]])
-            pw = np.concatenate([np.full(n_stay, wi), origin_w[union]])
-            pl = np.concatenate([np.arange(n_stay), origin_l[union]])
-            keep = _prune(c, b, max_labels)
-            new_labels.append((c[keep], b[keep]))
-            step_parents.append((pw[keep], pl[keep]))
+        for wi, end in enumerate(np.cumsum(sizes)):
+            part = slice(end - sizes[wi], end)
+            keep = _prune(c[part], b[part], max_labels)
+            new_labels.append((c[part][keep], b[part][keep]))
+            step_parents.append((pw[part][keep], pl[part][keep]))
         labels = new_labels
         parents.append(step_parents)
     # Backtrack from the cheapest final label.

@@ -163,8 +163,13 @@ class _Measurements:
         return self._model
 
 
-class _ForecastFeed:
-    """Keeps Kale's forecast current: refit on cadence, re-predict from fresh history."""
+class ForecastFeed:
+    """Kale's forecasts over a trace: refit on cadence, re-predicted from fresh history every ``forecast_every_s``.
+
+    ``prior`` is what was recorded before the trace (the forecaster sees it, the simulated workers never did).
+    What it forecasts depends on the trace alone, never on a policy's actions, so a backtest records it once
+    (:meth:`record`) and every run of a forecasting policy on that trace replays the same forecasts.
+    """
 
     def __init__(self, factory: Callable, times: pd.DatetimeIndex, rates: np.ndarray, cfg: SimConfig, prior: Optional[pd.DataFrame] = None):
         self.factory = factory
@@ -176,9 +181,20 @@ class _ForecastFeed:
         self.next_refit = 0
         self.forecast: Optional[Forecast] = None
         self.one_step: dict[int, float] = {}  # minute index -> forecast made before it
+        self._recorded: Optional[list] = None
+
+    def record(self) -> "ForecastFeed":
+        """Forecast the whole trace now; :meth:`update` then replays it.  The recent error is the same either way:
+        at a minute it reads only predictions made at or before it."""
+        self._recorded = [self._predict(minute) for minute in range(len(self.rates))]
+        self.factory = self.model = None  # a replay needs neither, and it travels to other processes without them
+        return self
 
     def update(self, minute: int) -> Optional[Forecast]:
         """Called at minute boundaries; ``minute`` observations are known."""
+        return self._recorded[minute] if self._recorded is not None else self._predict(minute)
+
+    def _predict(self, minute: int) -> Optional[Forecast]:
         if minute + len(self.prior) < 2 or minute % max(int(self.cfg.forecast_every_s // MINUTE), 1):
             return self.forecast
         history = pd.concat([self.prior, pd.DataFrame({"timestamp": self.times[:minute], "rate": self.rates[:minute]})], ignore_index=True)
@@ -208,9 +224,7 @@ def simulate(
     policy: Union[ScalingPolicy, Controller],
     model: ThroughputModel,
     config: SimConfig = SimConfig(),
-    forecaster_factory: Optional[Callable] = None,
-    progress: Optional[Callable[[int, int], None]] = None,
-    forecast_history: Optional[pd.DataFrame] = None,
+    forecasts: Optional[ForecastFeed] = None,
     prior: Optional[ThroughputModel] = None,
 ) -> SimResult:
     """Run a controller (or a policy as built) over per-minute arrival ``rates`` (samples/s) at ``times``.
@@ -218,10 +232,8 @@ def simulate(
     ``model`` is the workers' true F(w).  A :class:`Controller` plans, as a
     real one, with what it learns (see :class:`_Measurements`), starting
     from ``prior`` (default: the true model) unless ``config.oracle``; a bare
-    policy keeps what it was built with.  ``forecast_history`` (``timestamp``,
-    ``rate``) is what was recorded before ``times[0]``: the forecaster sees
-    it, the simulated workers never did (a pipeline whose history was
-    seeded, or that ran under another policy).
+    policy keeps what it was built with.  ``forecasts`` feeds a forecasting
+    policy (built on the same ``rates``, ``times`` and ``config``).
     """
     rates = np.asarray(rates, dtype=float)
     n = len(rates)
@@ -264,7 +276,6 @@ def simulate(
         lag = seen.time_lag()
         latency = config.pipeline_latency_s + config.pipeline_latency_per_worker_s * workers
         return lag + latency if lag > 0 or rates[minute] > 0 else 0.0
-    feed = _ForecastFeed(forecaster_factory, times, rates, config, forecast_history) if forecaster_factory else None
     ticks_per_min = int(MINUTE // TICK_S)
     sync_ticks = None
     consumed_log: list[float] = []
@@ -272,9 +283,11 @@ def simulate(
     decisions = []
     rescales_scored = 0
     forecast = None
+    window = max(int(config.rate_window_s // MINUTE), 1)
+    rates_read = -1
     for minute in range(n):
-        if feed is not None:
-            forecast = feed.update(minute)
+        if forecasts is not None:
+            forecast = forecasts.update(minute)
         planning_model = learned.model(minute)
         restarting_ticks = 0
         consumed_minute = 0.0
@@ -285,10 +298,11 @@ def simulate(
                 pending = None
             restarting = now < restart_until
             if sync_ticks is None or (minute * ticks_per_min + k) % sync_ticks == 0:
-                window = max(int(config.rate_window_s // MINUTE), 1)
-                lo = max(minute - window, 0)
-                measured = float(np.mean(rates[lo:minute])) if minute > 0 else rates[0]
-                consumption = float(np.mean(consumed_log[-window:])) / MINUTE if consumed_log else 0.0
+                if rates_read != minute:  # telemetry's windowed rates move once a minute
+                    lo = max(minute - window, 0)
+                    measured = float(np.mean(rates[lo:minute])) if minute > 0 else rates[0]
+                    consumption = float(np.mean(consumed_log[-window:])) / MINUTE if consumed_log else 0.0
+                    rates_read = minute
                 # The workers' busy share since the last sync is what GPU utilization reads; with no capacity since
                 # (the first sync, the one a restart ends at), what the stream implies.  A restarted group reports
                 # only after a full metrics window.
@@ -303,7 +317,7 @@ def simulate(
                 status = LauncherStatus(workers, rescaling=restarting, measures=True, busy_share=None if starting else busy_share,
                                         downtimes_s=learned.downtimes())
                 step = controller.step(reading, status, planning_model, forecast=forecast,
-                                       forecast_error=feed.recent_error(minute) if feed else None, rescale_in_flight=pending is not None)
+                                       forecast_error=forecasts.recent_error(minute) if forecasts else None, rescale_in_flight=pending is not None)
                 if sync_ticks is None:  # the policy's cadence, known once it is built
                     sync_ticks = max(int(round(controller.policy_in_use.sync_period_s / TICK_S)), 1)
                 target = max(min(step.decision.workers, config.max_workers), 0)
@@ -332,8 +346,6 @@ def simulate(
         if restarting_ticks == 0 and workers > 0 and consumed_minute >= capacity_of[workers] * MINUTE * (1 - 1e-9):
             learned.saturated(minute, workers, consumed_minute / MINUTE)  # never waited for data: a throughput measurement
         rows[minute] = (workers, capacity_of[workers] * (1 - restarting_share), reported_lag(minute), restarting_share, consumed_minute)
-        if progress:
-            progress(minute + 1, n)
     timeline = pd.DataFrame(
         {
             "time": times,

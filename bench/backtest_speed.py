@@ -1,0 +1,69 @@
+"""How fast `kale backtest` runs: the 14-day synthetic trace (seed 0, 7 days warm-up), as the README's backtest runs it.
+
+1. Kale, the oracle and the default baselines (`kale backtest --no-sweeps --no-variants`), wall time on every core;
+2. the whole report (every baseline's grid, Kale's variants, the oracle: `kale backtest`), wall time on every core;
+3. one simulation per policy at its defaults in one process: simulated policy-days per second.
+
+Medians of --repeats runs.  Run it against another checkout (PYTHONPATH=that/checkout) to measure a change
+with the same script on the same machine.
+
+    python bench/backtest_speed.py [--repeats 3] [--skip-grid]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import pandas as pd
+
+from kale_dagster.forecast.history import prepare_history
+from kale_dagster.policies import POLICIES
+from kale_dagster.sim.backtest import KALE_VARIANTS, Backtest, BacktestSettings, compare
+from kale_dagster.sim.trace import synth_trace
+
+
+def backtest(processes=None) -> Backtest:
+    synth = synth_trace(days=14, seed=0)
+    history = prepare_history(pd.DataFrame({"timestamp": synth.timestamp, "rate": synth.value / 60}))
+    return Backtest(history, BacktestSettings(warmup_days=7, processes=processes))
+
+
+def timed(fn, repeats: int) -> tuple[float, object]:
+    walls, result = [], None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = fn()
+        walls.append(time.perf_counter() - started)
+    return statistics.median(walls), result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-grid", action="store_true", help="leave out the whole report (minutes)")
+    args = parser.parse_args()
+    bt = backtest()
+    days = len(bt.rates) / 1440
+    names = list(POLICIES)
+    wall, report = timed(lambda: compare(bt, names, sweeps=False, variants=()), args.repeats)
+    runs = len(names) + 1  # and the oracle's replay
+    print(f"Kale, the oracle and the defaults ({runs} simulations and the dynamic program, {days:.0f} days): {wall:.1f} s "
+          f"({runs * days / wall:.1f} policy-days/s)", flush=True)
+    if not args.skip_grid:
+        wall, report = timed(lambda: compare(bt, names, variants=tuple(KALE_VARIANTS)), args.repeats)
+        runs = len(names) + len(report["kale_variants"]) + sum(len(rows) for rows in report["sweeps"].values()) + 1
+        print(f"the whole report ({runs} simulations and the dynamic program): {wall:.1f} s ({runs * days / wall:.1f} policy-days/s)", flush=True)
+    single = backtest(processes=1)
+    for name in names:
+        wall, _ = timed(lambda: single.run(name), args.repeats)
+        print(f"{name}, one process: {wall:.1f} s ({days / wall:.2f} policy-days/s)", flush=True)
+    wall, _ = timed(single.optimum, args.repeats)
+    print(f"oracle (dynamic program and its replay), one process: {wall:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
