@@ -239,3 +239,31 @@ def test_realised_error_scores_a_past_forecast_and_the_day_before_on_the_same_in
     assert got["realised_smape"] == pytest.approx(smape(np.array([100, 100, 300.0]), np.array([100, 100, 100.0])))
     assert got["realised_baseline_smape"] == pytest.approx(smape(np.array([100, 100, 300.0]), np.array([50, 50, 50.0])))
     assert realised_error(fc, history[history["timestamp"] < pd.Timestamp(t0 - 3600, unit="s", tz="UTC")]) is None  # nothing realised yet
+
+
+def test_vectorized_nan_statistics_equal_numpy_s():
+    from kale_dagster.forecast.naive import column_nanquantile, row_nanmedian
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        values = rng.normal(size=(40, int(rng.integers(1, 9))))
+        values[rng.random(values.shape) < 0.4] = np.nan
+        values = values[~np.all(np.isnan(values), axis=1)]
+        assert np.array_equal(row_nanmedian(values), np.nanmedian(values, axis=1))
+        errors = rng.normal(size=(int(rng.integers(1, 50)), 12))
+        errors[rng.random(errors.shape) < 0.05] = np.nan
+        errors = errors[:, ~np.all(np.isnan(errors), axis=0)]
+        for q in (0.1, 0.9):
+            assert np.array_equal(column_nanquantile(errors, q), np.nanquantile(errors, q, axis=0))
+
+
+def test_a_clean_history_is_returned_as_the_regularising_path_would_return_it():
+    from kale_dagster.forecast.history import _regularise
+
+    ts = pd.date_range("2026-01-01", periods=500, freq="5min", tz="UTC")
+    for frame in (pd.DataFrame({"timestamp": ts, "rate": np.arange(500.0)}),
+                  pd.DataFrame({"timestamp": ts.tz_localize(None).astype(str), "rate": np.arange(500)})):
+        slow = _regularise(pd.to_datetime(frame["timestamp"], utc=True), frame["rate"].astype(float), None, 5)
+        pd.testing.assert_frame_equal(prepare_history(frame), slow)
+        pd.testing.assert_frame_equal(prepare_history(frame, step_s=300.0), slow)
+    assert len(prepare_history(pd.DataFrame({"timestamp": ts, "rate": 1.0}), step_s=600.0)) == 250  # another step: regularised

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,7 @@ import pytest
 
 from kale_dagster import KaleConfigError, StaticPolicy, ThroughputModel
 from kale_dagster.model.backlog import FifoBacklog
-from kale_dagster.sim.backtest import Backtest, BacktestSettings, dominating_baselines, minute_rates, scale_to_peak
+from kale_dagster.sim.backtest import Backtest, BacktestSettings, Run, dominating_baselines, minute_rates, scale_to_peak
 from kale_dagster.sim.simulate import SimConfig, simulate
 
 FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
@@ -316,3 +317,39 @@ def test_cli_report_names_the_frontier_the_optimum_and_the_costs(capsys):
     optimum = next(line for line in out.splitlines() if line.startswith("offline optimum"))
     assert float(optimum.split()[-3].replace(",", "")) < 1344  # GPU h: fewer than the static peak allocation's
     assert "over the offline optimum's: hpa " in out and "(best baseline: static" in out
+
+
+def test_forecasts_recorded_period_by_period_are_the_live_feed():
+    """The backtest records Kale's forecasts once, one refit period per process, and replays them: every minute's
+    forecast and recent error must be what the live feed, stepped minute by minute, gives."""
+    from kale_dagster.forecast import make_forecaster
+    from kale_dagster.sim.simulate import ForecastFeed
+
+    n = 3 * 1440
+    rates = 50 + 40 * np.sin(np.arange(n) * 2 * np.pi / 1440) + np.random.default_rng(0).normal(0, 3, n)
+    config = SimConfig(refit_every_s=1440 * 60.0, forecast_horizon_s=3600.0)
+
+    def feed():
+        return ForecastFeed(lambda: make_forecaster("ewma"), _times(n), rates, config)
+
+    live, recorded = feed(), feed()
+    periods = recorded.periods()
+    assert periods[0][0] == 0 and periods[-1][1] == n and len(periods) == 3  # a refit starts each day after the first
+    recorded.replay([feed().record_period(*p) for p in periods])
+    for minute in range(n):
+        expected, got = live.update(minute), recorded.update(minute)
+        assert (expected is None) == (got is None)
+        if expected is not None:
+            assert np.array_equal(expected.point, got.point) and np.array_equal(expected.upper, got.upper)
+        assert live.recent_error(minute) == recorded.recent_error(minute)
+
+
+def test_a_backtest_in_parallel_processes_gives_what_one_process_gives():
+    history = pd.DataFrame({"timestamp": _times(3 * 1440), "rate": 50 + 40 * np.sin(np.arange(3 * 1440) * 2 * np.pi / 1440)})
+    settings = BacktestSettings(peak_workers=8, max_workers=8, warmup_days=1, forecaster="ewma")
+
+    runs = [Run("kale"), Run("hpa"), Run("kale", perfect_forecast=True)]
+    serial, serial_best = Backtest(history, replace(settings, processes=1)).run_many(runs, optimum=True)
+    parallel, parallel_best = Backtest(history, replace(settings, processes=2)).run_many(runs, optimum=True)
+    assert [r.metrics for r in serial] == [r.metrics for r in parallel]
+    assert serial_best[1].metrics == parallel_best[1].metrics

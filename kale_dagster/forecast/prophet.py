@@ -81,13 +81,18 @@ class _Correction:
         x = self.features(resid, lasts)
         y = np.stack([resid[np.minimum(lasts + h, len(resid) - 1)] for h in range(1, self.horizon + 1)], axis=1)
         y[lasts[:, None] + np.arange(1, self.horizon + 1)[None, :] >= len(resid)] = np.nan
-        self.coef = np.zeros((x.shape[1], self.horizon))
-        ridge = 1e-3 * np.eye(x.shape[1])
-        for h in range(self.horizon):
-            ok = np.isfinite(y[:, h]) & np.all(np.isfinite(x), axis=1)
-            if ok.sum() > x.shape[1]:
-                a = x[ok]
-                self.coef[:, h] = np.linalg.solve(a.T @ a + ridge, a.T @ y[ok, h])
+        # One ridge regression per step ahead, each on the origins whose target and features are known: all steps'
+        # normal equations at once, as weighted sums (weight 1 where known, 0 where not).
+        k = x.shape[1]
+        known = (np.isfinite(y) & np.all(np.isfinite(x), axis=1)[:, None]).astype(float)
+        x, y = np.nan_to_num(x), np.nan_to_num(y)
+        gram = (known.T @ (x[:, :, None] * x[:, None, :]).reshape(len(x), k * k)).reshape(self.horizon, k, k)
+        moments = (x.T @ (known * y)).T  # (step, feature)
+        enough = known.sum(axis=0) > k
+        self.coef = np.zeros((k, self.horizon))
+        if enough.any():
+            solved = np.linalg.solve(gram[enough] + 1e-3 * np.eye(k), moments[enough][:, :, None])[:, :, 0]
+            self.coef[:, enough] = solved.T
         return self
 
     def predict(self, resid: np.ndarray, lasts: np.ndarray) -> np.ndarray:

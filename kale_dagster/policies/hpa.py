@@ -152,12 +152,14 @@ def stabilize_recommendation(
     down_cutoff = now - behavior.scale_down.stabilization_window_seconds
     up_rec = down_rec = desired
     slot = None
-    for i, rec in enumerate(recommendations):
-        if rec.timestamp > up_cutoff:
-            up_rec = min(rec.recommendation, up_rec)
-        if rec.timestamp > down_cutoff:
-            down_rec = max(rec.recommendation, down_rec)
-        if rec.timestamp < up_cutoff and rec.timestamp < down_cutoff:
+    older = min(up_cutoff, down_cutoff)
+    for i, rec in enumerate(recommendations):  # one pass a sync over up to a window's recommendations: kept lean
+        t, r = rec.timestamp, rec.recommendation
+        if t > up_cutoff and r < up_rec:
+            up_rec = r
+        if t > down_cutoff and r > down_rec:
+            down_rec = r
+        if t < older:
             slot = i  # the last recommendation older than both windows
     result = current
     if result < up_rec:

@@ -102,20 +102,19 @@ def group_pods(
     Terminal pods (Failed and, since upstream's 2026 change, Succeeded) and pods being deleted are
     ignored; Pending pods are unready; readiness applies to the CPU resource only."""
     ready_count, unready, missing, ignored = 0, set(), set(), set()
+    cpu = resource == "cpu"
     for pod in pods:
-        if pod.deleting or pod.phase in ("Failed", "Succeeded"):
-            ignored.add(pod.name)
-            continue
-        if pod.phase == "Pending":
-            unready.add(pod.name)
-            continue
-        if pod.name not in metrics:
-            missing.add(pod.name)
-            continue
-        if resource == "cpu" and _cpu_unready(pod, _metric(metrics[pod.name]), now, cpu_initialization_period, delay_of_initial_readiness):
-            unready.add(pod.name)
-            continue
-        ready_count += 1
+        name, phase = pod.name, pod.phase
+        if pod.deleting or phase == "Failed" or phase == "Succeeded":
+            ignored.add(name)
+        elif phase == "Pending":
+            unready.add(name)
+        elif name not in metrics:
+            missing.add(name)
+        elif cpu and _cpu_unready(pod, _metric(metrics[name]), now, cpu_initialization_period, delay_of_initial_readiness):
+            unready.add(name)
+        else:
+            ready_count += 1
     return ready_count, unready, missing, ignored
 
 
@@ -150,7 +149,7 @@ def resource_replicas(
     if not pods:
         raise ReplicaCalculationError("no pods returned by selector while calculating replica count")
     ready_count, unready, missing, ignored = group_pods(pods, metrics, resource, now)
-    values = {k: _metric(v).value for k, v in metrics.items() if k not in ignored and k not in unready}
+    values = {k: v.value if isinstance(v, PodMetric) else int(v) for k, v in metrics.items() if k not in ignored and k not in unready}
     if not values:
         raise ReplicaCalculationError("did not receive metrics for targeted pods (pods might be unready)")
     requests = {}

@@ -137,14 +137,17 @@ class Backtest:
         """The pipeline's controller for a registered policy."""
         return Controller(self.control_settings(name, options))
 
+    def _feed(self, perfect: bool) -> ForecastFeed:
+        s = self.settings
+        factory = ((lambda: Hindsight(self.times, self.rates)) if perfect
+                   else (lambda: make_forecaster(s.forecaster, horizon_s=s.horizon_minutes * 60)))
+        return ForecastFeed(factory, self.times, self.rates, self.sim_config)
+
     def forecasts(self, perfect: bool = False) -> ForecastFeed:
         """The forecasts a forecasting policy reads over this trace (``perfect``: the trace's true future), recorded
         once: they depend on the trace alone, so every run replays the same."""
         if perfect not in self._feeds:
-            s = self.settings
-            factory = ((lambda: Hindsight(self.times, self.rates)) if perfect
-                       else (lambda: make_forecaster(s.forecaster, horizon_s=s.horizon_minutes * 60)))
-            self._feeds[perfect] = ForecastFeed(factory, self.times, self.rates, self.sim_config).record()
+            self._feeds[perfect] = self._feed(perfect).record()
         return self._feeds[perfect]
 
     def run(self, name: str, options: Optional[Mapping] = None, oracle: bool = False, perfect_forecast: bool = False) -> SimResult:
@@ -176,11 +179,13 @@ class Backtest:
         needs = [run.perfect_forecast if POLICIES[run.name].uses_forecast and run.perfect_forecast not in self._feeds else None for run in runs]
         # fork: the children share the prepared trace instead of pickling it per run.
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_adopt, initargs=(self,)) as pool:
-            feeds = {kind: pool.submit(_record_adopted, kind) for kind in set(needs) - {None}}
+            # The forecasts first, one refit period per task, then what needs none; the runs that read them once they are in.
+            feeds = {kind: (self._feed(kind), [pool.submit(_record_adopted, kind, *period) for period in self._feed(kind).periods()])
+                     for kind in set(needs) - {None}}
             futures = {i: pool.submit(_run_adopted, run) for i, (run, kind) in enumerate(zip(runs, needs)) if kind is None}
             best = pool.submit(_optimum_adopted) if optimum else None
-            for kind, recording in feeds.items():
-                self._feeds[kind] = recording.result()
+            for kind, (feed, parts) in feeds.items():
+                self._feeds[kind] = feed.replay([part.result() for part in parts])
                 futures.update({i: pool.submit(_run_adopted, run, self._feeds[kind]) for i, (run, k) in enumerate(zip(runs, needs)) if k == kind})
             results = [finish(futures[i].result()) for i in range(len(runs))]
             return results, finish(best.result()) if best else None
@@ -218,8 +223,8 @@ def _run_adopted(run: Run, forecasts: Optional[ForecastFeed] = None) -> SimResul
     return _ADOPTED.run(*run)
 
 
-def _record_adopted(perfect: bool) -> ForecastFeed:
-    return _ADOPTED.forecasts(perfect)
+def _record_adopted(perfect: bool, start: int, stop: int) -> tuple[list, np.ndarray]:
+    return _ADOPTED._feed(perfect).record_period(start, stop)
 
 
 def _optimum_adopted() -> tuple[OracleSchedule, SimResult]:

@@ -167,8 +167,10 @@ class ForecastFeed:
     """Kale's forecasts over a trace: refit on cadence, re-predicted from fresh history every ``forecast_every_s``.
 
     ``prior`` is what was recorded before the trace (the forecaster sees it, the simulated workers never did).
-    What it forecasts depends on the trace alone, never on a policy's actions, so a backtest records it once
-    (:meth:`record`) and every run of a forecasting policy on that trace replays the same forecasts.
+    What it forecasts depends on the trace alone, never on a policy's actions, so a backtest records it once and
+    every run of a forecasting policy on that trace replays the same forecasts.  A refit starts afresh from the
+    history alone, so the trace splits into refit periods (:meth:`periods`) that can be recorded apart, in parallel
+    (:meth:`record_period`), and joined (:meth:`replay`).
     """
 
     def __init__(self, factory: Callable, times: pd.DatetimeIndex, rates: np.ndarray, cfg: SimConfig, prior: Optional[pd.DataFrame] = None):
@@ -177,25 +179,55 @@ class ForecastFeed:
         self.rates = rates
         self.cfg = cfg
         self.prior = prior if prior is not None else pd.DataFrame({"timestamp": pd.DatetimeIndex([], tz="UTC"), "rate": []})
-        self.model = None
-        self.next_refit = 0
-        self.forecast: Optional[Forecast] = None
-        self.one_step: dict[int, float] = {}  # minute index -> forecast made before it
+        self._every = max(int(cfg.forecast_every_s // MINUTE), 1)
+        self._start(0)
         self._recorded: Optional[list] = None
 
-    def record(self) -> "ForecastFeed":
-        """Forecast the whole trace now; :meth:`update` then replays it.  The recent error is the same either way:
+    def _start(self, minute: int) -> None:
+        """Forget every fit: the next forecast, at ``minute`` or after, refits."""
+        self.model, self.next_refit, self.forecast = None, minute, None
+        self.one_step = np.full(len(self.rates), np.nan)  # per minute: the forecast made for it before it
+
+    def _forecasts_at(self, minute: int) -> bool:
+        return minute + len(self.prior) >= 2 and minute % self._every == 0
+
+    def periods(self) -> list[tuple[int, int]]:
+        """[start, stop) minutes, each starting with a refit (the first with what comes before any forecast)."""
+        refits, next_refit = [], None
+        for minute in range(len(self.rates)):
+            if self._forecasts_at(minute) and (next_refit is None or minute >= next_refit):
+                refits.append(minute)
+                next_refit = minute + int(self.cfg.refit_every_s // MINUTE)
+        bounds = [0] + [m for m in refits[1:]] + [len(self.rates)]
+        return list(zip(bounds[:-1], bounds[1:]))
+
+    def record_period(self, start: int, stop: int) -> tuple[list, np.ndarray]:
+        """The forecasts of minutes [start, stop) of a period, and the one-step forecasts made in it."""
+        self._start(start)
+        forecasts = [self._predict(minute) for minute in range(start, stop)]
+        return forecasts, self.one_step
+
+    def replay(self, parts: list[tuple[list, np.ndarray]]) -> "ForecastFeed":
+        """Join recorded periods, in order; :meth:`update` then replays them.  The recent error is the same as live:
         at a minute it reads only predictions made at or before it."""
-        self._recorded = [self._predict(minute) for minute in range(len(self.rates))]
+        self._recorded = [fc for forecasts, _ in parts for fc in forecasts]
+        self.one_step = np.full(len(self.rates), np.nan)
+        for _, one_step in parts:
+            made = ~np.isnan(one_step)
+            self.one_step[made] = one_step[made]
         self.factory = self.model = None  # a replay needs neither, and it travels to other processes without them
         return self
+
+    def record(self) -> "ForecastFeed":
+        """Forecast the whole trace now, period by period."""
+        return self.replay([self.record_period(*period) for period in self.periods()])
 
     def update(self, minute: int) -> Optional[Forecast]:
         """Called at minute boundaries; ``minute`` observations are known."""
         return self._recorded[minute] if self._recorded is not None else self._predict(minute)
 
     def _predict(self, minute: int) -> Optional[Forecast]:
-        if minute + len(self.prior) < 2 or minute % max(int(self.cfg.forecast_every_s // MINUTE), 1):
+        if not self._forecasts_at(minute):
             return self.forecast
         history = pd.concat([self.prior, pd.DataFrame({"timestamp": self.times[:minute], "rate": self.rates[:minute]})], ignore_index=True)
         steps = max(int(self.cfg.forecast_horizon_s // MINUTE), 1)
@@ -206,16 +238,18 @@ class ForecastFeed:
         else:
             fc = self.model.predict(steps, history=history)
         self.forecast = fc
-        for k, value in enumerate(fc.point[: int(self.cfg.forecast_every_s // MINUTE)]):
-            self.one_step[minute + k] = float(value)
+        ahead = fc.point[: min(self._every, len(self.rates) - minute)]
+        self.one_step[minute : minute + len(ahead)] = ahead
         return fc
 
     def recent_error(self, minute: int) -> Optional[float]:
         window = int(self.cfg.error_window_s // MINUTE)
-        idx = [m for m in range(max(minute - window, 0), minute) if m in self.one_step]
-        if len(idx) < window // 2:
+        lo = max(minute - window, 0)
+        predicted = self.one_step[lo:minute]
+        made = ~np.isnan(predicted)
+        if np.count_nonzero(made) < window // 2:
             return None
-        return smape(self.rates[idx], np.array([self.one_step[m] for m in idx]))
+        return smape(self.rates[lo:minute][made], predicted[made])
 
 
 def simulate(
