@@ -267,3 +267,6 @@ def test_a_clean_history_is_returned_as_the_regularising_path_would_return_it():
         pd.testing.assert_frame_equal(prepare_history(frame), slow)
         pd.testing.assert_frame_equal(prepare_history(frame, step_s=300.0), slow)
     assert len(prepare_history(pd.DataFrame({"timestamp": ts, "rate": 1.0}), step_s=600.0)) == 250  # another step: regularised
+    # Off the grid (every 5 minutes from 00:02): moved onto it, as resampling does.
+    shifted = pd.DataFrame({"timestamp": ts + pd.Timedelta(minutes=2), "rate": np.arange(500.0)})
+    assert prepare_history(shifted)["timestamp"].iloc[0] == ts[0]

@@ -67,7 +67,7 @@ def _regularise(ts: pd.Series, rate: pd.Series, step_s: Optional[float], max_fil
 
 
 def _already_regular(ts: pd.Series, rate: pd.Series, step_s: Optional[float]) -> Optional[pd.DataFrame]:
-    """The history as it is when it is already clean (sorted, one row per step, no gaps), else None.
+    """The history as it is when it is already clean (sorted, one row per step on the step's grid, no gaps), else None.
 
     A forecaster re-reads a growing history every few minutes; most of what it is handed is clean already."""
     if len(ts) < 2 or rate.isna().any():
@@ -76,7 +76,10 @@ def _already_regular(ts: pd.Series, rate: pd.Series, step_s: Optional[float]) ->
     steps = np.diff(index.asi8)
     if steps[0] <= 0 or np.any(steps != steps[0]):
         return None
-    if step_s is not None and pd.Timedelta(int(steps[0]), unit=index.unit).total_seconds() != step_s:
+    step = pd.Timedelta(int(steps[0]), unit=index.unit)
+    if step_s is not None and step.total_seconds() != step_s:
+        return None
+    if (index[0] - index[0].normalize()) % step:  # off the grid resampling would put it on (steps from midnight)
         return None
     return pd.DataFrame({"timestamp": index, "rate": rate.to_numpy(dtype=float)})
 
