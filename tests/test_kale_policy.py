@@ -68,6 +68,19 @@ def test_scale_in_when_savings_beat_the_restart():
     assert "3 workers cost least over 2.0 h including a 10.0 min restart" in d.reason
 
 
+@pytest.mark.parametrize("band,workers,why", [
+    (0.0, 3, "a tight band: both readings of the forecast agree"),
+    (6.0, 3, "a wide band (bursty traffic: the upper band is 7x the point): still priced on what is expected"),
+], ids=["tight band", "wide band"])
+def test_candidates_are_priced_on_the_expected_traffic(band, workers, why):
+    """Holding 16 workers for an upper band of 14,000/s, when 2,000/s is expected, costs 13 idle GPUs every minute;
+    the restart-cost test prices each level on the point forecast (priced on the upper band, it held all 16)."""
+    policy = KalePolicy(LINEAR, KaleConfig(restart_s=600))
+    d = policy.decide(_obs(workers=16, rate=2000, forecast=_forecast([2000] * 120, band=band)))
+    assert d.workers == workers, why
+    assert "expected 2,000/s" in d.reason
+
+
 def test_scale_in_refused_when_the_restart_costs_more_than_it_saves():
     # One worker saved for a 20-minute horizon is not worth 10 minutes of downtime.
     policy = KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600))

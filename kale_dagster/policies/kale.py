@@ -7,20 +7,22 @@ One decision, in stages that are each small and testable:
    lag above the fallback threshold, or recent forecast error too large ->
    the reactive policy on measured rates acts;
 2. estimate: workers per plan step from the forecast (upper band or a
-   quantile) plus the backlog's drain rate (``kale_dagster.model.estimator``);
+   quantile) plus the backlog's drain rate (``kale_dagster.model.estimator``),
+   and again from the point forecast (what is expected);
 3. stabilize: our variant of the paper's Algorithm 1, or the paper's own with
    ``stabilizer="paper"`` (``kale_dagster.model.stabilizer`` names the
-   differences); the levels of the stabilized plan are the candidate targets;
+   differences); the levels of both stabilized plans are the candidate targets;
 4. guards: no scale-in on a forecast alone while measured lag is high (as
    AWS predictive scaling) and none within ``tau_s`` of the last rescale;
 5. restart-cost test: every remaining candidate, and keeping the current
-   level, is played over the horizon through the FIFO backlog model with
+   level, is played over the horizon's expected traffic (the point
+   forecast) through the FIFO backlog model with
    the restart's downtime (``kale_dagster.model.projection``); the cheapest in
    GPU-minutes + ``lag_weight`` x lag-minutes + ``violation_weight`` x
    minutes above the SLO wins.  A rescale is thus made only when what it
    buys over the horizon exceeds what its downtime costs.  This test, the
-   backlog's drain rate in stage 2 and the guards of stage 4 are our
-   additions to the paper.
+   expected plan and the backlog's drain rate in stage 2 and the guards of
+   stage 4 are our additions to the paper.
 """
 
 from __future__ import annotations
@@ -176,11 +178,12 @@ class KalePolicy:
             return f"recent forecast error (sMAPE {obs.forecast_error:.2f}) above {cfg.max_forecast_error:.2f}"
         return ""
 
-    def _planned_rates(self, obs: Observation) -> np.ndarray:
+    def _planned_rates(self, obs: Observation, quantile: Optional[float]) -> np.ndarray:
+        """The forecast at ``quantile`` (None: the upper band; 0.5: the point forecast) from now on, each plan step's peak."""
         fc = obs.forecast
         assert fc is not None
         # Forecast steps already in the past are dropped so step 0 is "now".
-        levels = fc.level(self.config.forecast_quantile)[_steps_past(obs):]
+        levels = fc.level(quantile)[_steps_past(obs):]
         if len(levels) == 0:
             levels = np.array([obs.arrival_rate])
         return resample_max(levels, fc.step_s, self.config.plan_step_s)
@@ -283,19 +286,28 @@ class KalePolicy:
         if fallback:
             return self._decide_reactive(obs, fallback)
 
-        rates = self._planned_rates(obs)
+        # Two readings of the forecast: the planning level (the upper band, or forecast_quantile) sizes for what may
+        # come, the point forecast for what is expected.  Both plans' levels are candidates; the restart-cost test
+        # prices each on the expected traffic, since the upper band of bursty traffic is mostly bursts that a
+        # held level pays for every minute, while a real burst is met by the burst trigger and the fallback.
+        rates = self._planned_rates(obs, cfg.forecast_quantile)
+        expected = self._planned_rates(obs, 0.5)
         raw_plan, drain = self._estimate(obs, rates)
+        expected_plan, _ = self._estimate(obs, expected)
         plan = stabilize(raw_plan, cfg.plan_step_s / 60, rho=cfg.rho, tau_minutes=cfg.tau_s / 60, mode=cfg.stabilizer)
+        plan_expected = stabilize(expected_plan, cfg.plan_step_s / 60, rho=cfg.rho, tau_minutes=cfg.tau_s / 60, mode=cfg.stabilizer)
         peak_i = int(np.argmax(rates))
         why = (
             f"forecast peak {_fmt_rate(rates[peak_i])} in {peak_i * cfg.plan_step_s / 60:.0f} min needs "
-            f"{raw_plan[peak_i]} workers"
+            f"{raw_plan[peak_i]} workers (expected {_fmt_rate(float(np.max(expected)))}, {max(expected_plan)} workers)"
         )
         if drain > 0:
             why += f"; backlog {obs.backlog:,.0f} drains at +{_fmt_rate(drain)}"
-        details = {"raw_plan": raw_plan, "planned_rates": [float(r) for r in rates]}
+        details = {"raw_plan": raw_plan, "planned_rates": [float(r) for r in rates], "expected_plan": expected_plan,
+                   "expected_rates": [float(r) for r in expected]}
         outlook = self._outlook(obs) if cfg.outlook_scale_in else None
-        return self._apply_guards(obs, set(plan), rates, why, plan, details, policy=self.name, outlook=outlook, horizon_need=max(raw_plan))
+        return self._apply_guards(obs, set(plan) | set(plan_expected), expected, why, plan, details, policy=self.name, outlook=outlook,
+                                  horizon_need=max(expected_plan))
 
     def _decide_reactive(self, obs: Observation, trigger: str, rate: Optional[float] = None) -> Decision:
         """Size for the measured ``rate`` (the windowed arrival rate unless given) held over the judge horizon."""
