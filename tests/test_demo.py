@@ -66,24 +66,29 @@ def _get(url: str):
         return None
 
 
-def _chromium(url: str, *args: str) -> str:
+def _chromium(url: str, *args: str) -> subprocess.CompletedProcess:
     profile = tempfile.mkdtemp(prefix="kale-chromium-")
     try:
-        proc = subprocess.run(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-             "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}", "--virtual-time-budget=20000",
-             "--window-size=1600,1000", *args, url],
+        return subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--disable-background-networking", "--no-first-run", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--window-size=1600,1000", *args, url],
             capture_output=True, text=True, timeout=120,
         )
-        return proc.stdout
     finally:
         shutil.rmtree(profile, ignore_errors=True)
 
 
 def _page(url: str, shot: str) -> str:
+    """The page's DOM once rendered, after a screenshot of it.  A browser that exits without a DOM (it
+    crashed: seen once in CI on the runs page) is started again; the page's content is what is checked."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     _chromium(url, f"--screenshot={ARTIFACTS / shot}")
-    return _chromium(url, "--dump-dom")
+    for _ in range(3):
+        proc = _chromium(url, "--dump-dom")
+        if proc.stdout.strip():
+            return proc.stdout
+    raise AssertionError(f"chromium rendered no DOM for {url} (exit {proc.returncode}): {proc.stderr[-2000:]}")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (bash .ci/install installs it)")

@@ -6,6 +6,7 @@ against a Dagster instance.  Each test asserts what must hold and records what i
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -245,9 +246,17 @@ def small_volume(tmp_path):
 
 
 def _fill(volume: Path) -> Callable[[], None]:
+    # Written until the volume refuses, not to a size read beforehand: a checkpoint being written meanwhile
+    # takes space between the two, and what its failed write frees again is less than a checkpoint.
     filler = volume / "filler"
-    free = os.statvfs(volume)
-    filler.write_bytes(b"\0" * (free.f_bavail * free.f_frsize - (1 << 20)))  # 1 MB left: no checkpoint fits
+    with open(filler, "wb", buffering=0) as out:
+        for chunk in (1 << 20, 4096):
+            try:
+                while True:
+                    out.write(b"\0" * chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
     return filler.unlink
 
 

@@ -312,11 +312,12 @@ class HPAPolicy:
                 up = self.behavior.scale_up.tolerance
         return Tolerances(down, up)
 
-    def _metric_replicas(self, obs: Observation) -> tuple[int, str]:
+    def _metric_replicas(self, obs: Observation, lag: Optional[float]) -> tuple[int, str]:
         current = obs.workers
         if self.metric == "lag":
-            desired = external_per_pod_replicas(current, obs.backlog, self.target_lag_per_worker, self.tolerances)
-            return desired, f"lag {obs.backlog:,.0f} vs {self.target_lag_per_worker:,.0f} per worker"
+            lag = obs.backlog if lag is None else lag
+            desired = external_per_pod_replicas(current, lag, self.target_lag_per_worker, self.tolerances)
+            return desired, f"lag {lag:,.0f} vs {self.target_lag_per_worker:,.0f} per worker"
         # Every worker reports the group's utilization (data-parallel workers
         # move in lockstep); usage in milli-GPU against a 1000m request.
         sample = PodMetric(int(round(obs.utilization * 1000)))
@@ -325,7 +326,9 @@ class HPAPolicy:
                                           self.tolerances, now=obs.time)
         return desired, f"utilization {util}% vs target {self.target_utilization}%"
 
-    def decide(self, obs: Observation) -> Decision:
+    def decide(self, obs: Observation, lag: Optional[float] = None) -> Decision:
+        """One sync.  ``lag`` is the External metric's value where another component serves it (KEDA's scaler
+        serves its own total lag); by default the observation's backlog."""
         current = obs.workers
         now = obs.time
         if current == 0:
@@ -343,7 +346,7 @@ class HPAPolicy:
         elif current < self.min_replicas:
             desired, why = self.min_replicas, "below minReplicas"
         else:
-            metric_desired, why = self._metric_replicas(obs)
+            metric_desired, why = self._metric_replicas(obs, lag)
             if self.behavior is None:
                 stabilized = stabilize_recommendation_legacy(self.recommendations, metric_desired, now)
                 desired, limited = convert_desired_replicas_with_rules(current, stabilized, self.min_replicas, self.max_replicas)

@@ -125,7 +125,7 @@ def total_lag(partition_lags: Sequence[int], meta: KafkaScalerMetadata, activati
     ``activation_lags`` are the lags with persistent lag kept (excludePersistentLag), the scaling lags otherwise."""
     lag = sum(partition_lags)
     partitions = len(partition_lags)
-    activation = lag if activation_lags is None else sum(activation_lags)
+    activation = lag if activation_lags is None or activation_lags is partition_lags else sum(activation_lags)
     if not meta.allow_idle_consumers or meta.limit_to_partitions_with_lag or meta.ensure_even_distribution_of_partitions:
         upper = partitions
         if meta.ensure_even_distribution_of_partitions:
@@ -227,7 +227,7 @@ class KedaKafkaPolicy:
             idle_for = obs.time - (self._last_active if self._last_active is not None else obs.time)
             if idle_for >= self.cooldown_period_s:
                 return Decision(0, self.name, f"inactive for {idle_for:.0f} s >= cooldownPeriod; scaling to zero")
-        decision = self._hpa.decide(replace(obs, backlog=float(lag)))
+        decision = self._hpa.decide(obs, lag=float(lag))
         return replace(decision, reason=f"total lag {lag:,} (threshold {self.metadata.lag_threshold} per replica); {decision.reason}")
 
 
