@@ -25,7 +25,7 @@ Lag semantics (telemetry generalises the earliest rule, see ``kale_dagster.strea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal, Optional, Sequence
 
 from kale_dagster.errors import KaleConfigError
@@ -228,7 +228,8 @@ class KedaKafkaPolicy:
             if idle_for >= self.cooldown_period_s:
                 return Decision(0, self.name, f"inactive for {idle_for:.0f} s >= cooldownPeriod; scaling to zero")
         decision = self._hpa.decide(obs, lag=float(lag))
-        return replace(decision, reason=f"total lag {lag:,} (threshold {self.metadata.lag_threshold} per replica); {decision.reason}")
+        return Decision(decision.workers, decision.policy,
+                        f"total lag {lag:,} (threshold {self.metadata.lag_threshold} per replica); {decision.reason}")
 
 
 #: What a backtest sweeps: lagThreshold, in seconds of one worker's throughput, and the scale-down
