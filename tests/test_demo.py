@@ -92,9 +92,8 @@ def _page(url: str, shot: str) -> str:
     (seen in CI when the demo's workers and Dagster's runs share 2 cores with it) is started again; the
     page's content is what is checked."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    why = ""
     for _ in range(2):
-        _, why = _chromium(url, f"--screenshot={ARTIFACTS / shot}")
+        _chromium(url, f"--screenshot={ARTIFACTS / shot}")
         dom, why = _chromium(url, "--dump-dom")
         if dom.strip():
             return dom

@@ -125,7 +125,7 @@ def total_lag(partition_lags: Sequence[int], meta: KafkaScalerMetadata, activati
     ``activation_lags`` are the lags with persistent lag kept (excludePersistentLag), the scaling lags otherwise."""
     lag = sum(partition_lags)
     partitions = len(partition_lags)
-    activation = lag if activation_lags is None or activation_lags is partition_lags else sum(activation_lags)
+    activation = lag if activation_lags is None else sum(activation_lags)
     if not meta.allow_idle_consumers or meta.limit_to_partitions_with_lag or meta.ensure_even_distribution_of_partitions:
         upper = partitions
         if meta.ensure_even_distribution_of_partitions:
