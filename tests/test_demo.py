@@ -88,13 +88,12 @@ def _chromium(url: str, *args: str, timeout_s: float = 90.0) -> tuple[str, str]:
 
 
 def _page(url: str, shot: str) -> str:
-    """The page's DOM once rendered, after a screenshot of it.  A browser that exits without a DOM or hangs
+    """The page's DOM once rendered, with a screenshot of it.  A browser that exits without a DOM or hangs
     (seen in CI when the demo's workers and Dagster's runs share 2 cores with it) is started again; the
     page's content is what is checked."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for _ in range(2):
-        _chromium(url, f"--screenshot={ARTIFACTS / shot}")
-        dom, why = _chromium(url, "--dump-dom")
+        dom, why = _chromium(url, f"--screenshot={ARTIFACTS / shot}", "--dump-dom")  # one render, both outputs
         if dom.strip():
             return dom
     raise AssertionError(f"chromium rendered no DOM for {url} ({why})")

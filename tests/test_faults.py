@@ -171,10 +171,10 @@ def test_a_locked_metrics_history_skips_the_tick_and_the_next_one_recovers(contr
     assert decision["workers"] == 3 and "held" not in decision
 
 
-FREEZE_S = 120.0  # spans many sensor ticks, the workers' fetch and request timeouts, and the committer's retries
+FREEZE_S = 60.0  # spans many sensor ticks, six of the workers' 10 s request timeouts, and the committer's retries
 
 
-def test_a_broker_frozen_for_two_minutes_skips_ticks_holds_and_training_loses_nothing(controlled, kafka_broker, tmp_path, fault_record):
+def test_a_broker_frozen_for_a_minute_skips_ticks_holds_and_training_loses_nothing(controlled, kafka_broker, tmp_path, fault_record):
     """One freeze, both sides of it: the metrics sensor (stand-in workers behind the trainer service) and real torch
     workers training from the same broker."""
     from dagster import SkipReason

@@ -1,7 +1,7 @@
 """``kale demo``: a compressed diurnal day on the embedded broker, kept sized by Kale through Dagster.
 
 Parts, all real except the GPU: the Tansu broker on loopback; the trace
-producer replaying a synthetic day of CTR samples into the ``samples``
+producer replaying a synthetic day of CTR samples (08:00 to 08:00) into the ``samples``
 topic; the torch trainer under the local launcher (DDP workers with warm
 standbys, pause-and-restart rescales), each worker's throughput capped to
 EMULATE one GPU, and its restore slowed to EMULATE a large model's, both
@@ -53,6 +53,7 @@ from kale_dagster.stream.source import KafkaSource
 class DemoSettings:
     day_minutes: float = 30.0  # wall minutes for one synthetic day
     prior_days: int = 7  # days of history seeded before the live day
+    start_hour: float = 8.0  # the live day runs from 08:00 to 08:00: it opens on the morning rise, not a quiet night
     peak_rate: float = 600.0  # samples per wall second at the evening peak: 3-4 workers, what this 2-core host can feed
     worker_rate: float = 200.0  # EMULATED per-worker capacity, samples per wall second
     restore_minutes: float = 8.0  # EMULATED restore of a large model at every restart, pipeline minutes
@@ -124,7 +125,8 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
     stop = stop or threading.Event()
     k = settings.time_scale
     # Prior days and the live day, in pipeline time (samples per pipeline second).
-    trace = synth_trace(days=settings.prior_days + 1, seed=settings.seed, step_s=60, peak_rate=settings.peak_rate / k)
+    first_ts = pd.Timestamp("2026-01-05") + pd.Timedelta(hours=settings.start_hour)
+    trace = synth_trace(days=settings.prior_days + 1, seed=settings.seed, step_s=60, peak_rate=settings.peak_rate / k, start=str(first_ts))
     day_start = pd.Timestamp(trace["timestamp"].iloc[-1440], tz="UTC").timestamp()
     live = trace.iloc[-1440:]
     history_in = pd.DataFrame({"timestamp": pd.to_datetime(live["timestamp"], utc=True), "rate": live["value"].to_numpy(float) / 60.0})
@@ -180,7 +182,7 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
             lags.append(lag_min)
             decision = latest_decision(instance)
             decided = f"{decision.get('workers')} ({str(decision.get('reason', ''))[:70]})" if decision else "none yet"
-            print((f"\rday {(time.monotonic() - started) * k / 3600:5.2f} h ({k:g}x) | lag {lag_min:5.1f} min | workers {status.workers}"
+            print((f"\rday {pd.Timestamp(clock.now(), unit='s'):%H:%M} ({k:g}x) | lag {lag_min:5.1f} min | workers {status.workers}"
                    f"{' restarting' if status.rescaling else ''} | training {status.samples_per_s or 0.0:5.0f}/s (emulated GPUs) | Dagster decided: {decided}")[:220].ljust(220),
                   end="", file=out, flush=True)
             stop.wait(1.0)
