@@ -4,8 +4,9 @@
 2. the whole report (every baseline's grid, Kale's variants, the oracle: `kale backtest`), wall time on every core;
 3. one simulation per policy at its defaults in one process: simulated policy-days per second.
 
-Medians of --repeats runs.  Run it against another checkout (PYTHONPATH=that/checkout) to measure a change
-with the same script on the same machine.
+Medians of --repeats runs, each on a freshly prepared backtest as one `kale backtest` invocation is: Kale's
+forecasts (the Prophet refits) are recorded in every run, never replayed from an earlier one.  Run it against
+another checkout (PYTHONPATH=that/checkout) to measure a change with the same script on the same machine.
 
     python bench/backtest_speed.py [--repeats 3] [--skip-grid]
 """
@@ -31,11 +32,13 @@ def backtest(processes=None) -> Backtest:
     return Backtest(history, BacktestSettings(warmup_days=7, processes=processes))
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
+def timed(fn, repeats: int, processes=None) -> tuple[float, object]:
+    """Median wall time of ``fn(backtest)``, each call on a new backtest (its preparation not timed)."""
     walls, result = [], None
     for _ in range(repeats):
+        bt = backtest(processes)
         started = time.perf_counter()
-        result = fn()
+        result = fn(bt)
         walls.append(time.perf_counter() - started)
     return statistics.median(walls), result
 
@@ -45,22 +48,21 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-grid", action="store_true", help="leave out the whole report (minutes)")
     args = parser.parse_args()
-    bt = backtest()
-    days = len(bt.rates) / 1440
+    days = len(backtest().rates) / 1440
     names = list(POLICIES)
-    wall, report = timed(lambda: compare(bt, names, sweeps=False, variants=()), args.repeats)
+    wall, report = timed(lambda bt: compare(bt, names, sweeps=False, variants=()), args.repeats)
     runs = len(names) + 1  # and the oracle's replay
     print(f"Kale, the oracle and the defaults ({runs} simulations and the dynamic program, {days:.0f} days): {wall:.1f} s "
           f"({runs * days / wall:.1f} policy-days/s)", flush=True)
     if not args.skip_grid:
-        wall, report = timed(lambda: compare(bt, names, variants=tuple(KALE_VARIANTS)), args.repeats)
+        wall, report = timed(lambda bt: compare(bt, names, variants=tuple(KALE_VARIANTS)), args.repeats)
         runs = len(names) + len(report["kale_variants"]) + sum(len(rows) for rows in report["sweeps"].values()) + 1
         print(f"the whole report ({runs} simulations and the dynamic program): {wall:.1f} s ({runs * days / wall:.1f} policy-days/s)", flush=True)
-    single = backtest(processes=1)
     for name in names:
-        wall, _ = timed(lambda: single.run(name), args.repeats)
-        print(f"{name}, one process: {wall:.1f} s ({days / wall:.2f} policy-days/s)", flush=True)
-    wall, _ = timed(single.optimum, args.repeats)
+        wall, _ = timed(lambda bt: bt.run(name), args.repeats, processes=1)
+        recorded = " (recording its forecasts included)" if POLICIES[name].uses_forecast else ""
+        print(f"{name}, one process: {wall:.1f} s ({days / wall:.2f} policy-days/s){recorded}", flush=True)
+    wall, _ = timed(lambda bt: bt.optimum(), args.repeats, processes=1)
     print(f"oracle (dynamic program and its replay), one process: {wall:.1f} s", flush=True)
     return 0
 

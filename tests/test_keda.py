@@ -169,6 +169,18 @@ def test_policy_activation_and_cooldown_to_zero():
     assert keda.decide(_obs(45 + 300, 4, backlog=0)).workers == 0
 
 
+@pytest.mark.parametrize("meta", [KafkaScalerMetadata(lag_threshold=10), KafkaScalerMetadata(lag_threshold=10, allow_idle_consumers=True),
+                                  KafkaScalerMetadata(lag_threshold=10, limit_to_partitions_with_lag=True),
+                                  KafkaScalerMetadata(lag_threshold=7, ensure_even_distribution_of_partitions=True)])
+@pytest.mark.parametrize("backlog", [0, 1, 5, 7.6, 8, 79, 80, 81, 12_345.4])
+def test_ours_a_spread_backlog_totals_as_its_partitions_would(meta, backlog):
+    """Ours: the simulator's backlog, spread evenly over partition_count partitions, totals as the list of
+    those partitions' lags does."""
+    keda = KedaKafkaPolicy(meta, max_replicas=100, partition_count=8)
+    base, extra = divmod(int(round(backlog)), 8)
+    assert keda._spread_total_lag(_obs(0, 1, backlog=backlog)) == total_lag([base + 1] * extra + [base] * (8 - extra), meta)
+
+
 def test_policy_needs_partitions_or_a_count():
     with pytest.raises(KaleConfigError, match="partition_count"):
         KedaKafkaPolicy().decide(_obs(0, 1, backlog=10))

@@ -124,17 +124,21 @@ def total_lag(partition_lags: Sequence[int], meta: KafkaScalerMetadata, activati
 
     ``activation_lags`` are the lags with persistent lag kept (excludePersistentLag), the scaling lags otherwise."""
     lag = sum(partition_lags)
-    partitions = len(partition_lags)
     activation = lag if activation_lags is None else sum(activation_lags)
+    return _capped(lag, len(partition_lags), sum(1 for x in partition_lags if x > 0), meta), activation
+
+
+def _capped(lag: int, partitions: int, lagging: int, meta: KafkaScalerMetadata) -> int:
+    """getTotalLag's cap on the summed lag: no more replicas than partitions (or than ``lagging`` ones)."""
     if not meta.allow_idle_consumers or meta.limit_to_partitions_with_lag or meta.ensure_even_distribution_of_partitions:
         upper = partitions
         if meta.ensure_even_distribution_of_partitions:
             lag = next_factor_balancing_partitions(lag, partitions, meta.lag_threshold) * meta.lag_threshold
         if meta.limit_to_partitions_with_lag:
-            upper = sum(1 for x in partition_lags if x > 0)
+            upper = lagging
         if lag // meta.lag_threshold > upper:
             lag = upper * meta.lag_threshold
-    return lag, activation
+    return lag
 
 
 @dataclass
@@ -174,20 +178,21 @@ class KedaKafkaPolicy:
 
     def partition_lags(self, obs: Observation) -> tuple[list[int], list[int]]:
         """Per-partition lags (for scaling, for activation) of the partitions the scaler considers."""
-        if obs.partitions:
-            limit = self.metadata.partition_limitation
-            # Upstream iterates the latest-offset response: a partition missing from it is not counted.
-            considered = [p for p in obs.partitions if (limit is None or p.partition in limit) and p.end_offset is not None]
-            with_persistent = [self._lag(p) for p in considered]
-            if not self.metadata.exclude_persistent_lag:
-                return with_persistent, with_persistent
-            return [self._excluding_persistent(p, lag) for p, lag in zip(considered, with_persistent)], with_persistent
+        limit = self.metadata.partition_limitation
+        # Upstream iterates the latest-offset response: a partition missing from it is not counted.
+        considered = [p for p in obs.partitions if (limit is None or p.partition in limit) and p.end_offset is not None]
+        with_persistent = [self._lag(p) for p in considered]
+        if not self.metadata.exclude_persistent_lag:
+            return with_persistent, with_persistent
+        return [self._excluding_persistent(p, lag) for p, lag in zip(considered, with_persistent)], with_persistent
+
+    def _spread_total_lag(self, obs: Observation) -> tuple[int, int]:
+        """total_lag of the backlog spread evenly over ``partition_count`` partitions (the simulator's
+        observations carry no offsets), from the spread's sums instead of a list per sync."""
         if not self.partition_count:
             raise KaleConfigError("partition_count", "needed when observations carry no per-partition offsets")
-        n = self.partition_count
-        base, extra = divmod(int(round(obs.backlog)), n)
-        lags = [base + 1] * extra + [base] * (n - extra)
-        return lags, lags
+        lag, n = int(round(obs.backlog)), self.partition_count
+        return _capped(lag, n, min(lag, n), self.metadata), lag  # every partition lags once there is one record each
 
     def _lag(self, p: PartitionOffsets) -> int:
         m = self.metadata
@@ -214,8 +219,11 @@ class KedaKafkaPolicy:
         self._previous_offsets = {int(k): int(v) for k, v in state.get("previous_offsets", {}).items()}
 
     def decide(self, obs: Observation) -> Decision:
-        scaling_lags, activation_lags = self.partition_lags(obs)
-        lag, activation_lag = total_lag(scaling_lags, self.metadata, activation_lags)
+        if obs.partitions:
+            scaling_lags, activation_lags = self.partition_lags(obs)
+            lag, activation_lag = total_lag(scaling_lags, self.metadata, activation_lags)
+        else:
+            lag, activation_lag = self._spread_total_lag(obs)
         active = activation_lag > self.metadata.activation_lag_threshold
         if active:
             self._last_active = obs.time
