@@ -61,7 +61,11 @@ def _regularise(ts: pd.Series, rate: pd.Series, step_s: Optional[float], max_fil
     if frame.notna().sum() == 0:
         raise InputDataError("history has no usable (non-NaN) rate values")
     step = step_s or infer_step_s(frame.index.to_series())
-    regular = frame.resample(pd.Timedelta(seconds=step)).mean()
+    try:
+        regular = frame.resample(pd.Timedelta(seconds=step)).mean()
+    except (OverflowError, ValueError) as exc:  # a step or span of centuries: pandas cannot build the grid
+        raise InputDataError(f"cannot put the history on a regular {step:g} s grid from {frame.index[0]} to {frame.index[-1]}; "
+                             f"check the timestamps ({exc})") from None
     regular = _fill_short_gaps(regular, max_fill_steps)
     return pd.DataFrame({"timestamp": regular.index, "rate": regular.to_numpy()}).reset_index(drop=True)
 

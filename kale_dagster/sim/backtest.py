@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
@@ -159,9 +160,7 @@ class Backtest:
 
     def run_many(self, runs: Sequence["Run"], done: Optional[Callable[[int, int], None]] = None,
                  optimum: bool = False) -> tuple[list[SimResult], Optional[tuple[OracleSchedule, SimResult]]]:
-        """Runs, and with ``optimum`` the offline optimum, in parallel processes; ``done(k, n)`` as they finish.
-
-        Each kind of forecast the runs read is recorded by one process while the others run what needs none."""
+        """Runs, and with ``optimum`` the offline optimum, in parallel processes; ``done(k, n)`` as they finish."""
         total = len(runs) + optimum
         finished = 0
 
@@ -177,18 +176,31 @@ class Backtest:
             results = [finish(self.run(*run)) for run in runs]
             return results, finish(self.optimum()) if optimum else None
         needs = [run.perfect_forecast if POLICIES[run.name].uses_forecast and run.perfect_forecast not in self._feeds else None for run in runs]
+        # Longest first, so that no long run is left for the end while the other processes idle: the forecasts
+        # (one refit period per task), each forecasting run as soon as its forecasts are in, the optimum, the rest.
+        # The pool is handed no more than it can start, so a forecasting run that becomes ready waits for no queue.
+        ready = deque(i for i, kind in enumerate(needs) if kind is None and POLICIES[runs[i].name].uses_forecast)
+        ready += [-1] if optimum else []
+        ready += [i for i, kind in enumerate(needs) if kind is None and not POLICIES[runs[i].name].uses_forecast]
+        futures: dict = {}
         # fork: the children share the prepared trace instead of pickling it per run.
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_adopt, initargs=(self,)) as pool:
-            # The forecasts first, one refit period per task, then what needs none; the runs that read them once they are in.
-            feeds = {kind: (self._feed(kind), [pool.submit(_record_adopted, kind, *period) for period in self._feed(kind).periods()])
-                     for kind in set(needs) - {None}}
-            futures = {i: pool.submit(_run_adopted, run) for i, (run, kind) in enumerate(zip(runs, needs)) if kind is None}
-            best = pool.submit(_optimum_adopted) if optimum else None
-            for kind, (feed, parts) in feeds.items():
-                self._feeds[kind] = feed.replay([part.result() for part in parts])
-                futures.update({i: pool.submit(_run_adopted, run, self._feeds[kind]) for i, (run, k) in enumerate(zip(runs, needs)) if k == kind})
+            recording = {kind: (self._feed(kind), [pool.submit(_record_adopted, kind, *period) for period in self._feed(kind).periods()])
+                         for kind in set(needs) - {None}}
+            in_flight = {part for _, parts in recording.values() for part in parts}
+            while ready or in_flight:
+                while ready and len(in_flight) < workers:
+                    i = ready.popleft()
+                    futures[i] = pool.submit(_optimum_adopted) if i < 0 else pool.submit(_run_adopted, runs[i], self._feeds.get(needs[i]))
+                    in_flight.add(futures[i])
+                in_flight = wait(in_flight, return_when=FIRST_COMPLETED).not_done
+                for kind, (feed, parts) in list(recording.items()):
+                    if all(part.done() for part in parts):
+                        self._feeds[kind] = feed.replay([part.result() for part in parts])
+                        del recording[kind]
+                        ready.extendleft(reversed([i for i, k in enumerate(needs) if k == kind]))
             results = [finish(futures[i].result()) for i in range(len(runs))]
-            return results, finish(best.result()) if best else None
+            return results, finish(futures[-1].result()) if optimum else None
 
     def optimum(self, max_labels: int = 24) -> tuple[OracleSchedule, SimResult]:
         """The offline optimum of Kale's own cost (``sim.oracle``), replayed in the simulator."""
