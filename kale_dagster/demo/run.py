@@ -42,7 +42,7 @@ from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.processes import stop_process_group
-from kale_dagster.sim.trace import synth_trace
+from kale_dagster.sim.trace import START as SYNTH_START, synth_trace
 from kale_dagster.stream.broker import start_broker
 from kale_dagster.stream.history import MetricsHistory
 from kale_dagster.stream.producer import ReplaySettings, ensure_topic, replay_in_background
@@ -125,7 +125,7 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
     stop = stop or threading.Event()
     k = settings.time_scale
     # Prior days and the live day, in pipeline time (samples per pipeline second).
-    first_ts = pd.Timestamp("2026-01-05") + pd.Timedelta(hours=settings.start_hour)
+    first_ts = pd.Timestamp(SYNTH_START) + pd.Timedelta(hours=settings.start_hour)
     trace = synth_trace(days=settings.prior_days + 1, seed=settings.seed, step_s=60, peak_rate=settings.peak_rate / k, start=str(first_ts))
     day_start = pd.Timestamp(trace["timestamp"].iloc[-1440], tz="UTC").timestamp()
     live = trace.iloc[-1440:]

@@ -14,6 +14,7 @@ import pandas as pd
 from kale_dagster.errors import KaleConfigError
 
 PEAK_TO_TROUGH = 7.65
+START = "2026-01-05 00:00:00"  # a Monday at midnight: where a synthetic trace starts by default
 
 
 def diurnal_shape(hour_of_day: np.ndarray) -> np.ndarray:
@@ -32,7 +33,7 @@ def synth_trace(
     weekend_boost: float = 0.15,
     noise: float = 0.05,
     bursts_per_day: float = 1.0,
-    start: str = "2026-01-05 00:00:00",
+    start: str = START,
 ) -> pd.DataFrame:
     """A ``timestamp,value`` frame: ``value`` is arrivals per ``step_s`` interval."""
     if days <= 0:
