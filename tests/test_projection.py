@@ -6,7 +6,7 @@ simulator's own model; the projection must give the same figures on any input.
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kale_dagster.model.backlog import FifoBacklog
@@ -15,9 +15,11 @@ from kale_dagster.model.throughput import ThroughputModel
 
 
 def stepped(start_args, pre_steps, rates, step_s, capacity, slo_s, downtime_s, tick_s):
-    """(accumulated lag-min, max lag s, violation min) by stepping FifoBacklog, as the simulator does."""
+    """(accumulated lag-min, max lag s, violation min, whether a tick's lag sat on the SLO) by stepping FifoBacklog,
+    as the simulator does."""
     queue = _start(start_args, pre_steps)
     acc = max_lag = violation = 0.0
+    on_slo = False
     t = 0.0
     while t < len(rates) * step_s - 1e-9:
         rate = rates[min(int(t // step_s), len(rates) - 1)]
@@ -26,8 +28,9 @@ def stepped(start_args, pre_steps, rates, step_s, capacity, slo_s, downtime_s, t
         acc += lag / 60.0 * (tick_s / 60.0)
         max_lag = max(max_lag, lag)
         violation += tick_s / 60.0 if lag > slo_s else 0.0
+        on_slo = on_slo or abs(lag - slo_s) < 1e-3
         t += tick_s
-    return acc, max_lag, violation
+    return acc, max_lag, violation, on_slo
 
 
 def _start(start_args, pre_steps):
@@ -48,6 +51,9 @@ def _start(start_args, pre_steps):
     downtime=st.sampled_from([0.0, 60.0, 450.0, 600.0, 5000.0]),
     tick=st.sampled_from([60.0, 300.0, 450.0]),
 )
+# Found by hypothesis: samples that are never consumed are exactly the SLO's age at one tick, a rounding error
+# either side of it in each model, while the maximum lag is far above.
+@example(start=(0.99999, 0.0, 0.0), pre=[], rates=[0.0, 0.0, 0.5, 0.0, 0.0], capacity=0.0, downtime=0.0, tick=60.0)
 def test_projection_equals_stepping_the_fifo_backlog(start, pre, rates, capacity, downtime, tick):
     step_s, slo_s = 600.0, 1200.0
     options = [Option(3, capacity, downtime), Option(1, capacity / 3, 0.0), Option(5, capacity * 2, downtime / 2)]
@@ -55,10 +61,10 @@ def test_projection_equals_stepping_the_fifo_backlog(start, pre, rates, capacity
     # Each option alone gives what it gives beside the others.
     assert together == [project_options(_start(start, pre), np.array(rates), step_s, [o], slo_s, tick_s=tick)[0] for o in options]
     p = together[0]
-    acc, max_lag, violation = stepped(start, pre, rates, step_s, capacity, slo_s, downtime, tick)
+    acc, max_lag, violation, on_slo = stepped(start, pre, rates, step_s, capacity, slo_s, downtime, tick)
     assert p.accumulated_lag_min == pytest.approx(acc, rel=1e-7, abs=1e-6)
     assert p.max_lag_s == pytest.approx(max_lag, rel=1e-7, abs=1e-6)
-    assert p.violation_min == pytest.approx(violation, abs=1e-9) or abs(max_lag - slo_s) < 1e-3  # a lag on the SLO may round either way
+    assert p.violation_min == pytest.approx(violation, abs=1e-9) or on_slo  # a lag on the SLO may round either way
     assert p.gpu_minutes == 3 * len(rates) * step_s / 60.0
 
 

@@ -353,3 +353,14 @@ def test_a_backtest_in_parallel_processes_gives_what_one_process_gives():
     parallel, parallel_best = Backtest(history, replace(settings, processes=2)).run_many(runs, optimum=True)
     assert [r.metrics for r in serial] == [r.metrics for r in parallel]
     assert serial_best[1].metrics == parallel_best[1].metrics
+
+
+@pytest.mark.parametrize("window", [1, 2, 5, 9, 60, 500])
+def test_windowed_means_are_numpys_mean_of_each_window(window):
+    """The simulator reads telemetry's windowed rate from one vectorized pass; it must be, to the bit, the mean of
+    each window as the minute-by-minute loop took it (the minutes before, fewer at the start, minute 0 its own)."""
+    from kale_dagster.sim.simulate import windowed_means
+
+    rates = np.random.default_rng(window).lognormal(3, 2, 400)
+    expected = [rates[0]] + [np.mean(rates[max(m - window, 0):m]) for m in range(1, len(rates))]
+    assert windowed_means(rates, window).tolist() == [float(x) for x in expected]

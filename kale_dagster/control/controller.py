@@ -134,6 +134,7 @@ class Controller:
         self._build = build
         self._learns = learns  # rebuilt when the estimates change; the others keep the settings they were built with
         self._built: Optional[tuple[Sizing, ScalingPolicy]] = None
+        self._restart: Optional[tuple] = None  # (downtimes, time scale) -> restart_estimate, for the last ones seen
 
     @classmethod
     def fixed(cls, policy: ScalingPolicy, settings: ControlSettings) -> "Controller":
@@ -198,8 +199,10 @@ class Controller:
         ``last_workers`` is what the controller last knew runs, for a hold without a launcher;
         ``policy_state`` None continues from the policy's memory (fresh the first time)."""
         s = self.settings
-        downtimes = [d * time_scale for d in (status.downtimes_s if status is not None else ())]
-        restart_s, restart_source = restart_estimate(downtimes, s.restart_s)
+        measured = (status.downtimes_s if status is not None else (), time_scale)
+        if self._restart is None or self._restart[0] != measured:  # the same restarts at most ticks: one median each
+            self._restart = (measured, restart_estimate([d * time_scale for d in measured[0]], s.restart_s))
+        restart_s, restart_source = self._restart[1]
         if status is None:
             held = f"the launcher did not answer ({launcher_error or 'no status'})"
             return self._hold(last_workers or s.min_workers, held, policy_state, restart_s, restart_source)

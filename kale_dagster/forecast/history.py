@@ -42,22 +42,27 @@ def prepare_history(history: pd.DataFrame, step_s: Optional[float] = None, max_f
         raise InputDataError(f"history needs columns 'timestamp' and 'rate'; missing {sorted(missing)} (have {list(history.columns)})")
     if history.empty:
         raise InputDataError("history is empty")
-    try:
-        ts = pd.to_datetime(history["timestamp"], utc=True)
-    except (ValueError, TypeError) as exc:
-        raise InputDataError(f"history.timestamp has values that are not timestamps: {exc}") from exc
-    rate = pd.to_numeric(history["rate"], errors="coerce").astype(float)
-    bad = np.isinf(rate) | (rate < 0)
+    ts, rate = history["timestamp"], history["rate"]
+    # A forecaster re-reads a growing history every few minutes, mostly already typed and clean: checked on arrays.
+    if not (isinstance(ts.dtype, pd.DatetimeTZDtype) and str(ts.dtype.tz) == "UTC"):
+        try:
+            ts = pd.to_datetime(ts, utc=True)
+        except (ValueError, TypeError) as exc:
+            raise InputDataError(f"history.timestamp has values that are not timestamps: {exc}") from exc
+    if rate.dtype != np.float64:
+        rate = pd.to_numeric(rate, errors="coerce").astype(float)
+    values = rate.to_numpy()
+    bad = np.isinf(values) | (values < 0)
     if bad.any():
-        first = ts[bad].iloc[0]
-        raise InputDataError(f"history.rate must be finite and >= 0; {int(bad.sum())} bad values, first at {first} ({rate[bad].iloc[0]})")
-    clean = _already_regular(ts, rate, step_s)
+        first = int(np.argmax(bad))
+        raise InputDataError(f"history.rate must be finite and >= 0; {int(bad.sum())} bad values, first at {ts.iloc[first]} ({values[first]})")
+    clean = _already_regular(ts, values, step_s)
     return clean if clean is not None else _regularise(ts, rate, step_s, max_fill_steps)
 
 
 def _regularise(ts: pd.Series, rate: pd.Series, step_s: Optional[float], max_fill_steps: int) -> pd.DataFrame:
     """Sorted, duplicates averaged, on a regular grid, short gaps filled."""
-    frame = pd.DataFrame({"timestamp": ts, "rate": rate}).groupby("timestamp", as_index=True)["rate"].mean().sort_index()
+    frame = pd.DataFrame({"timestamp": ts.reset_index(drop=True), "rate": rate.reset_index(drop=True)}).groupby("timestamp", as_index=True)["rate"].mean().sort_index()
     if frame.notna().sum() == 0:
         raise InputDataError("history has no usable (non-NaN) rate values")
     step = step_s or infer_step_s(frame.index.to_series())
@@ -70,22 +75,21 @@ def _regularise(ts: pd.Series, rate: pd.Series, step_s: Optional[float], max_fil
     return pd.DataFrame({"timestamp": regular.index, "rate": regular.to_numpy()}).reset_index(drop=True)
 
 
-def _already_regular(ts: pd.Series, rate: pd.Series, step_s: Optional[float]) -> Optional[pd.DataFrame]:
-    """The history as it is when it is already clean (sorted, one row per step on the step's grid, no gaps), else None.
-
-    A forecaster re-reads a growing history every few minutes; most of what it is handed is clean already."""
-    if len(ts) < 2 or rate.isna().any():
+def _already_regular(ts: pd.Series, rate: np.ndarray, step_s: Optional[float]) -> Optional[pd.DataFrame]:
+    """The history as it is when it is already clean (sorted, one row per step on the step's grid, no gaps), else None."""
+    if len(ts) < 2 or np.isnan(rate).any():
         return None
     index = pd.DatetimeIndex(ts)
-    steps = np.diff(index.asi8)
-    if steps[0] <= 0 or np.any(steps != steps[0]):
+    stamps = index.asi8
+    first_step = stamps[1] - stamps[0]
+    if first_step <= 0 or np.any(np.diff(stamps) != first_step):
         return None
-    step = pd.Timedelta(int(steps[0]), unit=index.unit)
+    step = pd.Timedelta(int(first_step), unit=index.unit)
     if step_s is not None and step.total_seconds() != step_s:
         return None
     if (index[0] - index[0].normalize()) % step:  # off the grid resampling would put it on (steps from midnight)
         return None
-    return pd.DataFrame({"timestamp": index, "rate": rate.to_numpy(dtype=float)})
+    return pd.DataFrame({"timestamp": index, "rate": np.array(rate, dtype=float)})
 
 
 def _fill_short_gaps(series: pd.Series, max_steps: int) -> pd.Series:

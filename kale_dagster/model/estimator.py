@@ -30,7 +30,7 @@ def resample_max(values: np.ndarray, step_s: float, new_step_s: float) -> np.nda
     n = math.ceil(len(values) / per)
     padded = np.full(n * per, np.nan)
     padded[: len(values)] = values
-    return np.nanmax(padded.reshape(n, per), axis=1)
+    return np.fmax.reduce(padded.reshape(n, per), axis=1)  # nanmax, without its checks
 
 
 @dataclass(frozen=True)
@@ -64,5 +64,5 @@ def estimate_workers(
     drain_steps = max(1, math.ceil((downtime_s + drain_window_s) / step_s)) if extra > 0 else 0
     need = rates.copy()
     need[:drain_steps] += extra
-    plan = tuple(int(w) for w in model.min_workers_for_each(need, max_workers=max_workers, min_workers=min_workers))
+    plan = tuple(model.min_workers_for_each(need, max_workers=max_workers, min_workers=min_workers).tolist())
     return WorkerEstimate(plan=plan, need_rate=need, drain_rate=extra, drain_steps=drain_steps)

@@ -13,6 +13,7 @@ decisions per backtest, so the tick loop is not written in Python.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -48,32 +49,47 @@ def project_options(start: FifoBacklog, rates: np.ndarray, step_s: float, option
     gpu_minutes = [o.workers * horizon / 60.0 for o in options]
     ticks = int(np.ceil((horizon - 1e-9) / tick_s)) if horizon > 1e-9 else 0
     waiting = start.cohorts()  # (first arrival, last arrival, samples) of what waits now, oldest first
-    t = np.arange(ticks) * tick_s
-    arrivals = rates[np.minimum((t // step_s).astype(int), len(rates) - 1)] * tick_s
+    t, step_of_tick = _tick_grid(ticks, tick_s, step_s, len(rates))
+    arrivals = rates[step_of_tick] * tick_s
     fresh = arrivals > 0
     if ticks == 0 or not (waiting or fresh.any()):  # nothing waits and nothing arrives
         return [Projection(0.0, 0.0, 0.0, g) for g in gpu_minutes]
-    capacity = np.array([max(o.capacity, 0.0) for o in options])[:, None]
-    budget = np.where(t[None, :] < np.array([o.downtime_s for o in options])[:, None], 0.0, capacity * tick_s)
+    capacity, downtime = np.array([(max(o.capacity, 0.0), o.downtime_s) for o in options]).T
+    budget = np.where(t < downtime[:, None], 0.0, capacity[:, None] * tick_s)
     # Lindley: backlog_k = max(backlog_{k-1} + a_k - c_k, 0) = S_k + max(backlog_0, -min_{j<=k} S_j).
     backlog0 = float(sum(n for _, _, n in waiting))
-    s = np.cumsum(arrivals[None, :] - budget, axis=1)
+    s = np.cumsum(arrivals - budget, axis=1)
     backlog = s + np.maximum(backlog0, -np.minimum.accumulate(s, axis=1))
-    consumed = backlog0 + np.cumsum(arrivals)[None, :] - backlog  # samples consumed since the start, oldest first
+    consumed = (backlog0 + np.cumsum(arrivals)) - backlog  # samples consumed since the start, oldest first
     # What arrives, oldest first, as segments of evenly spread samples: what waits now, then each tick's arrivals.
     now = start.now
-    seg_start = np.concatenate([[c[0] for c in waiting], now + t[fresh]])
-    seg_end = np.concatenate([[c[1] for c in waiting], now + t[fresh] + tick_s])
-    seg_count = np.concatenate([[c[2] for c in waiting], arrivals[fresh]])
+    if waiting:
+        first, last, count = (np.array(column, dtype=float) for column in zip(*waiting))
+        seg_start = np.concatenate([first, now + t[fresh]])
+        seg_end = np.concatenate([last, now + t[fresh] + tick_s])
+        seg_count = np.concatenate([count, arrivals[fresh]])
+    else:
+        seg_start = now + t[fresh]
+        seg_end, seg_count = seg_start + tick_s, arrivals[fresh]
     seg_last = np.cumsum(seg_count)
     # A segment is gone once what is left of it is negligible, as FifoBacklog drops an emptied cohort.
     gone_at = seg_last - 1e-9 * np.maximum(seg_count, 1.0)
-    head = np.searchsorted(gone_at, consumed.ravel(), side="right").reshape(consumed.shape)
-    waiting_now = head < (len(waiting) + np.cumsum(fresh))[None, :]  # the head has arrived: not all so far is consumed
+    head = np.searchsorted(gone_at, consumed)
+    waiting_now = head < (len(waiting) + np.cumsum(fresh))  # the head has arrived: not all so far is consumed
     head = np.minimum(head, len(seg_count) - 1)
-    into = (consumed - (seg_last[head] - seg_count[head])) / seg_count[head]
+    count = seg_count[head]
+    into = (consumed - (seg_last[head] - count)) / count
     oldest = seg_start[head] + into * (seg_end[head] - seg_start[head])
-    lag = np.where(waiting_now, np.maximum(now + t + tick_s - oldest, 0.0), 0.0)
+    lag = np.where(waiting_now, np.maximum((now + tick_s) + t - oldest, 0.0), 0.0)
     acc = np.sum(lag, axis=1) / 60.0 * (tick_s / 60.0)
     violation = np.count_nonzero(lag > slo_s, axis=1) * tick_s / 60.0
     return [Projection(float(a), float(m), float(v), g) for a, m, v, g in zip(acc, np.max(lag, axis=1), violation, gpu_minutes)]
+
+
+@functools.lru_cache(maxsize=64)
+def _tick_grid(ticks: int, tick_s: float, step_s: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each tick's start (s from now) and the plan step it falls in: the same few grids at every decision."""
+    t = np.arange(ticks) * tick_s
+    step_of_tick = np.minimum((t // step_s).astype(int), steps - 1)
+    t.flags.writeable = step_of_tick.flags.writeable = False
+    return t, step_of_tick

@@ -207,8 +207,12 @@ class ThroughputModel:
         if lo >= cap:
             out = np.full(len(rates), lo)  # an explicit floor wins over the peak
         else:
-            ok = self.capacities(cap)[lo : cap + 1][None, :] >= rates[:, None]
-            out = np.where(ok.any(axis=1), lo + np.argmax(ok, axis=1), cap)
+            # The first w whose F(w) reaches a rate is the first whose running maximum does, and the running
+            # maximum is sorted: one binary search per rate (past the end, or NaN: none suffices, the peak).
+            key = ("running_max", lo, cap)
+            if key not in self._cache:
+                self._cache[key] = np.maximum.accumulate(self.capacities(cap)[lo : cap + 1])
+            out = np.minimum(lo + np.searchsorted(self._cache[key], rates, side="left"), cap)
         return np.where(rates <= 0, min_workers, out)
 
     # --- serialisation (asset values, cursors) ------------------------------

@@ -52,6 +52,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 import pandas as pd
+from numpy.lib.stride_tricks import sliding_window_view
 
 from kale_dagster.control.controller import ControlSettings, Controller, StreamReading
 from kale_dagster.errors import KaleConfigError
@@ -180,6 +181,8 @@ class ForecastFeed:
         self.cfg = cfg
         self.prior = prior if prior is not None else pd.DataFrame({"timestamp": pd.DatetimeIndex([], tz="UTC"), "rate": []})
         self._every = max(int(cfg.forecast_every_s // MINUTE), 1)
+        # What the forecaster has seen by minute m is this frame's first len(prior) + m rows.
+        self._history = pd.concat([self.prior, pd.DataFrame({"timestamp": times, "rate": rates})], ignore_index=True)
         self._start(0)
         self._recorded: Optional[list] = None
 
@@ -215,7 +218,8 @@ class ForecastFeed:
         for _, one_step in parts:
             made = ~np.isnan(one_step)
             self.one_step[made] = one_step[made]
-        self.factory = self.model = None  # a replay needs neither, and it travels to other processes without them
+        self.factory = self.model = self._history = None  # a replay needs none, and it travels to other processes without them
+        self._recent_errors = self._every_recent_error()
         return self
 
     def record(self) -> "ForecastFeed":
@@ -229,7 +233,7 @@ class ForecastFeed:
     def _predict(self, minute: int) -> Optional[Forecast]:
         if not self._forecasts_at(minute):
             return self.forecast
-        history = pd.concat([self.prior, pd.DataFrame({"timestamp": self.times[:minute], "rate": self.rates[:minute]})], ignore_index=True)
+        history = self._history.iloc[: len(self.prior) + minute]
         steps = max(int(self.cfg.forecast_horizon_s // MINUTE), 1)
         if self.model is None or minute >= self.next_refit:
             self.model = self.factory().fit(history)
@@ -243,6 +247,10 @@ class ForecastFeed:
         return fc
 
     def recent_error(self, minute: int) -> Optional[float]:
+        """sMAPE of the one-step forecasts over the error window before ``minute``; None until half of it has one."""
+        if self._recorded is not None:
+            error = self._recent_errors[minute]
+            return None if np.isnan(error) else float(error)
         window = int(self.cfg.error_window_s // MINUTE)
         lo = max(minute - window, 0)
         predicted = self.one_step[lo:minute]
@@ -250,6 +258,41 @@ class ForecastFeed:
         if np.count_nonzero(made) < window // 2:
             return None
         return smape(self.rates[lo:minute][made], predicted[made])
+
+    def _every_recent_error(self) -> np.ndarray:
+        """:meth:`recent_error` at every minute (NaN for None) from the recorded one-step forecasts: windows that
+        are all forecast at once (numpy's mean of each, the same figures), the others one by one."""
+        window, n = int(self.cfg.error_window_s // MINUTE), len(self.rates)
+        made = ~np.isnan(self.one_step)
+        minutes = np.arange(n)
+        lo = np.maximum(minutes - window, 0)
+        count = np.concatenate([[0], np.cumsum(made)])
+        known = count[minutes] - count[lo]
+        whole = (minutes >= window) & (known == window)
+        a, f = self.rates, np.where(made, self.one_step, 0.0)
+        denom = np.abs(a) + np.abs(f)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            terms = np.where(denom > 0, 2 * np.abs(f - a) / denom, 0.0)  # smape's, term by term
+        out = np.full(n, np.nan)
+        if n > window:
+            out[window:] = np.where(whole[window:], sliding_window_view(terms, window)[: n - window].mean(axis=1), np.nan)
+        for minute in np.flatnonzero(~whole & (known >= window // 2) & (known > 0)):
+            m = made[lo[minute]:minute]
+            out[minute] = smape(a[lo[minute]:minute][m], self.one_step[lo[minute]:minute][m])
+        return out
+
+
+def windowed_means(rates: np.ndarray, window: int) -> np.ndarray:
+    """What telemetry reads at each minute: the mean rate of the ``window`` minutes before it (fewer at the start;
+    at minute 0, its own).  The same figures as ``np.mean`` of each window, computed at once."""
+    n = len(rates)
+    out = np.empty(n)
+    out[0] = rates[0]
+    for minute in range(1, min(window, n)):
+        out[minute] = np.mean(rates[:minute])
+    if n > window:
+        out[window:] = sliding_window_view(rates, window)[: n - window].mean(axis=1)
+    return out
 
 
 def simulate(
@@ -280,7 +323,9 @@ def simulate(
                                rate_window_s=config.rate_window_s, error_window_s=config.error_window_s)
     controller = policy if isinstance(policy, Controller) else Controller.fixed(policy, settings)
     learned = _Measurements(model, prior or model, config)
-    capacity_of = np.asarray(model.predict(np.arange(config.max_workers + 1)), dtype=float)  # F(w) per count, once
+    # F(w) per count, once; per-tick reads as Python floats (numpy scalars' arithmetic is several times slower).
+    capacity_of = np.asarray(model.predict(np.arange(config.max_workers + 1)), dtype=float).tolist()
+    rate_at = rates.tolist()
     epoch = times[0].timestamp()
     workers = config.initial_workers if config.initial_workers is not None else model.min_workers_for(rates[0], config.max_workers)
     queue = FifoBacklog(now=epoch)
@@ -309,15 +354,15 @@ def simulate(
     def reported_lag(minute: int) -> float:
         lag = seen.time_lag()
         latency = config.pipeline_latency_s + config.pipeline_latency_per_worker_s * workers
-        return lag + latency if lag > 0 or rates[minute] > 0 else 0.0
+        return lag + latency if lag > 0 or rate_at[minute] > 0 else 0.0
     ticks_per_min = int(MINUTE // TICK_S)
     sync_ticks = None
-    consumed_log: list[float] = []
     rows = np.zeros((n, 5))  # workers, capacity, lag_s, restarting, consumed
     decisions = []
     rescales_scored = 0
     forecast = None
     window = max(int(config.rate_window_s // MINUTE), 1)
+    measured_at = windowed_means(rates, window).tolist()
     rates_read = -1
     for minute in range(n):
         if forecasts is not None:
@@ -333,9 +378,8 @@ def simulate(
             restarting = now < restart_until
             if sync_ticks is None or (minute * ticks_per_min + k) % sync_ticks == 0:
                 if rates_read != minute:  # telemetry's windowed rates move once a minute
-                    lo = max(minute - window, 0)
-                    measured = float(np.mean(rates[lo:minute])) if minute > 0 else rates[0]
-                    consumption = float(np.mean(consumed_log[-window:])) / MINUTE if consumed_log else 0.0
+                    measured = measured_at[minute]
+                    consumption = float(np.mean(rows[max(minute - window, 0):minute, 4])) / MINUTE if minute > 0 else 0.0
                     rates_read = minute
                 # The workers' busy share since the last sync is what GPU utilization reads; with no capacity since
                 # (the first sync, the one a restart ends at), what the stream implies.  A restarted group reports
@@ -347,7 +391,7 @@ def simulate(
                 starting = now < restart_until + config.metrics_window_s
                 busy_consumed = busy_capacity = 0.0
                 reading = StreamReading(now, measured, consumption, seen.backlog, reported_lag(minute),
-                                        latest_arrival_rate=rates[minute - 1] if minute > 0 else None)
+                                        latest_arrival_rate=rate_at[minute - 1] if minute > 0 else None)
                 status = LauncherStatus(workers, rescaling=restarting, measures=True, busy_share=None if starting else busy_share,
                                         downtimes_s=learned.downtimes())
                 step = controller.step(reading, status, planning_model, forecast=forecast,
@@ -365,17 +409,16 @@ def simulate(
                         pending = None
                         restarting = restart_until > now
             capacity = 0.0 if restarting else capacity_of[workers]
-            consumed = queue.step(TICK_S, rates[minute] * TICK_S, capacity)
+            consumed = queue.step(TICK_S, rate_at[minute] * TICK_S, capacity)
             consumed_minute += consumed
             busy_consumed += consumed
             busy_capacity += capacity * TICK_S
             if committed is not None:
-                committed.step(TICK_S, rates[minute] * TICK_S, 0.0)
+                committed.step(TICK_S, rate_at[minute] * TICK_S, 0.0)
                 if now + TICK_S >= next_commit and not restarting:
                     commit()
                     next_commit += config.commit_interval_s
             restarting_ticks += restarting
-        consumed_log.append(consumed_minute)
         restarting_share = restarting_ticks / ticks_per_min
         if restarting_ticks == 0 and workers > 0 and consumed_minute >= capacity_of[workers] * MINUTE * (1 - 1e-9):
             learned.saturated(minute, workers, consumed_minute / MINUTE)  # never waited for data: a throughput measurement
