@@ -209,8 +209,11 @@ class Controller:
         if reading.arrival_rate is None:
             return self._hold(status.workers, "no arrival rate yet (first reading, or a telemetry gap)", policy_state, restart_s, restart_source)
         obs = self.observe(reading, status, model, forecast, forecast_error, rescale_in_flight)
-        policy = self.policy(Sizing(min_workers=s.min_workers, max_workers=s.max_workers, slo_s=s.slo_s, restart_s=restart_s, model=model,
-                                    adequate_workers=s.adequate_workers, partitions=len(reading.partitions) or s.partitions), policy_state)
+        if self._built is not None and not self._learns:  # built once and never rebuilt: no knowledge to hand it
+            policy = self.policy(self._built[0], policy_state)
+        else:
+            policy = self.policy(Sizing(min_workers=s.min_workers, max_workers=s.max_workers, slo_s=s.slo_s, restart_s=restart_s, model=model,
+                                        adequate_workers=s.adequate_workers, partitions=len(reading.partitions) or s.partitions), policy_state)
         decision = policy.decide(obs)
         failed = bool(status.failed) and not obs.restarting
         if failed:

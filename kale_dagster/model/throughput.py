@@ -152,6 +152,11 @@ class ThroughputModel:
 
     def predict(self, workers):
         """Samples/s at the given worker count(s); 0 workers give 0."""
+        if type(workers) is int and 0 <= workers < _TABLE_LIMIT:  # the common call: one count, from the table
+            table = self._cache.get("floats")
+            if table is None or len(table) <= workers:
+                table = self._cache["floats"] = self.capacities(workers).tolist()
+            return table[workers]
         if np.ndim(workers) == 0:
             w = float(workers)
             if w.is_integer() and 0 <= w < _TABLE_LIMIT:

@@ -77,13 +77,14 @@ def _metric(m: Union[int, PodMetric]) -> PodMetric:
     return m if isinstance(m, PodMetric) else PodMetric(int(m))
 
 
-def _cpu_unready(pod: Pod, metric: PodMetric, now: float, cpu_initialization_period: float, delay_of_initial_readiness: float) -> bool:
+def _cpu_unready(pod: Pod, sample: Union[int, PodMetric], now: float, cpu_initialization_period: float, delay_of_initial_readiness: float) -> bool:
     """groupPods' CPU rule: a sample is ignored while the pod may still be initializing."""
     if pod.ready is None or pod.start_time is None:
         return True
     transition = pod.start_time if pod.ready_transition is None else pod.ready_transition
     if pod.start_time + cpu_initialization_period > now:
         # Still initializing: ignore the sample if unready or if no full metric window passed since the last transition.
+        metric = _metric(sample)
         return (not pod.ready) or metric.timestamp < transition + metric.window
     # Initialized: ignore it only if the pod is unready and has never been ready.
     return (not pod.ready) and pod.start_time + delay_of_initial_readiness > transition
@@ -111,7 +112,7 @@ def group_pods(
             unready.add(name)
         elif name not in metrics:
             missing.add(name)
-        elif cpu and _cpu_unready(pod, _metric(metrics[name]), now, cpu_initialization_period, delay_of_initial_readiness):
+        elif cpu and _cpu_unready(pod, metrics[name], now, cpu_initialization_period, delay_of_initial_readiness):
             unready.add(name)
         else:
             ready_count += 1

@@ -131,6 +131,7 @@ class _Measurements:
         self._restart_rng = np.random.default_rng([config.seed, 1])
         self._noise_rng = np.random.default_rng([config.seed, 2])
         self.restarts: list[float] = []
+        self._downtimes: tuple[float, ...] = ()
         self.profile = [(float(w), self._noisy(truth.predict(w))) for w in config.profile_workers]
         self.online: list[tuple[int, float, float]] = []  # (minute, workers, samples/s)
         self._model, self._next_fit = prior, 0
@@ -143,10 +144,13 @@ class _Measurements:
         """How long this restart takes (the world's draw), remembered as the controller measures it."""
         jitter = self._restart_rng.lognormal(0.0, self.config.restart_jitter) if self.config.restart_jitter > 0 else 1.0
         self.restarts.append(self.config.restart_s * jitter)
+        if not self.config.oracle:
+            self._downtimes = tuple(self.restarts[-Launcher.recent_restarts:])
         return self.restarts[-1]
 
     def downtimes(self) -> tuple[float, ...]:
-        return () if self.config.oracle else tuple(self.restarts[-Launcher.recent_restarts:])
+        """What the launcher reports: the latest restarts' downtimes (none to an oracle, which is told the truth)."""
+        return self._downtimes
 
     def saturated(self, minute: int, workers: int, rate: float) -> None:
         self.online.append((minute, float(workers), self._noisy(rate)))
