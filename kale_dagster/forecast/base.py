@@ -57,6 +57,8 @@ class Forecast:
         """The forecast at a quantile, reading the band as a normal interval; None means the upper band."""
         if quantile is None:
             return self.upper
+        if quantile == 0.5:  # the middle of a symmetric band: the point forecast itself
+            return self.point
         z_band = NormalDist().inv_cdf(0.5 + self.interval_width / 2)
         sigma = np.maximum(self.upper - self.point, 0.0) / z_band
         return np.clip(self.point + NormalDist().inv_cdf(quantile) * sigma, 0.0, None)

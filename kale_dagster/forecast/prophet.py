@@ -164,9 +164,13 @@ class ProphetForecaster(_FittedSeries):
         model.fit(pd.DataFrame({"ds": coarse.index.tz_localize(None), "y": coarse.to_numpy()}))
         self._prophet = model
         self._prophet_cache: dict[int, float] = {}
+        self._prophet_table = np.zeros(0)  # the positions prefetched at the fit, 0 to len - 1: read by index
 
     def _prophet_log(self, positions: np.ndarray) -> np.ndarray:
         """Prophet's log forecast at grid positions (0 = first history row), memoised."""
+        positions = np.asarray(positions)
+        if len(positions) and positions.dtype.kind in "iu" and 0 <= positions.min() and positions.max() < len(self._prophet_table):
+            return self._prophet_table[positions]
         need = [int(p) for p in positions if int(p) not in self._prophet_cache]
         if need:
             start = self.history["timestamp"].iloc[0]
@@ -224,7 +228,8 @@ class ProphetForecaster(_FittedSeries):
         # One Prophet call covers the history and the next prefetch_s ahead,
         # so predictions between refits are lookups.
         ahead = self.horizon + int(self.prefetch_s // self.step_s)
-        self._base_prophet = self._prophet_log(np.arange(n + ahead))[:n]
+        self._prophet_table = self._prophet_log(np.arange(n + ahead))
+        self._base_prophet = self._prophet_table[:n]
         if self.correct:
             self._fit_blend(n)
         else:

@@ -204,20 +204,20 @@ class ThroughputModel:
 
     def min_workers_for_each(self, rates: np.ndarray, max_workers: int, min_workers: int = 1) -> np.ndarray:
         """:meth:`min_workers_for` of each rate, in one pass."""
-        if min_workers < 0 or min_workers > max_workers:
-            raise KaleConfigError("min_workers", f"must be in [0, max_workers={max_workers}], got {min_workers}")
-        rates = np.asarray(rates, dtype=float)
-        cap = self.peak_workers(max_workers)
-        lo = max(min_workers, 1)
-        if lo >= cap:
-            out = np.full(len(rates), lo)  # an explicit floor wins over the peak
-        else:
+        key = ("search", max_workers, min_workers)
+        search = self._cache.get(key)
+        if search is None:
+            if min_workers < 0 or min_workers > max_workers:
+                raise KaleConfigError("min_workers", f"must be in [0, max_workers={max_workers}], got {min_workers}")
+            cap = self.peak_workers(max_workers)
+            lo = max(min_workers, 1)
             # The first w whose F(w) reaches a rate is the first whose running maximum does, and the running
             # maximum is sorted: one binary search per rate (past the end, or NaN: none suffices, the peak).
-            key = ("running_max", lo, cap)
-            if key not in self._cache:
-                self._cache[key] = np.maximum.accumulate(self.capacities(cap)[lo : cap + 1])
-            out = np.minimum(lo + np.searchsorted(self._cache[key], rates, side="left"), cap)
+            running = np.maximum.accumulate(self.capacities(cap)[lo : cap + 1]) if lo < cap else None  # else the floor wins
+            search = self._cache[key] = (lo, cap, running)
+        lo, cap, running = search
+        rates = np.asarray(rates, dtype=float)
+        out = np.full(len(rates), lo) if running is None else np.minimum(lo + np.searchsorted(running, rates), cap)
         return np.where(rates <= 0, min_workers, out)
 
     # --- serialisation (asset values, cursors) ------------------------------
