@@ -150,17 +150,14 @@ def stabilize_recommendation(
     """stabilizeRecommendationWithBehaviors; records ``desired`` in ``recommendations``."""
     up_cutoff = now - behavior.scale_up.stabilization_window_seconds
     down_cutoff = now - behavior.scale_down.stabilization_window_seconds
-    up_rec = down_rec = desired
-    slot = None
     older = min(up_cutoff, down_cutoff)
-    for i, rec in enumerate(recommendations):  # one pass a sync over up to a window's recommendations: kept lean
-        t, r = rec.timestamp, rec.recommendation
-        if t > up_cutoff and r < up_rec:
-            up_rec = r
-        if t > down_cutoff and r > down_rec:
-            down_rec = r
-        if t < older:
-            slot = i  # the last recommendation older than both windows
+    # Upstream's one loop, as three comprehensions (a sync reads up to a window's recommendations, 240 for an hour):
+    # the lowest within the scale-up window, the highest within the scale-down window, each with ``desired``, and
+    # the last slot older than both.
+    up_rec = min([desired] + [rec.recommendation for rec in recommendations if rec.timestamp > up_cutoff])
+    down_rec = max([desired] + [rec.recommendation for rec in recommendations if rec.timestamp > down_cutoff])
+    stale = [i for i, rec in enumerate(recommendations) if rec.timestamp < older]
+    slot = stale[-1] if stale else None
     result = current
     if result < up_rec:
         result = up_rec

@@ -112,7 +112,9 @@ def group_pods(
             unready.add(name)
         elif name not in metrics:
             missing.add(name)
-        elif cpu and _cpu_unready(pod, metrics[name], now, cpu_initialization_period, delay_of_initial_readiness):
+        elif cpu and not (pod.ready is True and pod.start_time is not None and pod.start_time + cpu_initialization_period <= now) \
+                and _cpu_unready(pod, metrics[name], now, cpu_initialization_period, delay_of_initial_readiness):
+            # (A ready pod past its initialization period is never unready: the common case, decided without the call.)
             unready.add(name)
         else:
             ready_count += 1
@@ -150,14 +152,14 @@ def resource_replicas(
     if not pods:
         raise ReplicaCalculationError("no pods returned by selector while calculating replica count")
     ready_count, unready, missing, ignored = group_pods(pods, metrics, resource, now)
-    values = {k: v.value if isinstance(v, PodMetric) else int(v) for k, v in metrics.items() if k not in ignored and k not in unready}
+    left_out = ignored | unready
+    values = {k: v.value if isinstance(v, PodMetric) else int(v) for k, v in metrics.items() if not left_out or k not in left_out}
     if not values:
         raise ReplicaCalculationError("did not receive metrics for targeted pods (pods might be unready)")
-    requests = {}
-    for pod in pods:
-        if pod.request is None:
-            raise ReplicaCalculationError(f"missing request for {resource} in pod {pod.name}")
-        requests[pod.name] = pod.request
+    unset = next((pod for pod in pods if pod.request is None), None)
+    if unset is not None:
+        raise ReplicaCalculationError(f"missing request for {resource} in pod {unset.name}")
+    requests = {pod.name: pod.request for pod in pods}
 
     usage_ratio, utilization = utilization_ratio(values, requests, target_utilization)
     scale_up_with_unready = bool(unready) and usage_ratio > 1.0
