@@ -30,13 +30,17 @@ from kale_dagster.forecast.naive import DAY_S, WEEK_S, window_means
 Factory = Callable[[], object]
 
 
-def smape(actual: np.ndarray, forecast: np.ndarray) -> float:
-    """Symmetric MAPE as a fraction (0..2), 0/0 counted as 0."""
+def smape_terms(actual: np.ndarray, forecast: np.ndarray) -> np.ndarray:
+    """Each pair's symmetric absolute percentage error (0..2), 0/0 counted as 0: what :func:`smape` averages."""
     a, f = np.asarray(actual, float), np.asarray(forecast, float)
     denom = np.abs(a) + np.abs(f)
     with np.errstate(invalid="ignore", divide="ignore"):
-        terms = np.where(denom > 0, 2 * np.abs(f - a) / denom, 0.0)
-    return float(np.mean(terms))
+        return np.where(denom > 0, 2 * np.abs(f - a) / denom, 0.0)
+
+
+def smape(actual: np.ndarray, forecast: np.ndarray) -> float:
+    """Symmetric MAPE as a fraction (0..2), 0/0 counted as 0."""
+    return float(np.mean(smape_terms(actual, forecast)))
 
 
 def mape(actual: np.ndarray, forecast: np.ndarray) -> float:

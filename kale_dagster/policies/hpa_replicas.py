@@ -112,9 +112,7 @@ def group_pods(
             unready.add(name)
         elif name not in metrics:
             missing.add(name)
-        elif cpu and not (pod.ready is True and pod.start_time is not None and pod.start_time + cpu_initialization_period <= now) \
-                and _cpu_unready(pod, metrics[name], now, cpu_initialization_period, delay_of_initial_readiness):
-            # (A ready pod past its initialization period is never unready: the common case, decided without the call.)
+        elif cpu and _cpu_unready(pod, metrics[name], now, cpu_initialization_period, delay_of_initial_readiness):
             unready.add(name)
         else:
             ready_count += 1
@@ -153,7 +151,7 @@ def resource_replicas(
         raise ReplicaCalculationError("no pods returned by selector while calculating replica count")
     ready_count, unready, missing, ignored = group_pods(pods, metrics, resource, now)
     left_out = ignored | unready
-    values = {k: v.value if isinstance(v, PodMetric) else int(v) for k, v in metrics.items() if not left_out or k not in left_out}
+    values = {k: v.value if isinstance(v, PodMetric) else int(v) for k, v in metrics.items() if k not in left_out}
     if not values:
         raise ReplicaCalculationError("did not receive metrics for targeted pods (pods might be unready)")
     unset = next((pod for pod in pods if pod.request is None), None)

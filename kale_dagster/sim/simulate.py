@@ -57,7 +57,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from kale_dagster.control.controller import ControlSettings, Controller, StreamReading
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
-from kale_dagster.forecast.evaluate import smape
+from kale_dagster.forecast.evaluate import smape, smape_terms
 from kale_dagster.launchers.base import Launcher, LauncherStatus
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.throughput import FIT_WINDOW_S, ThroughputModel, estimate_throughput
@@ -273,10 +273,8 @@ class ForecastFeed:
         count = np.concatenate([[0], np.cumsum(made)])
         known = count[minutes] - count[lo]
         whole = (minutes >= window) & (known == window)
-        a, f = self.rates, np.where(made, self.one_step, 0.0)
-        denom = np.abs(a) + np.abs(f)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            terms = np.where(denom > 0, 2 * np.abs(f - a) / denom, 0.0)  # smape's, term by term
+        a = self.rates
+        terms = smape_terms(a, np.where(made, self.one_step, 0.0))
         out = np.full(n, np.nan)
         if n > window:
             out[window:] = np.where(whole[window:], sliding_window_view(terms, window)[: n - window].mean(axis=1), np.nan)
@@ -288,7 +286,8 @@ class ForecastFeed:
 
 def windowed_means(rates: np.ndarray, window: int) -> np.ndarray:
     """What telemetry reads at each minute: the mean rate of the ``window`` minutes before it (fewer at the start;
-    at minute 0, its own).  The same figures as ``np.mean`` of each window, computed at once."""
+    at minute 0, its own).  The same figures as ``np.mean`` of each window, computed at once (``naive.window_means``
+    sums by running totals, which round differently)."""
     n = len(rates)
     out = np.empty(n)
     out[0] = rates[0]
