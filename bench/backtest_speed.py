@@ -2,7 +2,9 @@
 
 1. Kale, the oracle and the default baselines (`kale backtest --no-sweeps --no-variants`), wall time on every core;
 2. the whole report (every baseline's grid, Kale's variants, the oracle: `kale backtest`), wall time on every core;
-3. one simulation per policy at its defaults in one process: simulated policy-days per second.
+3. one simulation per policy at its defaults in one process: simulated policy-days per second;
+4. what the cores add: the same independent simulations (HPA at its defaults, four times) in one process and on
+   every core.
 
 Medians of --repeats runs, each on a freshly prepared backtest as one `kale backtest` invocation is: Kale's
 forecasts (the Prophet refits) are recorded in every run, never replayed from an earlier one.  Run it against
@@ -14,6 +16,7 @@ another checkout (PYTHONPATH=that/checkout) to measure a change with the same sc
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -22,7 +25,7 @@ import pandas as pd
 
 from kale_dagster.forecast.history import prepare_history
 from kale_dagster.policies import POLICIES
-from kale_dagster.sim.backtest import KALE_VARIANTS, Backtest, BacktestSettings, compare
+from kale_dagster.sim.backtest import KALE_VARIANTS, Backtest, BacktestSettings, Run, compare
 from kale_dagster.sim.trace import synth_trace
 
 
@@ -64,6 +67,11 @@ def main() -> int:
         print(f"{name}, one process: {wall:.1f} s ({days / wall:.2f} policy-days/s){recorded}", flush=True)
     wall, _ = timed(lambda bt: bt.optimum(), args.repeats, processes=1)
     print(f"oracle (dynamic program and its replay), one process: {wall:.1f} s", flush=True)
+    same = [Run("hpa")] * 4
+    one, _ = timed(lambda bt: bt.run_many(same), args.repeats, processes=1)
+    every, _ = timed(lambda bt: bt.run_many(same), args.repeats)
+    print(f"{len(same)} HPA simulations: one process {one:.1f} s, every core ({os.cpu_count()}) {every:.1f} s: "
+          f"{one / every:.2f}x", flush=True)
     return 0
 
 
