@@ -12,7 +12,7 @@ import pytest
 
 from kale_dagster import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules, KaleConfigError, Observation
 from kale_dagster.policies.hpa import (
-    TimestampedRecommendation,
+    Recommendations,
     TimestampedScaleEvent,
     convert_desired_replicas_with_rules,
     rate_limit,
@@ -199,7 +199,7 @@ def test_behavior_tolerances_override_the_controllers_per_direction():
     ],
 )
 def test_normalize_desired_replicas_legacy(name, recs, desired, stabilized, log_length):
-    stored = [TimestampedRecommendation(r, NOW + dt) for r, dt in recs]
+    stored = Recommendations((r, NOW + dt) for r, dt in recs)
     assert stabilize_recommendation_legacy(stored, desired, NOW, window_s=5 * MINUTE) == stabilized
     assert len(stored) == log_length
 
@@ -341,10 +341,10 @@ STABILIZE_CASES = [
 def test_normalize_desired_replicas_with_behavior(case):
     _, recs, current, desired, expected, stored_values, up_window, down_window = case
     behavior = HPABehavior(HPAScalingRules(up_window, ()), HPAScalingRules(down_window, ()))
-    stored = [TimestampedRecommendation(r, NOW - age) for r, age in recs]
+    stored = Recommendations((r, NOW - age) for r, age in recs)
     assert stabilize_recommendation(stored, behavior, current, desired, NOW) == expected
     if stored_values is not None:
-        assert [r.recommendation for r in stored] == stored_values
+        assert [r for r, _ in stored.rows()] == stored_values
 
 
 def test_recent_scale_up_events_limit_the_next_one():
