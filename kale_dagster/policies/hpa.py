@@ -138,8 +138,8 @@ class Recommendations:
 
     def last_before(self, cutoff: float) -> Optional[int]:
         """The last slot whose recommendation is older than ``cutoff``: the one to reuse."""
-        stale = np.flatnonzero(self.times < cutoff)
-        return int(stale[-1]) if len(stale) else None
+        stale = self.times < cutoff
+        return len(stale) - 1 - int(stale[::-1].argmax()) if stale.any() else None
 
 
 @dataclass
