@@ -255,6 +255,10 @@ class ForecastFeed:
         if self._recorded is not None:
             error = self._recent_errors[minute]
             return None if np.isnan(error) else float(error)
+        return self._window_error(minute)
+
+    def _window_error(self, minute: int) -> Optional[float]:
+        """:meth:`recent_error` from the one-step forecasts made so far."""
         window = int(self.cfg.error_window_s // MINUTE)
         lo = max(minute - window, 0)
         predicted = self.one_step[lo:minute]
@@ -273,14 +277,12 @@ class ForecastFeed:
         count = np.concatenate([[0], np.cumsum(made)])
         known = count[minutes] - count[lo]
         whole = (minutes >= window) & (known == window)
-        a = self.rates
-        terms = smape_terms(a, np.where(made, self.one_step, 0.0))
+        terms = smape_terms(self.rates, np.where(made, self.one_step, 0.0))
         out = np.full(n, np.nan)
         if n > window:
             out[window:] = np.where(whole[window:], sliding_window_view(terms, window)[: n - window].mean(axis=1), np.nan)
         for minute in np.flatnonzero(~whole & (known >= window // 2) & (known > 0)):
-            m = made[lo[minute]:minute]
-            out[minute] = smape(a[lo[minute]:minute][m], self.one_step[lo[minute]:minute][m])
+            out[minute] = self._window_error(int(minute))
         return out
 
 
