@@ -356,7 +356,7 @@ class HPAPolicy:
             # Pods are not ready, so the metrics API has nothing for them and
             # upstream skips the sync ("did not receive metrics").
             return Decision(current, self.name, "no metrics while pods are not ready")
-        if not len(self.recommendations):
+        if not self.recommendations:
             # recordInitialRecommendation: what runs counts as a recommendation from the first sync on.
             self.recommendations.record(None, current, now)
         if current > self.max_replicas:
