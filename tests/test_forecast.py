@@ -271,3 +271,11 @@ def test_a_clean_history_is_returned_as_the_regularising_path_would_return_it():
     # Off the grid (every 5 minutes from 00:02): moved onto it, as resampling does.
     shifted = pd.DataFrame({"timestamp": ts + pd.Timedelta(minutes=2), "rate": np.arange(500.0)})
     assert prepare_history(shifted)["timestamp"].iloc[0] == ts[0]
+    # Before 1970 and in another unit, the grid is still whole steps from midnight.
+    early = pd.DataFrame({"timestamp": pd.date_range("1969-12-31 23:00", periods=5, freq="5min", tz="UTC").as_unit("s"), "rate": 1.0})
+    pd.testing.assert_frame_equal(prepare_history(early), _regularise(early["timestamp"], early["rate"], None, 5))
+    # A clean history comes back without a copy of its values, yet stays apart from the caller's frame.
+    clean = pd.DataFrame({"timestamp": ts, "rate": np.arange(500.0)})
+    returned = prepare_history(clean)
+    clean.loc[0, "rate"] = 99.0
+    assert returned["rate"].iloc[0] == 0.0

@@ -44,6 +44,7 @@ def prepare_history(history: pd.DataFrame, step_s: Optional[float] = None, max_f
         raise InputDataError("history is empty")
     ts, rate = history["timestamp"], history["rate"]
     # A forecaster re-reads a growing history every few minutes, mostly already typed and clean: checked on arrays.
+    typed = isinstance(ts.dtype, pd.DatetimeTZDtype) and str(ts.dtype.tz) == "UTC" and rate.dtype == np.float64
     if not (isinstance(ts.dtype, pd.DatetimeTZDtype) and str(ts.dtype.tz) == "UTC"):
         try:
             ts = pd.to_datetime(ts, utc=True)
@@ -56,8 +57,13 @@ def prepare_history(history: pd.DataFrame, step_s: Optional[float] = None, max_f
     if bad.any():
         first = int(np.argmax(bad))
         raise InputDataError(f"history.rate must be finite and >= 0; {int(bad.sum())} bad values, first at {ts.iloc[first]} ({values[first]})")
-    clean = _already_regular(ts, values, step_s)
-    return clean if clean is not None else _regularise(ts, rate, step_s, max_fill_steps)
+    if not _is_regular(ts, values, step_s):
+        return _regularise(ts, rate, step_s, max_fill_steps)
+    if typed and list(history.columns) == ["timestamp", "rate"] and history.index.equals(pd.RangeIndex(len(history))):
+        # Already clean, as a growing history re-read every few minutes mostly is: a shallow copy, which
+        # copy-on-write keeps apart from the caller's frame, instead of a new frame of the same values.
+        return history.copy(deep=False)
+    return pd.DataFrame({"timestamp": pd.DatetimeIndex(ts), "rate": np.array(values, dtype=float)})
 
 
 def _regularise(ts: pd.Series, rate: pd.Series, step_s: Optional[float], max_fill_steps: int) -> pd.DataFrame:
@@ -75,21 +81,19 @@ def _regularise(ts: pd.Series, rate: pd.Series, step_s: Optional[float], max_fil
     return pd.DataFrame({"timestamp": regular.index, "rate": regular.to_numpy()}).reset_index(drop=True)
 
 
-def _already_regular(ts: pd.Series, rate: np.ndarray, step_s: Optional[float]) -> Optional[pd.DataFrame]:
-    """The history as it is when it is already clean (sorted, one row per step on the step's grid, no gaps), else None."""
+def _is_regular(ts: pd.Series, rate: np.ndarray, step_s: Optional[float]) -> bool:
+    """Whether the history is already clean: sorted, one row per step on the step's grid, no gaps (UTC ``ts``)."""
     if len(ts) < 2 or np.isnan(rate).any():
-        return None
-    index = pd.DatetimeIndex(ts)
-    stamps = index.asi8
-    first_step = stamps[1] - stamps[0]
+        return False
+    stamps = ts.array.asi8  # in the column's own unit
+    first_step = int(stamps[1] - stamps[0])
     if first_step <= 0 or np.any(np.diff(stamps) != first_step):
-        return None
-    step = pd.Timedelta(int(first_step), unit=index.unit)
-    if step_s is not None and step.total_seconds() != step_s:
-        return None
-    if (index[0] - index[0].normalize()) % step:  # off the grid resampling would put it on (steps from midnight)
-        return None
-    return pd.DataFrame({"timestamp": index, "rate": np.array(rate, dtype=float)})
+        return False
+    per_second = pd.Timedelta(1, unit="s") // pd.Timedelta(1, unit=ts.dtype.unit)
+    if step_s is not None and first_step != step_s * per_second:
+        return False
+    # On the grid resampling would put it on: whole steps from midnight (UTC, so midnight is a whole day in epoch time).
+    return int(stamps[0]) % (86_400 * per_second) % first_step == 0
 
 
 def _fill_short_gaps(series: pd.Series, max_steps: int) -> pd.Series:

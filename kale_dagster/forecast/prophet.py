@@ -257,7 +257,9 @@ class ProphetForecaster(_FittedSeries):
         and the recent level (its window chosen there too); per horizon step, the blend of the three with the lowest
         held-out MAE on the rate scale (the error capacity feels; sMAPE would favour predicting zero)."""
         resid_p = self.log_rate - self._base_prophet
-        resid_n = self.log_rate - self._naive_log(self.log_rate, np.arange(n))
+        # The seasonal median once per position, history and horizon: the held-out forecasts below read it 30 times each.
+        naive = self._naive_log(self.log_rate, np.arange(n + self.horizon))
+        resid_n = self.log_rate - naive[:n]
         first = self._season + max(self._windows_len(), 1)
         # Several held-out days when the history has them: one day's weights would follow that day's accidents.
         holdout = max(int(min(_HOLDOUT_S, n * self.step_s / 3) // self.step_s), self.horizon)
@@ -273,13 +275,20 @@ class ProphetForecaster(_FittedSeries):
         actual = self.from_log(target)
 
         def mae(log_pred: np.ndarray) -> np.ndarray:
-            return np.nanmean(np.abs(self.from_log(log_pred) - actual), axis=0)
+            """Per step, the mean absolute error on the rate scale, NaN ignored (``np.nanmean``'s sums, without its
+            copies: 30 calls a fit on (origins x steps) arrays)."""
+            error = self.from_log(log_pred) - actual
+            np.abs(error, out=error)
+            unknown = np.isnan(error)
+            error[unknown] = 0.0
+            with np.errstate(invalid="ignore"):  # a step no origin reaches has no error: NaN, as nanmean gives
+                return error.sum(axis=0) / np.count_nonzero(~unknown, axis=0)
 
         pred_p = self._base_prophet[np.minimum(test[:, None] + steps[None, :], n - 1)] + self._corr_p.predict(resid_p, test)
-        pred_n = self._naive_log(self.log_rate, (test[:, None] + steps[None, :]).ravel()).reshape(len(test), -1) + self._corr_n.predict(resid_n, test)
+        pred_n = naive[test[:, None] + steps[None, :]] + self._corr_n.predict(resid_n, test)
         pred_n = np.where(np.isnan(pred_n), pred_p, pred_n)
         windows = [k for k in _RECENT_BUCKETS if k * self.step_s <= DAY_S] or [1]
-        levels = {k: np.repeat(self._recent_log(self.log_rate, test, k)[:, None], self.horizon, axis=1) for k in windows}
+        levels = {k: self._recent_log(self.log_rate, test, k)[:, None] for k in windows}  # one level for every step
         self.recent_k = min(levels, key=lambda k: float(np.nansum(mae(levels[k]))))
         pred_r = np.where(np.isnan(levels[self.recent_k]), pred_p, levels[self.recent_k])
         branches = np.stack([pred_p, pred_n, pred_r])  # (branch, origin, step)
@@ -325,16 +334,15 @@ class ProphetForecaster(_FittedSeries):
         if not self.correct:
             lo, hi = self._band
             return _with(self._forecast(base_p, lo, hi, "prophet (plain)", self.interval_width), fit_seconds=self.fit_seconds)
-        # The corrections read the residuals of the last few windows only.
+        # The corrections read the residuals of the last few windows only: those, the last at their end.
         positions = np.arange(max(last - self._windows_len() - 1, 0), last + 1)
-        resid_p, resid_n = np.full(last + 1, np.nan), np.full(last + 1, np.nan)
-        resid_p[positions] = log_rate[positions] - self._prophet_log(positions)
-        resid_n[positions] = log_rate[positions] - self._naive_log(log_rate, positions)
-        lasts = np.array([last])
-        pred_p = base_p + self._corr_p.predict(resid_p, lasts)[0, :horizon]
-        pred_n = self._naive_log(log_rate, future) + self._corr_n.predict(resid_n, lasts)[0, :horizon]
+        resid_p = log_rate[positions] - self._prophet_log(positions)
+        resid_n = log_rate[positions] - self._naive_log(log_rate, positions)
+        end = np.array([len(positions) - 1])
+        pred_p = base_p + self._corr_p.predict(resid_p, end)[0, :horizon]
+        pred_n = self._naive_log(log_rate, future) + self._corr_n.predict(resid_n, end)[0, :horizon]
         pred_n = np.where(np.isnan(pred_n), pred_p, pred_n)
-        pred_r = np.full(horizon, self._recent_log(log_rate, lasts, self.recent_k)[0])
+        pred_r = np.full(horizon, self._recent_log(log_rate, np.array([last]), self.recent_k)[0])
         pred_r = np.where(np.isnan(pred_r), pred_p, pred_r)
         w = self.blend_weights[:horizon]
         point = w[:, 0] * pred_p + w[:, 1] * pred_n + w[:, 2] * pred_r
