@@ -12,8 +12,10 @@ repeating last week.  Three additions fix that, each measured in
 3. ensemble: the same correction on a robust seasonal base (the median of
    the same time over the last ``seasons`` periods, a week, or a day with
    under two weeks of history, or a shorter cycle down to the horizon where
-   its held-out error is lower), and the recent level (the geometric mean
-   of the last k buckets, k chosen on held-out data), blended with the Prophet branch
+   its held-out error is lower), and the recent level (the mean of the
+   last k buckets, geometric or arithmetic, both chosen on held-out data:
+   a spike barely moves the first, a zero bucket barely moves the second,
+   while it drags a geometric mean far down), blended with the Prophet branch
    by weights chosen per horizon step by MAE on up to three held-out days:
    where a branch does not pay on a series (Prophet's shape on noisy
    counts, the seasonal base on irregular ones), its weight goes to zero.
@@ -247,10 +249,13 @@ class ProphetForecaster(_FittedSeries):
             errs[k, : end - last - 1] = self.log_rate[last + 1 : end] - predict_fn(last)[: end - last - 1]
         return errs
 
-    @staticmethod
-    def _recent_log(log_rate: np.ndarray, lasts: np.ndarray, k: int) -> np.ndarray:
-        """The mean log rate of the ``k`` buckets up to each of ``lasts`` (a geometric mean: one spike barely moves it)."""
-        return window_means(log_rate, np.maximum(lasts + 1 - k, 0), lasts + 1)
+    def _recent_log(self, log_rate: np.ndarray, lasts: np.ndarray, k: int, mean: str = "geometric") -> np.ndarray:
+        """The log of the mean rate of the ``k`` buckets up to each of ``lasts``: geometric (one spike barely moves it)
+        or arithmetic (a zero bucket barely moves it, while it drags a geometric mean far down)."""
+        lo, hi = np.maximum(lasts + 1 - k, 0), lasts + 1
+        if mean == "geometric":
+            return window_means(log_rate, lo, hi)
+        return self.to_log(window_means(self.from_log(log_rate), lo, hi))
 
     def _fit_blend(self, n: int) -> None:
         """Three branches, each judged on held-out days: Prophet and the seasonal median, each with its correction,
@@ -288,9 +293,11 @@ class ProphetForecaster(_FittedSeries):
         pred_n = naive[test[:, None] + steps[None, :]] + self._corr_n.predict(resid_n, test)
         pred_n = np.where(np.isnan(pred_n), pred_p, pred_n)
         windows = [k for k in _RECENT_BUCKETS if k * self.step_s <= DAY_S] or [1]
-        levels = {k: self._recent_log(self.log_rate, test, k)[:, None] for k in windows}  # one level for every step
-        self.recent_k = min(levels, key=lambda k: float(np.nansum(mae(levels[k]))))
-        pred_r = np.where(np.isnan(levels[self.recent_k]), pred_p, levels[self.recent_k])
+        levels = {(k, mean): self._recent_log(self.log_rate, test, k, mean)[:, None]  # one level for every step
+                  for k in windows for mean in (("geometric", "arithmetic") if k > 1 else ("geometric",))}
+        chosen = min(levels, key=lambda km: float(np.nansum(mae(levels[km]))))
+        self.recent_k, self.recent_mean = chosen
+        pred_r = np.where(np.isnan(levels[chosen]), pred_p, levels[chosen])
         branches = np.stack([pred_p, pred_n, pred_r])  # (branch, origin, step)
         best_w = np.tile([1.0, 0.0, 0.0], (self.horizon, 1))
         best_err = np.full(self.horizon, np.inf)
@@ -342,7 +349,7 @@ class ProphetForecaster(_FittedSeries):
         pred_p = base_p + self._corr_p.predict(resid_p, end)[0, :horizon]
         pred_n = self._naive_log(log_rate, future) + self._corr_n.predict(resid_n, end)[0, :horizon]
         pred_n = np.where(np.isnan(pred_n), pred_p, pred_n)
-        pred_r = np.full(horizon, self._recent_log(log_rate, np.array([last]), self.recent_k)[0])
+        pred_r = np.full(horizon, self._recent_log(log_rate, np.array([last]), self.recent_k, self.recent_mean)[0])
         pred_r = np.where(np.isnan(pred_r), pred_p, pred_r)
         w = self.blend_weights[:horizon]
         point = w[:, 0] * pred_p + w[:, 1] * pred_n + w[:, 2] * pred_r
