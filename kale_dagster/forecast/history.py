@@ -44,8 +44,9 @@ def prepare_history(history: pd.DataFrame, step_s: Optional[float] = None, max_f
         raise InputDataError("history is empty")
     ts, rate = history["timestamp"], history["rate"]
     # A forecaster re-reads a growing history every few minutes, mostly already typed and clean: checked on arrays.
-    typed = isinstance(ts.dtype, pd.DatetimeTZDtype) and str(ts.dtype.tz) == "UTC" and rate.dtype == np.float64
-    if not (isinstance(ts.dtype, pd.DatetimeTZDtype) and str(ts.dtype.tz) == "UTC"):
+    utc = isinstance(ts.dtype, pd.DatetimeTZDtype) and str(ts.dtype.tz) == "UTC"
+    typed = utc and rate.dtype == np.float64
+    if not utc:
         try:
             ts = pd.to_datetime(ts, utc=True)
         except (ValueError, TypeError) as exc:

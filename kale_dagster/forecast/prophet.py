@@ -262,7 +262,7 @@ class ProphetForecaster(_FittedSeries):
         and the recent level (its window chosen there too); per horizon step, the blend of the three with the lowest
         held-out MAE on the rate scale (the error capacity feels; sMAPE would favour predicting zero)."""
         resid_p = self.log_rate - self._base_prophet
-        # The seasonal median once per position, history and horizon: the held-out forecasts below read it 30 times each.
+        # The seasonal median once per position, history and horizon: the held-out forecasts read each once per step ahead.
         naive = self._naive_log(self.log_rate, np.arange(n + self.horizon))
         resid_n = self.log_rate - naive[:n]
         first = self._season + max(self._windows_len(), 1)
@@ -281,7 +281,7 @@ class ProphetForecaster(_FittedSeries):
 
         def mae(log_pred: np.ndarray) -> np.ndarray:
             """Per step, the mean absolute error on the rate scale, NaN ignored (``np.nanmean``'s sums, without its
-            copies: 30 calls a fit on (origins x steps) arrays)."""
+            copies: dozens of calls a fit, each on an (origins x steps) array)."""
             error = self.from_log(log_pred) - actual
             np.abs(error, out=error)
             unknown = np.isnan(error)
