@@ -76,6 +76,8 @@ SLO_MIN = 20.0
 WARMUP_MIN = 30
 TICK_WALL_S = 5.0  # Dagster's sensor daemon evaluates a sensor at most every 5 s
 CHECKPOINT_TRACE_S = 120.0  # offsets are committed at checkpoints
+METRICS_WALL_S = 2.0  # each worker reports its busy share over windows this long (what utilization reads)
+SATURATED_READ_S = 10.0  # calibration: wall seconds of saturated windows read per worker count
 #: Wall seconds from a decision to its rescale run's start: the median this bench measured through Dagster
 #: (README Results, 96 rescales); the simulator's prediction acts that late too.
 DAGSTER_ACT_WALL_S = 4.1
@@ -140,7 +142,7 @@ def source(servers: str) -> KafkaSource:
 def trainer_settings(servers: str, home: str, speed: float) -> TrainerSettings:
     return TrainerSettings(source(servers), f"{home}/ckpt", batch_size=64, emulate_gpu_rate=WORKER_RATE,
                            emulate_restore_s=RESTORE_TRACE_S / speed,
-                           checkpoint_every_s=CHECKPOINT_TRACE_S / speed, metrics_every_s=2.0)
+                           checkpoint_every_s=CHECKPOINT_TRACE_S / speed, metrics_every_s=METRICS_WALL_S)
 
 
 def replay_settings(speed: float = 1.0) -> ReplaySettings:
@@ -167,7 +169,8 @@ def _readings(read, skip_s: float, seconds: float) -> list:
 
 def calibrate(speed: float, counts=(1, 2, 4, MAX_WORKERS)) -> Calibration:
     """Profile the system at each worker count: latency while keeping up (at 40% of the EMULATED
-    cap), throughput while saturated (arrivals at twice the cap), and the restarts in between."""
+    cap), throughput while saturated (arrivals at twice the cap; the median of the metrics windows in
+    which no rank waited for data), and the restarts in between."""
     points, restarts = [], []
     with embedded_broker() as broker:
         servers = broker.bootstrap_servers
@@ -188,9 +191,15 @@ def calibrate(speed: float, counts=(1, 2, 4, MAX_WORKERS)) -> Calibration:
                 lags = _readings(lambda: stream.snapshot(fetch_timeout_s=1.0).time_lag_s, 4.0 + RESTORE_TRACE_S / speed, 6.0)
                 stop.set()
                 keep_up.join()
-                saturate = _produce(servers, 2.0 * WORKER_RATE * w, 8.0)
-                rates = [r for r in _readings(lambda: launcher.status().samples_per_s, 3.0, 5.0) if r is not None]
+                # Throughput only from windows in which no rank waited for data (as Kale measures F(w) online), over
+                # several windows: one window slowed by a checkpoint or the host must not set the profile.
+                saturate = _produce(servers, 2.0 * WORKER_RATE * w, 3.0 + SATURATED_READ_S + 1.0)
+                statuses = _readings(launcher.status, 3.0, SATURATED_READ_S)
+                rates = [s.samples_per_s for s in statuses if s.saturated and s.samples_per_s is not None]
                 saturate.join()
+                if not rates:
+                    raise RuntimeError(f"calibration: {w} workers never reported a saturated window in {SATURATED_READ_S:.0f} s "
+                                       "(the producer could not outrun them on this host?)")
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline and stream.snapshot(fetch_timeout_s=1.0).sample_lag > 0.2 * WORKER_RATE * w:
                     time.sleep(0.5)  # drain before the next count
@@ -242,7 +251,7 @@ def sim_config(cal: "Calibration", speed: float, warmup: int, initial_workers: i
                      forecast_every_s=max(60.0, 60.0 * round(tick_s(speed) / 60)), refit_every_s=3600.0, forecast_horizon_s=7200,
                      commit_interval_s=CHECKPOINT_TRACE_S, pipeline_latency_s=cal.latency_s * speed,
                      pipeline_latency_per_worker_s=cal.latency_per_worker_s * speed,
-                     metrics_window_s=60.0 * round(2.0 * speed / 60 + 1),  # a restarted group reports after its first metrics window
+                     metrics_window_s=METRICS_WALL_S * speed,  # the workers report their busy share over windows this long
                      act_latency_s=DAGSTER_ACT_WALL_S * speed,
                      profile_workers=tuple(int(w) for w, *_ in cal.points))  # live, the calibration is in the throughput history
 

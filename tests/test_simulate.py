@@ -87,6 +87,21 @@ def test_policies_see_the_workers_busy_share_as_utilization():
     assert seen[1:] == pytest.approx([0.5] * (len(seen) - 1))
 
 
+@pytest.mark.parametrize("window_s, expected", [(0.0, 0.5), (60.0, 0.25), (120.0, 0.5)])
+def test_utilization_spans_the_workers_metrics_window(window_s, expected):
+    """2 workers (200/s) fed 150/s then 50/s, read every 2 minutes: since the last sync they were half busy; the
+    latest 1-minute metrics window, what a trainer reporting in such windows shows, says a quarter."""
+    seen = []
+
+    class Recorder(StaticPolicy):
+        def decide(self, obs):
+            seen.append(obs.utilization)
+            return super().decide(obs)
+
+    simulate(np.tile([150.0, 50.0], 3), _times(6), Recorder(2, sync_period_s=120.0), LINEAR, SimConfig(restart_s=0, metrics_window_s=window_s))
+    assert seen[1:] == pytest.approx([expected] * (len(seen) - 1))
+
+
 class OneChange:
     """2 workers, then 3 from minute 5; remembers nothing."""
 

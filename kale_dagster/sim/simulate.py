@@ -11,7 +11,8 @@ around them is simulated:
 * the pipeline's ``Controller`` (the one the Dagster sensor runs) decides
   every ``sync_period_s`` of the policy's own (HPA 15 s, KEDA 15 s, Kale 60
   s) from what telemetry and the launcher would report (utilization is the
-  workers' busy share since the last sync, what GPU utilization reads);
+  workers' busy share, what GPU utilization reads: since the last sync, or
+  over the latest ``metrics_window_s`` when the workers report in windows);
 * the controller learns, as a real one: F(w) from noisy measurements of
   saturated minutes (and an optional profiling run), the restart time from
   the restarts it saw, each of which takes ``restart_s`` times a lognormal
@@ -28,10 +29,11 @@ around them is simulated:
 * with ``act_latency_s``, a decided rescale starts that long after the
   decision (live, Dagster's tick and the launch of the rescale run), the
   old group working meanwhile and no other decision acted on;
-* with ``metrics_window_s``, a restarted group reports no metrics until it
-  has worked one full window (HPA likewise ignores a pod's metric until a
-  window after it became ready): until then the policies are told it is
-  still restarting;
+* with ``metrics_window_s``, the workers report their busy share over
+  windows of that length, as the trainer does, and a reading is the latest
+  window's; a restarted group reports no metrics until it has worked one
+  full window (HPA likewise ignores a pod's metric until a window after it
+  became ready): until then the policies are told it is still restarting;
 * ``pipeline_latency_s`` (plus ``pipeline_latency_per_worker_s`` per
   worker: a synchronous step's collectives grow with the group) is the time
   a sample spends inside the trainer (fetched, queued, in a step) before it
@@ -47,6 +49,7 @@ plus ``pipeline_latency_s``.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -91,7 +94,7 @@ class SimConfig:
     commit_interval_s: float = 0.0  # offsets committed this often (checkpoints); 0 = as consumed
     pipeline_latency_s: float = 0.0  # a sample's time inside the trainer before it can be committed...
     pipeline_latency_per_worker_s: float = 0.0  # ...plus this per worker
-    metrics_window_s: float = 0.0  # a restarted group's first metrics come this long after it resumes
+    metrics_window_s: float = 0.0  # the workers' metrics window: a reading's span, and a restarted group's wait for its first
     act_latency_s: float = 0.0  # from a decision to its rescale starting (live: the tick, then the rescale run's launch)
     # What a controller cannot know exactly (see _Measurements):
     throughput_noise: float = 0.05  # relative standard deviation of each measured (saturated) minute's throughput
@@ -340,7 +343,8 @@ def simulate(
     next_commit = epoch + config.commit_interval_s
     restart_until = -math.inf
     pending: Optional[tuple[float, int, str, str]] = None  # a decided rescale waiting act_latency_s: (when, workers, policy, reason)
-    busy_consumed = busy_capacity = 0.0  # since the last sync
+    # Per tick, (consumed, capacity): the busy share's span, the latest metrics window or (without one) since the last sync.
+    busy: deque = deque(maxlen=max(int(round(config.metrics_window_s / TICK_S)), 1) if config.metrics_window_s > 0 else None)
 
     def commit() -> None:
         committed.take(queue.consumed_total - committed.consumed_total)
@@ -386,15 +390,17 @@ def simulate(
                     measured = measured_at[minute]
                     consumption = float(np.mean(rows[max(minute - window, 0):minute, 4])) / MINUTE if minute > 0 else 0.0
                     rates_read = minute
-                # The workers' busy share since the last sync is what GPU utilization reads; with no capacity since
+                # The workers' busy share over its span is what GPU utilization reads; with no capacity in it
                 # (the first sync, the one a restart ends at), what the stream implies.  A restarted group reports
                 # only after a full metrics window.
+                busy_capacity = sum(c for _, c in busy)
                 if busy_capacity > 0:
-                    busy_share = busy_consumed / busy_capacity
+                    busy_share = sum(c for c, _ in busy) / busy_capacity
                 else:
                     busy_share = utilization(None, queue.backlog, measured, 0.0 if restarting else capacity_of[workers])
                 starting = now < restart_until + config.metrics_window_s
-                busy_consumed = busy_capacity = 0.0
+                if busy.maxlen is None:
+                    busy.clear()
                 reading = StreamReading(now, measured, consumption, seen.backlog, reported_lag(minute),
                                         latest_arrival_rate=rate_at[minute - 1] if minute > 0 else None)
                 status = LauncherStatus(workers, rescaling=restarting, measures=True, busy_share=None if starting else busy_share,
@@ -416,8 +422,7 @@ def simulate(
             capacity = 0.0 if restarting else capacity_of[workers]
             consumed = queue.step(TICK_S, rate_at[minute] * TICK_S, capacity)
             consumed_minute += consumed
-            busy_consumed += consumed
-            busy_capacity += capacity * TICK_S
+            busy.append((consumed, capacity * TICK_S))
             if committed is not None:
                 committed.step(TICK_S, rate_at[minute] * TICK_S, 0.0)
                 if now + TICK_S >= next_commit and not restarting:
