@@ -79,7 +79,7 @@ CHECKPOINT_TRACE_S = 120.0  # offsets are committed at checkpoints
 METRICS_WALL_S = 2.0  # each worker reports its busy share over windows this long (what utilization reads)
 SATURATED_READ_S = 10.0  # calibration: wall seconds of saturated windows read per worker count
 #: Wall seconds from a decision to its rescale run's start: the median this bench measured through Dagster
-#: (README Results, 96 rescales); the simulator's prediction acts that late too.
+#: (README Results, 79 rescales); the simulator's prediction acts that late too.
 DAGSTER_ACT_WALL_S = 4.1
 # EMULATION, like the GPU cap: restoring a large model.  With it a restart takes about the paper's
 # 10 minutes (1B parameters) against its 20-minute SLO.
