@@ -74,16 +74,22 @@ def test_lag_counts_from_committed_offsets_and_the_trainer_latency(interval_s, l
     assert res.timeline["consumed"].sum() == pytest.approx(4 * 6000)  # consumption itself is unchanged
 
 
+class _UtilizationRecorder(StaticPolicy):
+    """A static allocation that records the utilization it is told at each sync."""
+
+    def __init__(self, workers: int, seen: list, **options):
+        super().__init__(workers, **options)
+        self.seen = seen
+
+    def decide(self, obs):
+        self.seen.append(obs.utilization)
+        return super().decide(obs)
+
+
 def test_policies_see_the_workers_busy_share_as_utilization():
     """As GPU utilization reads: 2 workers (200/s) fed 100/s are half busy, whatever the backlog flicker."""
     seen = []
-
-    class Recorder(StaticPolicy):
-        def decide(self, obs):
-            seen.append(obs.utilization)
-            return super().decide(obs)
-
-    simulate(np.full(10, 100.0), _times(10), Recorder(2), LINEAR, SimConfig(restart_s=0))
+    simulate(np.full(10, 100.0), _times(10), _UtilizationRecorder(2, seen), LINEAR, SimConfig(restart_s=0))
     assert seen[1:] == pytest.approx([0.5] * (len(seen) - 1))
 
 
@@ -92,13 +98,7 @@ def test_utilization_spans_the_workers_metrics_window(window_s, expected):
     """2 workers (200/s) fed 150/s then 50/s, read every 2 minutes: since the last sync they were half busy; the
     latest 1-minute metrics window, what a trainer reporting in such windows shows, says a quarter."""
     seen = []
-
-    class Recorder(StaticPolicy):
-        def decide(self, obs):
-            seen.append(obs.utilization)
-            return super().decide(obs)
-
-    simulate(np.tile([150.0, 50.0], 3), _times(6), Recorder(2, sync_period_s=120.0), LINEAR, SimConfig(restart_s=0, metrics_window_s=window_s))
+    simulate(np.tile([150.0, 50.0], 3), _times(6), _UtilizationRecorder(2, seen, sync_period_s=120.0), LINEAR, SimConfig(restart_s=0, metrics_window_s=window_s))
     assert seen[1:] == pytest.approx([expected] * (len(seen) - 1))
 
 

@@ -343,8 +343,9 @@ def simulate(
     next_commit = epoch + config.commit_interval_s
     restart_until = -math.inf
     pending: Optional[tuple[float, int, str, str]] = None  # a decided rescale waiting act_latency_s: (when, workers, policy, reason)
-    # Per tick, (consumed, capacity): the busy share's span, the latest metrics window or (without one) since the last sync.
-    busy: deque = deque(maxlen=max(int(round(config.metrics_window_s / TICK_S)), 1) if config.metrics_window_s > 0 else None)
+    # The busy share's span: since the last sync (running sums), or the latest metrics window (its ticks' (consumed, capacity)).
+    busy_consumed = busy_capacity = 0.0
+    window_ticks: Optional[deque] = deque(maxlen=max(int(round(config.metrics_window_s / TICK_S)), 1)) if config.metrics_window_s > 0 else None
 
     def commit() -> None:
         committed.take(queue.consumed_total - committed.consumed_total)
@@ -393,14 +394,14 @@ def simulate(
                 # The workers' busy share over its span is what GPU utilization reads; with no capacity in it
                 # (the first sync, the one a restart ends at), what the stream implies.  A restarted group reports
                 # only after a full metrics window.
-                busy_capacity = sum(c for _, c in busy)
+                if window_ticks is not None:
+                    busy_consumed, busy_capacity = sum(c for c, _ in window_ticks), sum(c for _, c in window_ticks)
                 if busy_capacity > 0:
-                    busy_share = sum(c for c, _ in busy) / busy_capacity
+                    busy_share = busy_consumed / busy_capacity
                 else:
                     busy_share = utilization(None, queue.backlog, measured, 0.0 if restarting else capacity_of[workers])
                 starting = now < restart_until + config.metrics_window_s
-                if busy.maxlen is None:
-                    busy.clear()
+                busy_consumed = busy_capacity = 0.0
                 reading = StreamReading(now, measured, consumption, seen.backlog, reported_lag(minute),
                                         latest_arrival_rate=rate_at[minute - 1] if minute > 0 else None)
                 status = LauncherStatus(workers, rescaling=restarting, measures=True, busy_share=None if starting else busy_share,
@@ -422,7 +423,11 @@ def simulate(
             capacity = 0.0 if restarting else capacity_of[workers]
             consumed = queue.step(TICK_S, rate_at[minute] * TICK_S, capacity)
             consumed_minute += consumed
-            busy.append((consumed, capacity * TICK_S))
+            if window_ticks is not None:
+                window_ticks.append((consumed, capacity * TICK_S))
+            else:
+                busy_consumed += consumed
+                busy_capacity += capacity * TICK_S
             if committed is not None:
                 committed.step(TICK_S, rate_at[minute] * TICK_S, 0.0)
                 if now + TICK_S >= next_commit and not restarting:
