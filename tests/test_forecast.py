@@ -122,6 +122,33 @@ def test_the_recent_level_averages_as_the_traffic_needs():
     assert model.recent_k > 1 and model.recent_mean == "geometric"
 
 
+def test_a_job_s_cycle_is_followed_and_forgotten_within_hours_of_its_end():
+    """A periodic job's spikes (13x, two 5-minute buckets every hour, on a flat noisy level, as on the EC2 series of
+    the development set): the seasonal base repeats the job's hour from two hours back, the latest whole cycle a
+    2-hour horizon has seen, and when the job stops it forgets the spikes within six hours, without a refit.
+    Cycles no shorter than the horizon were all it could choose from before: the 2-hour one remembered them for
+    ten, the day's median for days."""
+    n = 4 * 288
+    ts = pd.date_range("2026-01-05", periods=n, freq="5min", tz="UTC")
+    rng = np.random.default_rng(1)
+    base = 800 * np.exp(np.cumsum(rng.normal(0, 0.02, n)) + rng.normal(0, 0.1, n))  # a drifting level, as there
+    spike = np.isin(np.arange(n) % 12, (0, 2))
+    rate = np.where(spike, 13 * base, base)
+    fit_end = 3 * 288
+    model = ProphetForecaster(horizon_s=7200).fit(pd.DataFrame({"timestamp": ts[:fit_end], "rate": rate[:fit_end]}))
+    period, first, _ = model._season
+    assert (period, first) == (12, 2)  # the job's hour, from two hours back: every value it repeats already seen
+    ahead = np.arange(fit_end, fit_end + 24)
+    fc = model.predict(24)
+    assert np.all(fc.point[spike[ahead]] > 8 * base[ahead][spike[ahead]])
+    assert np.all(fc.point[~spike[ahead]] < 1.5 * base[ahead][~spike[ahead]])
+    stopped = rate.copy()
+    stopped[fit_end:] = base[fit_end:]  # the job stops at the fit
+    later = fit_end + 6 * 12  # six hours on, the same fit
+    fc = model.predict(24, history=pd.DataFrame({"timestamp": ts[:later], "rate": stopped[:later]}))
+    assert np.all(fc.point < 1.5 * base[later : later + 24])
+
+
 def test_fitted_model_uses_newer_observations_without_refitting():
     hist = _history(days=3.0)
     model = ProphetForecaster(horizon_s=3600).fit(hist.iloc[:-30])

@@ -11,8 +11,9 @@ repeating last week.  Three additions fix that, each measured in
    over several windows (the latest level);
 3. ensemble: the same correction on a robust seasonal base (the median of
    the same time over the last ``seasons`` periods, a week, or a day with
-   under two weeks of history, or a shorter cycle down to the horizon where
-   its held-out error is lower), and the recent level (the mean of the
+   under two weeks of history, or a shorter cycle, even one shorter than the
+   horizon, where its held-out error is lower; uncorrected where the
+   correction does not pay there), and the recent level (the mean of the
    last k buckets, geometric or arithmetic, both chosen on held-out data:
    a spike barely moves the first, a zero bucket barely moves the second,
    while it drags a geometric mean far down), blended with the Prophet branch
@@ -47,7 +48,7 @@ _SIMPLEX = [np.array([a, b, 4 - a - b]) / 4 for a in range(5) for b in range(5 -
 _RECENT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 144, 288)  # windows the recent level may average
 _HOLDOUT_S = 3 * DAY_S  # the blend's held-out tail, at most a third of the history
 # Cycles shorter than a day the seasonal base may repeat instead of the calendar's (periodic jobs).
-_CYCLES_S = (12 * 3600.0, 8 * 3600.0, 6 * 3600.0, 4 * 3600.0, 3 * 3600.0, 2 * 3600.0, 3600.0)
+_CYCLES_S = (3600.0, 2 * 3600.0, 3 * 3600.0, 4 * 3600.0, 6 * 3600.0, 8 * 3600.0, 12 * 3600.0)
 _WINDOWS_S = (0, 600, 1800, 3600, 7200, 14_400)  # residual averaging windows; 0 = the latest step
 
 
@@ -72,6 +73,7 @@ class _Correction:
         self.windows = windows
         self.horizon = horizon
         self.coef: Optional[np.ndarray] = None
+        self.on = True
 
     def features(self, resid: np.ndarray, lasts: np.ndarray) -> np.ndarray:
         filled = np.nan_to_num(resid)
@@ -95,6 +97,13 @@ class _Correction:
         if enough.any():
             solved = np.linalg.solve(gram[enough] + 1e-3 * np.eye(k), moments[enough][:, :, None])[:, :, 0]
             self.coef[:, enough] = solved.T
+        return self
+
+    def off(self) -> "_Correction":
+        """No correction, the base as it is: where the held-out days say the correction adds more noise than it
+        removes (a base already right at every phase, learned from few origins)."""
+        self.coef = np.zeros((len(self.windows) + 1, self.horizon))
+        self.on = False
         return self
 
     def predict(self, resid: np.ndarray, lasts: np.ndarray) -> np.ndarray:
@@ -181,10 +190,11 @@ class ProphetForecaster(_FittedSeries):
             self._prophet_cache.update(zip(need, values))
         return np.array([self._prophet_cache[int(p)] for p in positions])
 
-    def _naive_log(self, log_rate: np.ndarray, positions: np.ndarray, season: Optional[int] = None) -> np.ndarray:
-        """Median of the same time over the last ``seasons`` seasons (of ``season`` steps, the chosen period by
-        default): a seasonal base that one odd week cannot move."""
-        src = np.asarray(positions)[:, None] - (season or self._season) * np.arange(1, self.seasons + 1)[None, :]
+    def _naive_log(self, log_rate: np.ndarray, positions: np.ndarray, season: Optional[tuple[int, int, int]] = None) -> np.ndarray:
+        """Median of the same time over ``count`` seasons from ``first`` periods back, ``season`` being (period,
+        first, count) in steps (the chosen one by default): a seasonal base that one odd week cannot move."""
+        period, skip, count = season or self._season
+        src = np.asarray(positions)[:, None] - period * (skip + np.arange(count))[None, :]
         ok = (src >= 0) & (src < len(log_rate))
         values = np.where(ok, log_rate[np.clip(src, 0, len(log_rate) - 1)], np.nan)
         out = np.full(len(src), np.nan)
@@ -192,23 +202,26 @@ class ProphetForecaster(_FittedSeries):
         out[has] = row_nanmedian(values[has])
         return out
 
-    def _choose_season(self, n: int) -> int:
-        """The seasonal base's period, in steps: the calendar's (a week with two weeks of history, else a day),
-        unless a divisor of a day no shorter than the horizon (a periodic job's cycle) has a lower MAE over the
-        held-out days.  The calendar's period itself is not put to the vote: a few days cannot tell a week from
-        a day reliably (holidays moved nyc_taxi's choice back and forth, at a cost), while a cycle of spikes
-        shows at once.  No shorter than the horizon, each forecast's seasonal value is already observed."""
-        calendar = int(round((WEEK_S if n * self.step_s >= 2 * WEEK_S else DAY_S) / self.step_s))
-        shorter = [int(round(period / self.step_s)) for period in _CYCLES_S if period >= max(self.horizon, 2) * self.step_s]
+    def _season_candidates(self, n: int) -> list[tuple[int, int, int]]:
+        """The seasonal base's candidates as (period, first, count) for :meth:`_naive_log`, the calendar's first (a
+        week with two weeks of history, else a day, from one period back), then each cycle of ``_CYCLES_S`` (a
+        periodic job's) whose plain median beats the calendar's over the held-out days: a cycle must show in the
+        data before it is judged as the blend would use it.  A cycle starts from the latest whole cycle that every
+        step of the horizon has observed (a 1-hour cycle two cycles back at a 2-hour horizon), so a cycle of
+        spikes shorter than the horizon counts too, and forgets them within hours when they stop.  The calendar's
+        period itself is not put to the vote: a few days cannot tell a week from a day reliably (holidays moved
+        nyc_taxi's choice back and forth, at a cost), while a cycle of spikes shows at once."""
+        calendar = (int(round((WEEK_S if n * self.step_s >= 2 * WEEK_S else DAY_S) / self.step_s)), 1, self.seasons)
+        cycles = [int(round(period_s / self.step_s)) for period_s in _CYCLES_S]
+        cycles = [(c, -(-self.horizon // c), self.seasons) for c in cycles if c >= 2]  # ceil(horizon / c) back
         holdout = np.arange(max(n - int(min(_HOLDOUT_S, n * self.step_s / 3) // self.step_s), 0), n)
         actual = self.from_log(self.log_rate[holdout])
 
-        def error(season: int) -> float:
+        def error(season) -> float:
             guess = self.from_log(self._naive_log(self.log_rate, holdout, season))
             return float(np.nanmean(np.abs(guess - actual))) if np.isfinite(guess).any() else np.inf
 
-        best = min(shorter, key=error, default=None)
-        return best if best is not None and error(best) < error(calendar) else calendar
+        return [calendar] + [c for c in cycles if error(c) < error(calendar)]
 
     def fit(self, history: pd.DataFrame) -> "ProphetForecaster":
         started = time.perf_counter()
@@ -226,7 +239,6 @@ class ProphetForecaster(_FittedSeries):
             return self
         self._fit_prophet()
         n = len(self.log_rate)
-        self._season = self._choose_season(n)
         # One Prophet call covers the history and the next prefetch_s ahead,
         # so predictions between refits are lookups.
         ahead = self.horizon + int(self.prefetch_s // self.step_s)
@@ -253,19 +265,21 @@ class ProphetForecaster(_FittedSeries):
         """The log of the mean rate of the ``k`` buckets up to each of ``lasts``: geometric (one spike barely moves it)
         or arithmetic (a zero bucket barely moves it, while it drags a geometric mean far down)."""
         lo, hi = np.maximum(lasts + 1 - k, 0), lasts + 1
+        if len(lasts) == 0:
+            return np.zeros(0)
+        start = int(lo.min())  # only the span the windows cover: a forecast reads the last k buckets, not the history
+        span = log_rate[start : int(hi.max())]
         if mean == "geometric":
-            return window_means(log_rate, lo, hi)
-        return self.to_log(window_means(self.from_log(log_rate), lo, hi))
+            return window_means(span, lo - start, hi - start)
+        return self.to_log(window_means(self.from_log(span), lo - start, hi - start))
 
     def _fit_blend(self, n: int) -> None:
         """Three branches, each judged on held-out days: Prophet and the seasonal median, each with its correction,
         and the recent level (its window chosen there too); per horizon step, the blend of the three with the lowest
         held-out MAE on the rate scale (the error capacity feels; sMAPE would favour predicting zero)."""
         resid_p = self.log_rate - self._base_prophet
-        # The seasonal median once per position, history and horizon: the held-out forecasts read each once per step ahead.
-        naive = self._naive_log(self.log_rate, np.arange(n + self.horizon))
-        resid_n = self.log_rate - naive[:n]
-        first = self._season + max(self._windows_len(), 1)
+        candidates = self._season_candidates(n)
+        first = candidates[0][0] + max(self._windows_len(), 1)
         # Several held-out days when the history has them: one day's weights would follow that day's accidents.
         holdout = max(int(min(_HOLDOUT_S, n * self.step_s / 3) // self.step_s), self.horizon)
         lasts = np.arange(first, n - 1)
@@ -273,7 +287,6 @@ class ProphetForecaster(_FittedSeries):
         if len(train) < 10 or len(test) < 1:
             train = test = lasts
         self._corr_p = _Correction(self.step_s, self.horizon).fit(resid_p, train)
-        self._corr_n = _Correction(self.step_s, self.horizon).fit(resid_n, train)
         steps = np.arange(1, self.horizon + 1)
         target = np.stack([self.log_rate[np.minimum(test + h, n - 1)] for h in steps], axis=1)
         target[test[:, None] + steps[None, :] >= n] = np.nan
@@ -290,8 +303,26 @@ class ProphetForecaster(_FittedSeries):
                 return error.sum(axis=0) / np.count_nonzero(~unknown, axis=0)
 
         pred_p = self._base_prophet[np.minimum(test[:, None] + steps[None, :], n - 1)] + self._corr_p.predict(resid_p, test)
-        pred_n = naive[test[:, None] + steps[None, :]] + self._corr_n.predict(resid_n, test)
-        pred_n = np.where(np.isnan(pred_n), pred_p, pred_n)
+        # The seasonal base, with or without its correction, whose forecasts have the lowest held-out MAE, the
+        # calendar's on a tie: judged as the blend will use it, not as a plain median (which on smooth traffic
+        # favours any short cycle).
+        best_err = np.inf
+        for season in candidates:
+            # Each base's correction learns from every origin its median has history for (a cycle's from before the
+            # calendar's); all are judged on the same held-out origins.
+            own = train if season == candidates[0] else np.arange(season[0] * season[1] + max(self._windows_len(), 1), test[0])
+            if len(own) < 10:
+                continue
+            # The seasonal median once per position, history and horizon: the held-out forecasts read each once per step.
+            naive = self._naive_log(self.log_rate, np.arange(n + self.horizon), season)
+            resid = self.log_rate - naive[:n]
+            for corr in (_Correction(self.step_s, self.horizon).fit(resid, own), _Correction(self.step_s, self.horizon).off()):
+                pred = naive[test[:, None] + steps[None, :]] + corr.predict(resid, test)
+                pred = np.where(np.isnan(pred), pred_p, pred)
+                err = float(np.nansum(mae(pred)))
+                if err < best_err:
+                    best_err, self._season, resid_n, self._corr_n, pred_n = err, season, resid, corr, pred
+                    refit_n = np.arange(own[0], n - 1) if corr.on else None
         windows = [k for k in _RECENT_BUCKETS if k * self.step_s <= DAY_S] or [1]
         levels = {(k, mean): self._recent_log(self.log_rate, test, k, mean)[:, None]  # one level for every step
                   for k in windows for mean in (("geometric", "arithmetic") if k > 1 else ("geometric",))}
@@ -312,7 +343,8 @@ class ProphetForecaster(_FittedSeries):
         self.holdout_smape = float(np.nanmean(2 * np.abs(f - a) / (np.abs(a) + np.abs(f) + 1e-9)))
         # Refit the corrections on everything now that the weights are chosen.
         self._corr_p.fit(resid_p, lasts)
-        self._corr_n.fit(resid_n, lasts)
+        if refit_n is not None:
+            self._corr_n.fit(resid_n, refit_n)
 
     def _windows_len(self) -> int:
         return max(_Correction(self.step_s, 1).windows)
