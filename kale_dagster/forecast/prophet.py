@@ -279,6 +279,7 @@ class ProphetForecaster(_FittedSeries):
         held-out MAE on the rate scale (the error capacity feels; sMAPE would favour predicting zero)."""
         resid_p = self.log_rate - self._base_prophet
         candidates = self._season_candidates(n)
+        self._calendar = candidates[0]
         first = candidates[0][0] + max(self._windows_len(), 1)
         # Several held-out days when the history has them: one day's weights would follow that day's accidents.
         holdout = max(int(min(_HOLDOUT_S, n * self.step_s / 3) // self.step_s), self.horizon)
@@ -387,10 +388,11 @@ class ProphetForecaster(_FittedSeries):
         point = w[:, 0] * pred_p + w[:, 1] * pred_n + w[:, 2] * pred_r
         lo, hi = self._band
         fc = self._forecast(point, lo, hi, self.name, self.interval_width)
-        # Past the horizon, the seasonal median (the naive base the correction blends in) says how the day goes on,
-        # until the first step it has no value for (the horizon's last step included).
+        # Past the horizon, the calendar's seasonal median says how the day goes on (a job's cycle, if the base repeats
+        # one, would say only how the next hours repeat), until the first step it has no value for (the horizon's last
+        # step included).
         beyond = future[-1] + np.arange(max(int(DAY_S // self.step_s) - horizon, 0) + 1)
-        seasonal = self._naive_log(log_rate, beyond)
+        seasonal = self._naive_log(log_rate, beyond, self._calendar)
         seasonal = seasonal[: np.argmax(np.isnan(seasonal))] if np.isnan(seasonal).any() else seasonal
         outlook = self.from_log(seasonal[1:])
         return _with(fc, fit_seconds=self.fit_seconds, extras={"blend_weight_prophet": float(np.mean(w[:, 0]))}, outlook=outlook)
