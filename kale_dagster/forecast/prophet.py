@@ -12,8 +12,8 @@ repeating last week.  Three additions fix that, each measured in
 3. ensemble: the same correction on a robust seasonal base (the median of
    the same time over the last ``seasons`` periods, a week, or a day with
    under two weeks of history, or a shorter cycle, even one shorter than the
-   horizon, where its held-out error is lower; uncorrected where the
-   correction does not pay there), and the recent level (the mean of the
+   horizon, where its held-out error is lower, and then uncorrected where
+   the correction does not pay there), and the recent level (the mean of the
    last k buckets, geometric or arithmetic, both chosen on held-out data:
    a spike barely moves the first, a zero bucket barely moves the second,
    while it drags a geometric mean far down), blended with the Prophet branch
@@ -304,7 +304,7 @@ class ProphetForecaster(_FittedSeries):
                 return error.sum(axis=0) / np.count_nonzero(~unknown, axis=0)
 
         pred_p = self._base_prophet[np.minimum(test[:, None] + steps[None, :], n - 1)] + self._corr_p.predict(resid_p, test)
-        # The seasonal base, with or without its correction, whose forecasts have the lowest held-out MAE, the
+        # The seasonal base (a cycle's with or without its correction) whose forecasts have the lowest held-out MAE, the
         # calendar's on a tie: judged as the blend will use it, not as a plain median (which on smooth traffic
         # favours any short cycle).
         best_err = np.inf
@@ -317,7 +317,11 @@ class ProphetForecaster(_FittedSeries):
             # The seasonal median once per position, history and horizon: the held-out forecasts read each once per step.
             naive = self._naive_log(self.log_rate, np.arange(n + self.horizon), season)
             resid = self.log_rate - naive[:n]
-            for corr in (_Correction(self.step_s, self.horizon).fit(resid, own), _Correction(self.step_s, self.horizon).off()):
+            # A cycle's median is hours old at the target, so its correction may only add noise: judged both ways. The
+            # calendar's is a day or a week old, and its correction (the level since then) is what the blend is built on.
+            options = (_Correction(self.step_s, self.horizon).fit(resid, own),)
+            options += (_Correction(self.step_s, self.horizon).off(),) if season != candidates[0] else ()
+            for corr in options:
                 pred = naive[test[:, None] + steps[None, :]] + corr.predict(resid, test)
                 pred = np.where(np.isnan(pred), pred_p, pred)
                 err = float(np.nansum(mae(pred)))
