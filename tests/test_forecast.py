@@ -60,6 +60,17 @@ def test_short_history_falls_back_and_says_so():
     assert len(fc) == 6 and np.all(fc.point >= 0)
 
 
+@pytest.mark.parametrize("step_h, days", [(3, 2), (4, 2.5), (6, 3), (2, 2), (0.5, 2)])
+def test_coarse_buckets_and_just_two_days_still_forecast(step_h, days):
+    """Few held-out origins (hours-long buckets, two days): the day's seasonal median is kept, not dropped for
+    having too few origins to judge its correction on."""
+    n = int(days * 24 / step_h) + 1
+    ts = pd.date_range("2026-01-01", periods=n, freq=f"{int(step_h * 60)}min", tz="UTC")
+    rate = 10 + 5 * np.sin(np.arange(n) * step_h / 24 * 2 * np.pi)
+    fc = ProphetForecaster(horizon_s=7200).fit(pd.DataFrame({"timestamp": ts, "rate": rate})).predict()
+    assert fc.fallback == "" and len(fc) >= 1 and np.all(np.isfinite(fc.point)) and np.all(fc.point > 0)
+
+
 def test_forecasts_are_never_negative():
     ts = pd.date_range("2026-01-01", periods=3 * 144, freq="10min")
     rate = np.clip(np.sin(np.arange(len(ts)) / 10) * 5 - 3, 0, None)  # mostly zero, with spikes

@@ -307,12 +307,12 @@ class ProphetForecaster(_FittedSeries):
         # The seasonal base (a cycle's with or without its correction) whose forecasts have the lowest held-out MAE, the
         # calendar's on a tie: judged as the blend will use it, not as a plain median (which on smooth traffic
         # favours any short cycle).
-        best_err = np.inf
+        best_err = None  # the calendar's is taken first, whatever its error (a short history's may be infinite)
         for season in candidates:
             # Each base's correction learns from every origin its median has history for (a cycle's from before the
             # calendar's); all are judged on the same held-out origins.
             own = train if season == candidates[0] else np.arange(season[0] * season[1] + max(self._windows_len(), 1), test[0])
-            if len(own) < 10:
+            if len(own) < 10 and season != candidates[0]:  # the calendar stays, however short the history (as before)
                 continue
             # The seasonal median once per position, history and horizon: the held-out forecasts read each once per step.
             naive = self._naive_log(self.log_rate, np.arange(n + self.horizon), season)
@@ -325,7 +325,7 @@ class ProphetForecaster(_FittedSeries):
                 pred = naive[test[:, None] + steps[None, :]] + corr.predict(resid, test)
                 pred = np.where(np.isnan(pred), pred_p, pred)
                 err = float(np.nansum(mae(pred)))
-                if err < best_err:
+                if best_err is None or err < best_err:
                     best_err, self._season, resid_n, self._corr_n, pred_n = err, season, resid, corr, pred
                     refit_n = np.arange(own[0], n - 1) if corr.on else None
         windows = [k for k in _RECENT_BUCKETS if k * self.step_s <= DAY_S] or [1]
