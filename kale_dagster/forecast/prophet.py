@@ -280,7 +280,7 @@ class ProphetForecaster(_FittedSeries):
         resid_p = self.log_rate - self._base_prophet
         candidates = self._season_candidates(n)
         self._calendar = candidates[0]
-        first = candidates[0][0] + max(self._windows_len(), 1)
+        first = self._calendar[0] + max(self._windows_len(), 1)
         # Several held-out days when the history has them: one day's weights would follow that day's accidents.
         holdout = max(int(min(_HOLDOUT_S, n * self.step_s / 3) // self.step_s), self.horizon)
         lasts = np.arange(first, n - 1)
@@ -307,12 +307,13 @@ class ProphetForecaster(_FittedSeries):
         # The seasonal base (a cycle's with or without its correction) whose forecasts have the lowest held-out MAE, the
         # calendar's on a tie: judged as the blend will use it, not as a plain median (which on smooth traffic
         # favours any short cycle).
-        best_err = None  # the calendar's is taken first, whatever its error (a short history's may be infinite)
+        best_err = None  # the calendar's, judged first, is taken whatever its error: a base is always chosen
         for season in candidates:
+            calendar = season == self._calendar
             # Each base's correction learns from every origin its median has history for (a cycle's from before the
             # calendar's); all are judged on the same held-out origins.
-            own = train if season == candidates[0] else np.arange(season[0] * season[1] + max(self._windows_len(), 1), test[0])
-            if len(own) < 10 and season != candidates[0]:  # the calendar stays, however short the history (as before)
+            own = train if calendar else np.arange(season[0] * season[1] + max(self._windows_len(), 1), test[0])
+            if len(own) < 10 and not calendar:  # the calendar stays, however short the history
                 continue
             # The seasonal median once per position, history and horizon: the held-out forecasts read each once per step.
             naive = self._naive_log(self.log_rate, np.arange(n + self.horizon), season)
@@ -320,7 +321,7 @@ class ProphetForecaster(_FittedSeries):
             # A cycle's median is hours old at the target, so its correction may only add noise: judged both ways. The
             # calendar's is a day or a week old, and its correction (the level since then) is what the blend is built on.
             options = (_Correction(self.step_s, self.horizon).fit(resid, own),)
-            options += (_Correction(self.step_s, self.horizon).off(),) if season != candidates[0] else ()
+            options += () if calendar else (_Correction(self.step_s, self.horizon).off(),)
             for corr in options:
                 pred = naive[test[:, None] + steps[None, :]] + corr.predict(resid, test)
                 pred = np.where(np.isnan(pred), pred_p, pred)
