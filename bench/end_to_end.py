@@ -476,10 +476,17 @@ def main() -> int:
             raise SystemExit(f"--runs-from {args.runs_from}: its runs had another speed-up, length or tuned HPA; run them again")
         runs, live_repeats = {name: saved["runs"][name] for name in names}, 0
     simulated = {name: predict(name, frame, args.speedup, cal, tuned, args.sim_seeds) for name in names}
+
+    def save(**more) -> None:
+        # After every live run too: a long bench that is cut short keeps the runs it finished (--runs-from reads them).
+        Path(f"{args.out}/results.json").write_text(json.dumps({"speedup": args.speedup, "hours": args.hours, "tuned_hpa": tuned, "sim_seeds": args.sim_seeds,
+                                                                 "simulated": simulated, "runs": runs, **more}, indent=1, default=str))
+
     for r in range(live_repeats):
         for name in names:
             result = run_live(name, frame, args.speedup, cal, tuned, args.out, f"{name}-{r + 1}")
             runs[name].append(result)
+            save()
             m, d = result["metrics"], result["dagster"]
             print(f"{name} run {r + 1}: " + ", ".join(f"{k} {m[k]:.3g}" for k in keys)
                   + f"; ticks {d['tick_wall_s_median']:.1f} s (p95 {d['tick_wall_s_p95']:.1f}); decision->run start "
@@ -515,8 +522,7 @@ def main() -> int:
           f"decision -> rescale run start median {np.median(latency):.1f} s, p95 {np.percentile(latency, 95):.1f} s "
           f"({np.median(latency) * args.speedup / 60:.1f} trace min); decision -> first step median {np.median(to_step):.1f} s; "
           + "CPU share of one core: " + ", ".join(f"{role} {share:.0%}" for role, share in cpu.items()))
-    Path(f"{args.out}/results.json").write_text(json.dumps({"speedup": args.speedup, "hours": args.hours, "tuned_hpa": tuned, "sim_seeds": args.sim_seeds,
-                                                             "simulated": simulated, "runs": runs, "measured_medians": measured}, indent=1, default=str))
+    save(measured_medians=measured)
     return 0
 
 

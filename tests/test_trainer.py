@@ -20,6 +20,7 @@ from kale_dagster.stream.samples import RECORD_SIZE, GroundTruth, decode, encode
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
 from kale_dagster.trainer.checkpoint import CheckpointWriteError, list_checkpoints, load_latest, save_atomic
 from kale_dagster.trainer.model import RollingAUC
+from kale_dagster.trainer.ordering import ArrivalOrder
 
 
 def test_checkpoint_is_atomic_and_pruned(tmp_path):
@@ -98,6 +99,40 @@ def test_forwarding_plan(own, total, accepting, high, expected_moved):
         assert accepting[dst] and src != dst and n > 0
         assert total[dst] + sum(m for s, d, m in plan if d == dst) <= high
     assert plan == forwarding_plan(own, total, accepting, high, seed=1)  # same on every rank
+
+
+# Each row: polls in order, as (delivered {partition: newest timestamp ms}, backlogged partitions, monotonic s);
+# the partitions held back after the last one.  Lead 1,000 ms, stall 2 s.
+@pytest.mark.parametrize(
+    "polls, held",
+    [
+        pytest.param([({0: 10_000, 1: 1_000}, {0, 1}, 0.0)], {0}, id="ahead by more than the lead: held"),
+        pytest.param([({0: 1_900, 1: 1_000}, {0, 1}, 0.0)], set(), id="within the lead: free"),
+        pytest.param([({0: 10_000, 1: 1_000}, {0}, 0.0)], set(), id="the one behind has caught up: it holds nothing back"),
+        pytest.param([({0: 5_000}, {0, 1}, 0.0)], {0}, id="a backlogged partition that delivered nothing yet is the furthest behind"),
+        pytest.param([({0: 5_000}, {0, 1}, 0.0), ({1: 4_500}, {0, 1}, 0.1)], set(), id="the laggard caught up to within the lead: resumed"),
+        pytest.param([({0: 5_000, 1: 1_000, 2: 9_000}, {0, 1, 2}, 0.0), ({1: 4_200}, {0, 1, 2}, 0.1)], {2},
+                     id="the frontier moves with the laggard: one still ahead stays held"),
+        pytest.param([({0: 5_000}, {0, 1}, 0.0), ({}, {0, 1}, 1.0), ({}, {0, 1}, 3.0)], set(),
+                     id="a laggard that delivers nothing for the stall time stops holding the rank back"),
+        pytest.param([({0: 5_000}, {0, 1}, 0.0), ({}, {0, 1}, 1.0), ({}, {0, 1}, 3.0), ({1: 1_000}, {0, 1}, 3.5)], {0},
+                     id="a stalled laggard that delivers again counts again"),
+        pytest.param([({0: 5_000}, {0, 1}, 0.0), ({}, {0, 1}, 1.0), ({}, {0, 1}, 2.9)], {0}, id="a short wait is no stall"),
+        pytest.param([({0: 5_000, 1: 1_000}, {0, 1}, 0.0), ({0: 4_000}, {0, 1}, 0.1)], {0},
+                     id="an out-of-order timestamp never moves a partition back"),
+    ],
+)
+def test_arrival_order_holds_back_the_partitions_ahead(polls, held):
+    order = ArrivalOrder(lead_ms=1_000, stall_s=2.0)
+    for delivered, backlogged, now in polls:
+        result = order.polled(delivered, backlogged, now)
+    assert result == held
+
+
+@pytest.mark.parametrize("lead_ms, stall_s", [(-1, 1.0), (0, 0.0)])
+def test_arrival_order_rejects_a_negative_lead_or_no_stall_time(lead_ms, stall_s):
+    with pytest.raises(ValueError, match="lead_ms >= 0 and stall_s > 0"):
+        ArrivalOrder(lead_ms=lead_ms, stall_s=stall_s)
 
 
 def test_samples_round_trip_and_learnable_labels():
@@ -274,7 +309,8 @@ def test_stopped_workers_return_to_the_pool_and_are_reused(kafka_broker, tmp_pat
         w.proc.wait(15)  # released extras and the final group all exit
 
 
-@pytest.mark.parametrize("field, value", [("batch_size", 0), ("emulate_gpu_rate", -1.0), ("emulate_restore_s", -1.0), ("balance", "random")])
+@pytest.mark.parametrize("field, value", [("batch_size", 0), ("emulate_gpu_rate", -1.0), ("emulate_restore_s", -1.0), ("balance", "random"),
+                                          ("order_lead_s", -1.0)])
 def test_trainer_settings_errors_name_the_field(field, value):
     with pytest.raises(KaleConfigError, match=field):
         TrainerSettings(KafkaSource("127.0.0.1:9092", ("t",), "g"), "/tmp/ckpt", **{field: value})
@@ -327,3 +363,30 @@ def test_the_offset_committer_commits_the_newest_offsets_in_order_and_retries():
     assert committer.flush(5)
     committer.close()
     assert attempts == [{0: 10}, {0: 30}] and committer.committed == {0: 30}
+
+
+@pytest.mark.integration
+def test_a_backlog_over_several_partitions_is_trained_oldest_first(kafka_broker, tmp_path):
+    """A worker catching up on 4 partitions trains their backlog in arrival order, not a partition at a time:
+    the lag is the oldest unconsumed sample's over all partitions, so a partition left for last would age."""
+    servers, topic = kafka_broker.bootstrap_servers, "ordered"
+    logs = tmp_path / "trained"
+    logs.mkdir()
+    history = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 600.0})
+    produced = replay(servers, history, ReplaySettings(topic=topic, partitions=4), max_wall_s=5.0)
+    settings = TrainerSettings(KafkaSource(servers, (topic,), "ordered"), str(tmp_path / "ckpt"), batch_size=64, emulate_gpu_rate=1500,
+                               trained_log=str(logs), order_lead_s=0.1)
+    launcher = LocalLauncher(settings, pool_size=1)
+    try:
+        launcher.start(1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(trained_samples(logs)) < produced:
+            time.sleep(0.5)
+    finally:
+        launcher.stop()
+    seqs = trained_samples(logs)[:, 2]  # one rank: its log is in training order
+    assert np.array_equal(np.sort(seqs), np.arange(produced))
+    # How far each sample was trained from its place in arrival order, as a share of the backlog.
+    displacement = np.abs(np.arange(len(seqs)) - seqs).max() / produced
+    print(f"{produced} samples over 4 partitions; largest displacement from arrival order {displacement:.1%}")
+    assert displacement <= 0.10

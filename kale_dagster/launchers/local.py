@@ -56,6 +56,7 @@ class TrainerSettings:
     checkpoint_every_s: float = 5.0
     metrics_every_s: float = 2.0
     balance: str = "rates"
+    order_lead_s: float = 0.5  # how far (record time) a rank's partition may run ahead of its oldest backlog (trainer.ordering)
     trained_log: Optional[str] = None
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S
 
@@ -63,7 +64,7 @@ class TrainerSettings:
         self.source.topic  # the kale trainer consumes one topic: fail here, naming the field
         if self.batch_size < 1:
             raise KaleConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
-        for name in ("emulate_gpu_rate", "emulate_restore_s"):
+        for name in ("emulate_gpu_rate", "emulate_restore_s", "order_lead_s"):
             if getattr(self, name) < 0:
                 raise KaleConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.balance not in ("rates", "round-robin"):
@@ -75,7 +76,7 @@ class TrainerSettings:
             "--bootstrap-servers", src.bootstrap_servers, "--topic", src.topic, "--group-id", src.group_id,
             "--checkpoint-dir", self.checkpoint_dir, "--batch-size", str(self.batch_size),
             "--emulate-gpu-rate", str(self.emulate_gpu_rate), "--emulate-restore-s", str(self.emulate_restore_s), "--checkpoint-every-s", str(self.checkpoint_every_s),
-            "--metrics-every-s", str(self.metrics_every_s), "--balance", self.balance,
+            "--metrics-every-s", str(self.metrics_every_s), "--balance", self.balance, "--order-lead-s", str(self.order_lead_s),
             "--collective-timeout-s", str(self.collective_timeout_s),
         ]
         if self.trained_log:

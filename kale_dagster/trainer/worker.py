@@ -49,9 +49,12 @@ from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding
 from kale_dagster.trainer.checkpoint import CheckpointWriteError, load_latest, save_atomic
 from kale_dagster.trainer.committer import OffsetCommitter
 from kale_dagster.trainer.model import CTRModel, RollingAUC, batch_tensors
+from kale_dagster.trainer.ordering import ArrivalOrder
 from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S, GroupAssignment, StepStatus, WorkerEvent, event_line
 
 QITEM = np.dtype([("rec", RECORD), ("partition", "<i4"), ("offset", "<i8")])
+# A partition that may deliver and does not for this long stops holding this rank's others back (ordering).
+ORDER_STALL_S = 2.0
 
 
 def kafka_config(servers: str) -> dict:
@@ -65,6 +68,17 @@ def kafka_config(servers: str) -> dict:
         if os.environ.get(env):
             config[key] = os.environ[env]
     return config
+
+
+def _unblock_resumed_partitions(consumer) -> None:
+    """Work around kafka-python 3.0.12: records parked while their partition was paused come back on resume only
+    when no partition's records are in line, and it tests that with ``is None`` while a drained partition's
+    records stay in line (empty, not None).  Until then the resumed partition is neither handed out nor fetched
+    again, and the rank stops training it.  An emptied line is cleared so the next poll restores the parked data."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    in_line = getattr(fetcher, "_next_partition_records", None)
+    if in_line is not None and not in_line and getattr(fetcher, "_paused_partition_records", None):
+        fetcher._next_partition_records = None
 
 
 def emit(event: WorkerEvent, **fields) -> None:
@@ -231,6 +245,8 @@ class Worker:
                 consumer.seek(tp, pos)
         self.next_pos = {tp.partition: consumer.position(tp) for tp in mine}
         self.start_pos = dict(self.next_pos)
+        self.assigned = {tp.partition: tp for tp in mine}
+        self.order, self.paused = ArrivalOrder(lead_ms=int(self.args.order_lead_s * 1000), stall_s=ORDER_STALL_S), frozenset()
         return consumer, [tp.partition for tp in mine]
 
     def _committed(self, tps) -> dict[int, int]:
@@ -250,25 +266,49 @@ class Worker:
         # a zero timeout just collects what has arrived; a starving worker waits
         # 5 ms, enough for a fetch to complete without stalling the collective.
         wait_ms = 0 if len(queue) >= self.args.batch_size else 5
-        for tp, records in consumer.poll(timeout_ms=wait_ms, max_records=max(room // self.samples_per_record, 1)).items():
-            if not records:
-                continue
-            samples, counts = decode([r.value for r in records])
-            poison = counts == 0
-            if poison.any():  # skipped, never retried: its offset is passed like any other
-                self.poison_records += int(poison.sum())
-                first = records[int(np.flatnonzero(poison)[0])]
-                print(f"skipped {int(poison.sum())} record(s) that are not kale samples in partition {tp.partition}, "
-                      f"first at offset {first.offset} ({len(first.value or b'')} bytes)", file=sys.stderr, flush=True)
-            items = np.empty(len(samples), dtype=QITEM)
-            items["rec"] = samples
-            items["partition"] = tp.partition
-            # Every sample of a packed record carries the record's offset: a
-            # checkpoint taken mid-record resumes at that record (at least once).
-            items["offset"] = np.repeat([r.offset for r in records], counts)
-            queue.add_own(items)
-            self.samples_per_record = int(counts.max()) or self.samples_per_record
-            self.next_pos[tp.partition] = records[-1].offset + 1
+        while room > 0:
+            # A batch's worth at a time: the partitions that run ahead are paused before the rest of the room fills.
+            want = max(min(room, self.args.batch_size) // self.samples_per_record, 1)
+            _unblock_resumed_partitions(consumer)
+            polled = consumer.poll(timeout_ms=wait_ms, max_records=want)
+            wait_ms, got, newest = 0, 0, {}
+            for tp, records in polled.items():
+                if not records:
+                    continue
+                got += len(records)
+                newest[tp.partition] = records[-1].timestamp
+                self._queue_records(tp.partition, records, queue)
+            self._keep_arrival_order(consumer, newest)
+            if got < want:
+                return  # nothing more fetched for the partitions that may deliver
+            room = self.args.max_queue - len(queue.own)
+
+    def _queue_records(self, partition: int, records: list, queue: LocalQueue) -> None:
+        samples, counts = decode([r.value for r in records])
+        poison = counts == 0
+        if poison.any():  # skipped, never retried: its offset is passed like any other
+            self.poison_records += int(poison.sum())
+            first = records[int(np.flatnonzero(poison)[0])]
+            print(f"skipped {int(poison.sum())} record(s) that are not kale samples in partition {partition}, "
+                  f"first at offset {first.offset} ({len(first.value or b'')} bytes)", file=sys.stderr, flush=True)
+        items = np.empty(len(samples), dtype=QITEM)
+        items["rec"] = samples
+        items["partition"] = partition
+        # Every sample of a packed record carries the record's offset: a
+        # checkpoint taken mid-record resumes at that record (at least once).
+        items["offset"] = np.repeat([r.offset for r in records], counts)
+        queue.add_own(items)
+        self.samples_per_record = int(counts.max()) or self.samples_per_record
+        self.next_pos[partition] = records[-1].offset + 1
+
+    def _keep_arrival_order(self, consumer, newest: dict[int, int]) -> None:
+        """Pause the partitions that run ahead of this rank's oldest backlog, resume the others (``ordering``)."""
+        backlogged = [p for p, tp in self.assigned.items() if (hw := consumer.highwater(tp)) is None or self.next_pos[p] < hw]
+        held = self.order.polled(newest, backlogged, time.monotonic())
+        if held != self.paused:
+            consumer.resume(*(self.assigned[p] for p in self.paused - held))
+            consumer.pause(*(self.assigned[p] for p in held - self.paused))
+            self.paused = held
 
     def caught_up(self, consumer) -> bool:
         """Every partition of this rank has reported its high watermark and been read up to it."""
@@ -490,6 +530,8 @@ def parse_args(argv=None):
     parser.add_argument("--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap samples/s per worker (0 = off)")
     parser.add_argument("--emulate-restore-s", type=float, default=0.0, help="EMULATION: extra seconds to restore a checkpoint (0 = off)")
     parser.add_argument("--checkpoint-every-s", type=float, default=5.0)
+    parser.add_argument("--order-lead-s", type=float, default=0.5,
+                        help="how far (record time) one of a rank's partitions may run ahead of its oldest backlog before it is paused")
     parser.add_argument("--metrics-every-s", type=float, default=2.0)
     parser.add_argument("--keep", type=int, default=3)
     parser.add_argument("--collective-timeout-s", type=float, default=COLLECTIVE_TIMEOUT_S)
