@@ -16,6 +16,9 @@ mean whatever each rank's share; and the decision to stop.  SIGTERM sets
 the stop flag, so all ranks leave at the same step boundary, write one
 checkpoint (model, optimizer, offsets) and commit offsets to Kafka.
 
+A rank catching up trains its backlog in arrival order across its partitions: the ones that run
+ahead are paused (``trainer.ordering``), since the lag is the oldest unconsumed sample's.
+
 Offsets: a checkpoint stores, per partition, the smallest offset not yet
 trained anywhere (the owner's next fetch position when nothing of it is
 queued), and Kafka gets the same offsets.  Forwarding trains a partition
@@ -246,7 +249,7 @@ class Worker:
         self.next_pos = {tp.partition: consumer.position(tp) for tp in mine}
         self.start_pos = dict(self.next_pos)
         self.assigned = {tp.partition: tp for tp in mine}
-        self.order, self.paused = ArrivalOrder(lead_ms=int(self.args.order_lead_s * 1000), stall_s=ORDER_STALL_S), frozenset()
+        self.order = ArrivalOrder(lead_ms=int(self.args.order_lead_s * 1000), stall_s=ORDER_STALL_S)
         return consumer, [tp.partition for tp in mine]
 
     def _committed(self, tps) -> dict[int, int]:
@@ -304,11 +307,11 @@ class Worker:
     def _keep_arrival_order(self, consumer, newest: dict[int, int]) -> None:
         """Pause the partitions that run ahead of this rank's oldest backlog, resume the others (``ordering``)."""
         backlogged = [p for p, tp in self.assigned.items() if (hw := consumer.highwater(tp)) is None or self.next_pos[p] < hw]
+        paused = self.order.held
         held = self.order.polled(newest, backlogged, time.monotonic())
-        if held != self.paused:
-            consumer.resume(*(self.assigned[p] for p in self.paused - held))
-            consumer.pause(*(self.assigned[p] for p in held - self.paused))
-            self.paused = held
+        if held != paused:
+            consumer.resume(*(self.assigned[p] for p in paused - held))
+            consumer.pause(*(self.assigned[p] for p in held - paused))
 
     def caught_up(self, consumer) -> bool:
         """Every partition of this rank has reported its high watermark and been read up to it."""
