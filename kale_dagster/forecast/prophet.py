@@ -11,8 +11,9 @@ repeating last week.  Three additions fix that, each measured in
    over several windows (the latest level);
 3. ensemble: the same correction on a robust seasonal base (the median of
    the same time over the last ``seasons`` periods, a week, or a day with
-   under two weeks of history, or a shorter cycle, even one shorter than the
-   horizon, where its held-out error is lower, and then uncorrected where
+   under two weeks of history, or a shorter cycle (a periodic job's, over its
+   latest four repetitions), even one shorter than the horizon, where its
+   held-out error is lower, and then uncorrected where
    the correction does not pay there), and the recent level (the mean of the
    last k buckets, geometric or arithmetic, both chosen on held-out data:
    a spike barely moves the first, a zero bucket barely moves the second,
@@ -49,6 +50,9 @@ _RECENT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 144, 288)  # wi
 _HOLDOUT_S = 3 * DAY_S  # the blend's held-out tail, at most a third of the history
 # Cycles shorter than a day the seasonal base may repeat instead of the calendar's (periodic jobs).
 _CYCLES_S = (3600.0, 2 * 3600.0, 3 * 3600.0, 4 * 3600.0, 6 * 3600.0, 8 * 3600.0, 12 * 3600.0)
+# A cycle's median spans its latest 4 repetitions: one odd repetition cannot move it, and a job that stops is
+# forgotten after 3 (the calendar's 8 took 5).  Held-out days cannot choose the span: none of them saw a job stop.
+_CYCLE_REPEATS = 4
 _WINDOWS_S = (0, 600, 1800, 3600, 7200, 14_400)  # residual averaging windows; 0 = the latest step
 
 
@@ -207,13 +211,14 @@ class ProphetForecaster(_FittedSeries):
         week with two weeks of history, else a day, from one period back), then each cycle of ``_CYCLES_S`` (a
         periodic job's) whose plain median beats the calendar's over the held-out days: a cycle must show in the
         data before it is judged as the blend would use it.  A cycle starts from the latest whole cycle that every
-        step of the horizon has observed (a 1-hour cycle two cycles back at a 2-hour horizon), so a cycle of
-        spikes shorter than the horizon counts too, and forgets them within hours when they stop.  The calendar's
+        step of the horizon has observed (a 1-hour cycle two cycles back at a 2-hour horizon) over its latest
+        ``_CYCLE_REPEATS`` repetitions, so a cycle of spikes shorter than the horizon counts too, and forgets
+        them within hours when they stop.  The calendar's
         period itself is not put to the vote: a few days cannot tell a week from a day reliably (holidays moved
         nyc_taxi's choice back and forth, at a cost), while a cycle of spikes shows at once."""
         calendar = (int(round((WEEK_S if n * self.step_s >= 2 * WEEK_S else DAY_S) / self.step_s)), 1, self.seasons)
         cycles = [int(round(period_s / self.step_s)) for period_s in _CYCLES_S]
-        cycles = [(c, -(-self.horizon // c), self.seasons) for c in cycles if c >= 2]  # ceil(horizon / c) back
+        cycles = [(c, -(-self.horizon // c), _CYCLE_REPEATS) for c in cycles if c >= 2]  # ceil(horizon / c) back
         holdout = np.arange(max(n - int(min(_HOLDOUT_S, n * self.step_s / 3) // self.step_s), 0), n)
         actual = self.from_log(self.log_rate[holdout])
 
