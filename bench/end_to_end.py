@@ -525,7 +525,8 @@ def main() -> int:
            for role in ("daemon", "webserver", "code server and runs", "dagster dev")}
     print(f"\nDagster's cost: tick period median {statistics.median(ticks):.1f} s wall ({statistics.median(ticks) * args.speedup / 60:.1f} trace min); "
           f"decision -> rescale run start median {np.median(latency):.1f} s, p95 {np.percentile(latency, 95):.1f} s "
-          f"({np.median(latency) * args.speedup / 60:.1f} trace min); decision -> first step median {np.median(to_step):.1f} s; "
+          f"({np.median(latency) * args.speedup / 60:.1f} trace min; the simulator acted {DAGSTER_ACT_WALL_S:g} s after a decision: "
+          f"set DAGSTER_ACT_WALL_S to the measured median on a new host); decision -> first step median {np.median(to_step):.1f} s; "
           + "CPU share of one core: " + ", ".join(f"{role} {share:.0%}" for role, share in cpu.items()))
     save(measured_medians=measured)
     return 0
