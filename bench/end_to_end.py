@@ -475,8 +475,8 @@ def main() -> int:
         if (saved["speedup"], saved["hours"]) != (args.speedup, args.hours):
             raise SystemExit(f"--runs-from {args.runs_from}: its runs had another speed-up or length; run them again")
         # A policy's saved runs count if they ran the setting predicted now (the tuned HPA may have changed).
-        runs = {name: saved["runs"].get(name, [])[: args.repeats] if name != "hpa-tuned" or saved["tuned_hpa"] == tuned else []
-                for name in names}
+        same_setting = {name: name != "hpa-tuned" or saved["tuned_hpa"] == tuned for name in names}
+        runs = {name: saved["runs"].get(name, [])[: args.repeats] if same_setting[name] else [] for name in names}
         print("reusing saved runs: " + ", ".join(f"{name} {len(r)}" for name, r in runs.items()), flush=True)
     simulated = {name: predict(name, frame, args.speedup, cal, tuned, args.sim_seeds) for name in names}
 

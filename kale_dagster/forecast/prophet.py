@@ -13,8 +13,8 @@ repeating last week.  Three additions fix that, each measured in
    the same time over the last ``seasons`` periods, a week, or a day with
    under two weeks of history, or a shorter cycle (a periodic job's, over its
    latest four repetitions), even one shorter than the horizon, where its
-   held-out error is lower, and then uncorrected where
-   the correction does not pay there), and the recent level (the mean of the
+   held-out error is lower, and then uncorrected where the correction does
+   not pay there), and the recent level (the mean of the
    last k buckets, geometric or arithmetic, both chosen on held-out data:
    a spike barely moves the first, a zero bucket barely moves the second,
    while it drags a geometric mean far down), blended with the Prophet branch
@@ -213,9 +213,9 @@ class ProphetForecaster(_FittedSeries):
         data before it is judged as the blend would use it.  A cycle starts from the latest whole cycle that every
         step of the horizon has observed (a 1-hour cycle two cycles back at a 2-hour horizon) over its latest
         ``_CYCLE_REPEATS`` repetitions, so a cycle of spikes shorter than the horizon counts too, and forgets
-        them within hours when they stop.  The calendar's
-        period itself is not put to the vote: a few days cannot tell a week from a day reliably (holidays moved
-        nyc_taxi's choice back and forth, at a cost), while a cycle of spikes shows at once."""
+        them within hours when they stop.  The calendar's period itself is not put to the vote: a few days
+        cannot tell a week from a day reliably (holidays moved nyc_taxi's choice back and forth, at a cost),
+        while a cycle of spikes shows at once."""
         calendar = (int(round((WEEK_S if n * self.step_s >= 2 * WEEK_S else DAY_S) / self.step_s)), 1, self.seasons)
         cycles = [int(round(period_s / self.step_s)) for period_s in _CYCLES_S]
         cycles = [(c, -(-self.horizon // c), _CYCLE_REPEATS) for c in cycles if c >= 2]  # ceil(horizon / c) back
