@@ -44,7 +44,9 @@ def main() -> int:
     rng = random.Random(0)
     with embedded_broker() as broker:
         servers = broker.bootstrap_servers
-        KafkaAdminClient(bootstrap_servers=servers).create_topics([NewTopic("bench", num_partitions=args.partitions, replication_factor=1)])
+        KafkaAdminClient(bootstrap_servers=servers).create_topics(
+            [NewTopic("bench", num_partitions=args.partitions, replication_factor=1)]
+        )
         producer = KafkaProducer(bootstrap_servers=servers, linger_ms=50, batch_size=1 << 18)
         began = time.monotonic()
         per_partition = int(args.records_per_minute * args.days * 1440)
@@ -54,13 +56,20 @@ def main() -> int:
                 produced[min(buckets - 1, int((t - start) // bucket))] += 1
         producer.flush()
         producer.close()
-        print(f"produced {sum(produced):,} records over {args.days:g} days x {args.partitions} partitions "
-              f"in {time.monotonic() - began:.0f} s; {buckets:,} buckets of {bucket:g} s")
+        print(
+            f"produced {sum(produced):,} records over {args.days:g} days x {args.partitions} partitions "
+            f"in {time.monotonic() - began:.0f} s; {buckets:,} buckets of {bucket:g} s"
+        )
 
         seconds, result = [], None
         for _ in range(args.repeats):
-            consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False, group_id=None,
-                                     max_partition_fetch_bytes=1 << 20, fetch_max_wait_ms=50)
+            consumer = KafkaConsumer(
+                bootstrap_servers=servers,
+                enable_auto_commit=False,
+                group_id=None,
+                max_partition_fetch_bytes=1 << 20,
+                fetch_max_wait_ms=50,
+            )
             began = time.monotonic()
             result = rebuild_arrivals(consumer, ["bench"], days=args.days, bucket_s=bucket, now=now)
             seconds.append(time.monotonic() - began)
@@ -68,9 +77,12 @@ def main() -> int:
         rebuilt = list(result.rows["records"])
         skipped = buckets - len(rebuilt)  # buckets before the first record are left out
         exact = rebuilt == produced[skipped:]
-        print(f"method: {result.method}; requests: {result.requests:,} "
-              f"({result.requests / args.partitions:.1f} per partition); "
-              f"time: median {statistics.median(seconds):.1f} s of {args.repeats} ({', '.join(f'{s:.1f}' for s in seconds)})")
+        print(
+            f"method: {result.method}; requests: {result.requests:,} "
+            f"({result.requests / args.partitions:.1f} per partition); "
+            f"time: median {statistics.median(seconds):.1f} s of {args.repeats} "
+            f"({', '.join(f'{s:.1f}' for s in seconds)})"
+        )
         print(f"buckets rebuilt: {len(rebuilt):,}; every count equals the produced one: {exact}")
         if result.note:
             print(f"note: {result.note}")

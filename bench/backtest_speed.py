@@ -55,14 +55,22 @@ def main() -> int:
     names = list(POLICIES)
     wall, report = timed(lambda bt: compare(bt, names, sweeps=False, variants=()), args.repeats)
     runs = len(names) + 1  # and the oracle's replay
-    print(f"Kale, the oracle and the defaults ({runs} simulations and the dynamic program, {days:.0f} days): {wall:.1f} s "
-          f"({runs * days / wall:.1f} policy-days/s)", flush=True)
+    print(
+        f"Kale, the oracle and the defaults ({runs} simulations and the dynamic program, {days:.0f} days): {wall:.1f} "
+        "s "
+        f"({runs * days / wall:.1f} policy-days/s)",
+        flush=True,
+    )
     if not args.skip_grid:
         wall, report = timed(lambda bt: compare(bt, names, variants=tuple(KALE_VARIANTS)), args.repeats)
         runs = len(names) + len(report["kale_variants"]) + sum(len(rows) for rows in report["sweeps"].values()) + 1
-        print(f"the whole report ({runs} simulations and the dynamic program): {wall:.1f} s ({runs * days / wall:.1f} policy-days/s)", flush=True)
+        print(
+            f"the whole report ({runs} simulations and the dynamic program): {wall:.1f} s ({runs * days / wall:.1f} "
+            "policy-days/s)",
+            flush=True,
+        )
     for name in names:
-        wall, _ = timed(lambda bt: bt.run(name), args.repeats, processes=1)
+        wall, _ = timed(lambda bt, name=name: bt.run(name), args.repeats, processes=1)
         recorded = " (recording its forecasts included)" if POLICIES[name].uses_forecast else ""
         print(f"{name}, one process: {wall:.1f} s ({days / wall:.2f} policy-days/s){recorded}", flush=True)
     wall, _ = timed(lambda bt: bt.optimum(), args.repeats, processes=1)
@@ -70,8 +78,11 @@ def main() -> int:
     same = [Run("hpa")] * 4
     one, _ = timed(lambda bt: bt.run_many(same), args.repeats, processes=1)
     every, _ = timed(lambda bt: bt.run_many(same), args.repeats)
-    print(f"{len(same)} HPA simulations: one process {one:.1f} s, every core ({os.cpu_count()}) {every:.1f} s: "
-          f"{one / every:.2f}x", flush=True)
+    print(
+        f"{len(same)} HPA simulations: one process {one:.1f} s, every core ({os.cpu_count()}) {every:.1f} s: "
+        f"{one / every:.2f}x",
+        flush=True,
+    )
     return 0
 
 

@@ -36,7 +36,15 @@ ROW = "{:<34}{:>14,.0f}{:>10.2%}{:>10,.0f}{:>9,.0f}{:>10}{:>9.1f}"
 
 
 def _row(label: str, m: dict) -> str:
-    return ROW.format(label[:34], m["accumulated_lag_minutes"], m["slo_violation_rate"], m["downtime_minutes"], m["gpu_hours"], m["rescales"], m["max_lag_minutes"])
+    return ROW.format(
+        label[:34],
+        m["accumulated_lag_minutes"],
+        m["slo_violation_rate"],
+        m["downtime_minutes"],
+        m["gpu_hours"],
+        m["rescales"],
+        m["max_lag_minutes"],
+    )
 
 
 def run(label: str, history: pd.DataFrame, warmup_days: float, variants=tuple(KALE_VARIANTS)) -> dict:
@@ -49,8 +57,13 @@ def run(label: str, history: pd.DataFrame, warmup_days: float, variants=tuple(KA
     runs = len(POLICIES) + len(report["kale_variants"]) + sum(len(rows) for rows in report["sweeps"].values())
     report["wall_s"] = elapsed
     report["policy_days_per_s"] = runs * days / elapsed
-    print(f"\n== {label}: {days:.1f} days, {warmup_days:g} warm-up; {runs} runs in {elapsed:.0f} s ({report['policy_days_per_s']:.1f} policy-days/s) ==")
-    print(f"{'policy':<34}{'acc lag min':>14}{'SLO viol':>10}{'downtime':>10}{'GPU h':>9}{'rescales':>10}{'max lag':>9}")
+    print(
+        f"\n== {label}: {days:.1f} days, {warmup_days:g} warm-up; {runs} runs in {elapsed:.0f} s "
+        f"({report['policy_days_per_s']:.1f} policy-days/s) =="
+    )
+    print(
+        f"{'policy':<34}{'acc lag min':>14}{'SLO viol':>10}{'downtime':>10}{'GPU h':>9}{'rescales':>10}{'max lag':>9}"
+    )
     for name, m in report["policies"].items():
         print(_row(name + (" (default)" if name != "kale" else ""), m))
     for key, m in report["kale_variants"].items():
@@ -60,31 +73,52 @@ def run(label: str, history: pd.DataFrame, warmup_days: float, variants=tuple(KA
         print(f"{name} frontier ({len(frontier)} of {len(report['sweeps'][name])} settings):")
         for r in frontier:
             print(_row("  " + ",".join(str(v) for v in r["setting"].values()), r))
+
     def times(ratio) -> str:
         return "n/a (no lag)" if ratio is None else f"{ratio:.3f}x"
 
     for name, h in report["headline"].items():
         best = h["best_at_kales_gpu_hours"]
-        print(f"Kale / {name}: lag {times(h['lag_ratio_vs_default'])} of the default's; "
-              + (f"{times(h['lag_ratio_vs_best'])} of the best setting with >= Kale's GPU hours ({best['setting']}, {best['gpu_hours']:,.0f} GPU h)"
-                 if best else "no setting with >= Kale's GPU hours"))
-    print("cost over the offline optimum's: " + ", ".join(f"{k} {r:.3f}x" for k, r in report["cost_over_optimum"].items() if k != "optimum")
-          + f" (best baseline: {report['best_baseline_by_cost']})")
+        print(
+            f"Kale / {name}: lag {times(h['lag_ratio_vs_default'])} of the default's; "
+            + (
+                f"{times(h['lag_ratio_vs_best'])} of the best setting with >= Kale's GPU hours ({best['setting']}, "
+                f"{best['gpu_hours']:,.0f} GPU h)"
+                if best
+                else "no setting with >= Kale's GPU hours"
+            )
+        )
+    print(
+        "cost over the offline optimum's: "
+        + ", ".join(f"{k} {r:.3f}x" for k, r in report["cost_over_optimum"].items() if k != "optimum")
+        + f" (best baseline: {report['best_baseline_by_cost']})"
+    )
     beaten = report["kale_dominated_by"]
-    print("swept settings with <= Kale's GPU hours and lower accumulated lag: " + (", ".join(beaten) if beaten else "none"))
+    print(
+        "swept settings with <= Kale's GPU hours and lower accumulated lag: "
+        + (", ".join(beaten) if beaten else "none")
+    )
     return report
 
 
 def last_days(history: pd.DataFrame, days: float) -> pd.DataFrame:
-    return history[history["timestamp"] >= history["timestamp"].iloc[-1] - pd.Timedelta(days=days)].reset_index(drop=True)
+    return history[history["timestamp"] >= history["timestamp"].iloc[-1] - pd.Timedelta(days=days)].reset_index(
+        drop=True
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="the development set (nyc_taxi.csv and the others)")
+    parser.add_argument(
+        "--traces", type=Path, default=DEFAULT_TRACES, help="the development set (nyc_taxi.csv and the others)"
+    )
     parser.add_argument("--skip-nyc", action="store_true")
-    parser.add_argument("--dev", action="store_true", help="also every other trace of the development set, its last 14 days "
-                        "(7 warm-up), with the perfect-forecast and outlook variants only")
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="also every other trace of the development set, its last 14 days "
+        "(7 warm-up), with the perfect-forecast and outlook variants only",
+    )
     parser.add_argument("--json", type=Path, help="write all figures to this file (rewritten after each trace)")
     args = parser.parse_args()
     out = {}
@@ -95,7 +129,14 @@ def main() -> int:
             args.json.write_text(json.dumps(out, indent=2))
 
     synth = synth_trace(days=14, seed=0)
-    record("synthetic_14d", run("synthetic 14 days (seed 0)", prepare_history(pd.DataFrame({"timestamp": synth.timestamp, "rate": synth.value / 60})), 7))
+    record(
+        "synthetic_14d",
+        run(
+            "synthetic 14 days (seed 0)",
+            prepare_history(pd.DataFrame({"timestamp": synth.timestamp, "rate": synth.value / 60})),
+            7,
+        ),
+    )
     nyc = args.traces / "nyc_taxi.csv"
     if (not args.skip_nyc or args.dev) and not nyc.is_file():
         print(f"the development set is not at {args.traces}; pass --traces DIR, or --skip-nyc", file=sys.stderr)
@@ -105,7 +146,15 @@ def main() -> int:
     if args.dev:
         for path in sorted(args.traces.glob("*.csv")):
             if path.name != nyc.name:
-                record(path.stem + "_last_14d", run(f"{path.stem}, last 14 days", last_days(read_trace_csv(path), 14), 7, variants=("kale_perfect_forecast", "kale_outlook")))
+                record(
+                    path.stem + "_last_14d",
+                    run(
+                        f"{path.stem}, last 14 days",
+                        last_days(read_trace_csv(path), 14),
+                        7,
+                        variants=("kale_perfect_forecast", "kale_outlook"),
+                    ),
+                )
     return 0
 
 

@@ -27,7 +27,8 @@ Restarts: besides the GPU cap, the workers EMULATE a large model's restore (REST
 restart takes about the paper's 10 minutes against its 20-minute SLO.
 
     python bench/end_to_end.py [--speedup 40] [--hours 6] [--policies kale,hpa,hpa-tuned] [--repeats 3]
-    # Re-predict, reusing the saved runs (a cut-short bench resumes: the runs missing, or of another tuned HPA, run live)
+    # Re-predict, reusing the saved runs (a cut-short bench resumes: the runs missing, or of another tuned
+    # HPA, run live)
     python bench/end_to_end.py --calibration artifacts/e2e/calibration.json --runs-from artifacts/e2e/results.json
 """
 
@@ -43,12 +44,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from kale_dagster.control.controller import ControlSettings, Controller
+from kale_dagster.control.controller import Controller, ControlSettings
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.demo import GROUP, PIPELINE, TOPIC
 from kale_dagster.demo.definitions import DemoLocation
@@ -69,8 +69,12 @@ from kale_dagster.stream.source import KafkaSource
 
 WORKER_RATE = 150.0  # EMULATED samples per wall second per worker
 MAX_WORKERS = 6
-PARTITIONS = 12  # every worker count up to MAX_WORKERS owns partitions (a worker without one trains only forwarded samples)
-SAMPLES_PER_RECORD = 8  # micro-batches, as a high-rate stream ships them: the host's CPU goes to the workers, not to parsing records
+PARTITIONS = (
+    12  # every worker count up to MAX_WORKERS owns partitions (a worker without one trains only forwarded samples)
+)
+SAMPLES_PER_RECORD = (
+    8  # micro-batches, as a high-rate stream ships them: the host's CPU goes to the workers, not to parsing records
+)
 PEAK_WALL_RATE = 500.0  # the segment's peak needs 5 of the 6 workers the host can feed (calibration)
 PRIOR_DAYS = 7
 SLO_MIN = 20.0
@@ -103,7 +107,7 @@ def days(hours: float) -> pd.DataFrame:
     end = PRIOR_DAYS * 1440 + int((6 + hours) * 60)
     part = trace.iloc[:end].reset_index(drop=True)
     rate = part["value"] / 60.0
-    live = rate.iloc[PRIOR_DAYS * 1440 + 360:]
+    live = rate.iloc[PRIOR_DAYS * 1440 + 360 :]
     return pd.DataFrame({"timestamp": pd.to_datetime(part["timestamp"], utc=True), "rate": rate / live.max()})
 
 
@@ -122,16 +126,22 @@ class Calibration:
     points: tuple  # (workers, samples/s, latency s) as measured
 
     @classmethod
-    def from_measurements(cls, points, restart_s: float) -> "Calibration":
+    def from_measurements(cls, points, restart_s: float) -> Calibration:
         ws, rates, latencies = (np.array(x, dtype=float) for x in zip(*points))
         per_worker, fixed = np.polyfit(ws, latencies, 1)
-        return cls(ThroughputModel.fit(ws, rates, form="async"), restart_s, max(float(fixed), 0.0), max(float(per_worker), 0.0), tuple(map(tuple, points)))
+        return cls(
+            ThroughputModel.fit(ws, rates, form="async"),
+            restart_s,
+            max(float(fixed), 0.0),
+            max(float(per_worker), 0.0),
+            tuple(map(tuple, points)),
+        )
 
     def save(self, path: str) -> None:
         Path(path).write_text(json.dumps({"points": self.points, "restart_s": self.restart_s}, indent=1))
 
     @classmethod
-    def load(cls, path: str) -> "Calibration":
+    def load(cls, path: str) -> Calibration:
         saved = json.loads(Path(path).read_text())
         return cls.from_measurements(saved["points"], saved["restart_s"])
 
@@ -141,9 +151,15 @@ def source(servers: str) -> KafkaSource:
 
 
 def trainer_settings(servers: str, home: str, speed: float) -> TrainerSettings:
-    return TrainerSettings(source(servers), f"{home}/ckpt", batch_size=64, emulate_gpu_rate=WORKER_RATE,
-                           emulate_restore_s=RESTORE_TRACE_S / speed,
-                           checkpoint_every_s=CHECKPOINT_TRACE_S / speed, metrics_every_s=METRICS_WALL_S)
+    return TrainerSettings(
+        source(servers),
+        f"{home}/ckpt",
+        batch_size=64,
+        emulate_gpu_rate=WORKER_RATE,
+        emulate_restore_s=RESTORE_TRACE_S / speed,
+        checkpoint_every_s=CHECKPOINT_TRACE_S / speed,
+        metrics_every_s=METRICS_WALL_S,
+    )
 
 
 def replay_settings(speed: float = 1.0) -> ReplaySettings:
@@ -154,7 +170,7 @@ def stream_resource(servers: str) -> KafkaStreamResource:
     return KafkaStreamResource.from_source(source(servers))
 
 
-def _produce(servers: str, rate: float, seconds: float, stop: Optional[threading.Event] = None) -> threading.Thread:
+def _produce(servers: str, rate: float, seconds: float, stop: threading.Event | None = None) -> threading.Thread:
     history = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": rate})
     return replay_in_background(servers, history, replay_settings(), stop or threading.Event(), max_wall_s=seconds)
 
@@ -176,7 +192,11 @@ def calibrate(speed: float, counts=(1, 2, 4, MAX_WORKERS)) -> Calibration:
     with embedded_broker() as broker:
         servers = broker.bootstrap_servers
         ensure_topic(servers, TOPIC, PARTITIONS)
-        launcher = LocalLauncher(trainer_settings(servers, tempfile.mkdtemp(prefix="kale-cal-"), speed), pool_size=MAX_WORKERS, max_workers=MAX_WORKERS)
+        launcher = LocalLauncher(
+            trainer_settings(servers, tempfile.mkdtemp(prefix="kale-cal-"), speed),
+            pool_size=MAX_WORKERS,
+            max_workers=MAX_WORKERS,
+        )
         stream = stream_resource(servers)
         try:
             launcher.wait_warm()
@@ -189,7 +209,9 @@ def calibrate(speed: float, counts=(1, 2, 4, MAX_WORKERS)) -> Calibration:
                     restarts.append(record.downtime_s)
                 launcher.wait_warm()
                 # Latency once the restart's backlog has drained.
-                lags = _readings(lambda: stream.snapshot(fetch_timeout_s=1.0).time_lag_s, 4.0 + RESTORE_TRACE_S / speed, 6.0)
+                lags = _readings(
+                    lambda: stream.snapshot(fetch_timeout_s=1.0).time_lag_s, 4.0 + RESTORE_TRACE_S / speed, 6.0
+                )
                 stop.set()
                 keep_up.join()
                 # Throughput only from windows in which no rank waited for data (as Kale measures F(w) online), over
@@ -199,21 +221,32 @@ def calibrate(speed: float, counts=(1, 2, 4, MAX_WORKERS)) -> Calibration:
                 rates = [s.samples_per_s for s in statuses if s.saturated and s.samples_per_s is not None]
                 saturate.join()
                 if not rates:
-                    raise RuntimeError(f"calibration: {w} workers never reported a saturated window in {SATURATED_READ_S:.0f} s "
-                                       "(the producer could not outrun them on this host?)")
+                    raise RuntimeError(
+                        f"calibration: {w} workers never reported a saturated window in {SATURATED_READ_S:.0f} s "
+                        "(the producer could not outrun them on this host?)"
+                    )
                 deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and stream.snapshot(fetch_timeout_s=1.0).sample_lag > 0.2 * WORKER_RATE * w:
+                while (
+                    time.monotonic() < deadline
+                    and stream.snapshot(fetch_timeout_s=1.0).sample_lag > 0.2 * WORKER_RATE * w
+                ):
                     time.sleep(0.5)  # drain before the next count
                 # The sawtooth of commits at checkpoints is modelled on its own: half an interval on average.
-                points.append((w, float(np.median(rates)), max(float(np.median(lags)) - CHECKPOINT_TRACE_S / speed / 2, 0.0)))
-                print(f"calibration: {w} workers: {points[-1][1]:.0f} samples/s saturated, latency {points[-1][2]:.2f} s", flush=True)
+                points.append(
+                    (w, float(np.median(rates)), max(float(np.median(lags)) - CHECKPOINT_TRACE_S / speed / 2, 0.0))
+                )
+                print(
+                    f"calibration: {w} workers: {points[-1][1]:.0f} samples/s saturated, latency {points[-1][2]:.2f} s",
+                    flush=True,
+                )
         finally:
             launcher.stop()
     return Calibration.from_measurements(points, float(np.median(restarts)))
 
 
 def in_trace_units(model: ThroughputModel, speed: float) -> ThroughputModel:
-    """F(w) in samples per trace second: an async model's rate divides by the speed-up when theta is multiplied by it."""
+    """F(w) in samples per trace second: an async model's rate divides by the speed-up when theta is multiplied
+    by it."""
     return ThroughputModel.asynchronous(tuple(t * speed for t in model.theta))
 
 
@@ -222,7 +255,7 @@ def tick_s(speed: float) -> float:
     return TICK_WALL_S * speed
 
 
-def policy_options(name: str, speed: float, tuned: Optional[dict] = None) -> tuple[str, dict]:
+def policy_options(name: str, speed: float, tuned: dict | None = None) -> tuple[str, dict]:
     """(registered policy, its options) for a bench policy name; policies act once per tick, live and simulated."""
     sync = {"sync_period_s": tick_s(speed)}
     if name == "kale":
@@ -237,27 +270,45 @@ def policy_options(name: str, speed: float, tuned: Optional[dict] = None) -> tup
 def hpa_setting(target: int, window_s: float, scale_down: tuple) -> dict:
     """HPA options with the behavior written as in an HPA manifest."""
     percent, period = scale_down
-    return {"target_utilization": target, "behavior": {"scaleDown": {"stabilizationWindowSeconds": window_s,
-                                                                     "policies": [{"type": "Percent", "value": percent, "periodSeconds": period}]}}}
+    return {
+        "target_utilization": target,
+        "behavior": {
+            "scaleDown": {
+                "stabilizationWindowSeconds": window_s,
+                "policies": [{"type": "Percent", "value": percent, "periodSeconds": period}],
+            }
+        },
+    }
 
 
-def first_workers(frame: pd.DataFrame, cal: "Calibration") -> int:
+def first_workers(frame: pd.DataFrame, cal: Calibration) -> int:
     """The group the trace starts with, live and simulated: the fewest workers the calibration says keep up."""
     return cal.model.min_workers_for(float(frame["rate"].iloc[segment_start(frame)]) * PEAK_WALL_RATE, MAX_WORKERS)
 
 
-def sim_config(cal: "Calibration", speed: float, warmup: int, initial_workers: int, seed: int = 0) -> SimConfig:
-    return SimConfig(restart_s=cal.restart_s * speed, slo_s=SLO_MIN * 60, max_workers=MAX_WORKERS, warmup_steps=warmup,
-                     initial_workers=initial_workers, seed=seed,
-                     forecast_every_s=max(60.0, 60.0 * round(tick_s(speed) / 60)), refit_every_s=3600.0, forecast_horizon_s=7200,
-                     commit_interval_s=CHECKPOINT_TRACE_S, pipeline_latency_s=cal.latency_s * speed,
-                     pipeline_latency_per_worker_s=cal.latency_per_worker_s * speed,
-                     metrics_window_s=METRICS_WALL_S * speed,  # the workers report their busy share over windows this long
-                     act_latency_s=DAGSTER_ACT_WALL_S * speed,
-                     profile_workers=tuple(int(w) for w, *_ in cal.points))  # live, the calibration is in the throughput history
+def sim_config(cal: Calibration, speed: float, warmup: int, initial_workers: int, seed: int = 0) -> SimConfig:
+    return SimConfig(
+        restart_s=cal.restart_s * speed,
+        slo_s=SLO_MIN * 60,
+        max_workers=MAX_WORKERS,
+        warmup_steps=warmup,
+        initial_workers=initial_workers,
+        seed=seed,
+        forecast_every_s=max(60.0, 60.0 * round(tick_s(speed) / 60)),
+        refit_every_s=3600.0,
+        forecast_horizon_s=7200,
+        commit_interval_s=CHECKPOINT_TRACE_S,
+        pipeline_latency_s=cal.latency_s * speed,
+        pipeline_latency_per_worker_s=cal.latency_per_worker_s * speed,
+        metrics_window_s=METRICS_WALL_S * speed,  # the workers report their busy share over windows this long
+        act_latency_s=DAGSTER_ACT_WALL_S * speed,
+        profile_workers=tuple(int(w) for w, *_ in cal.points),
+    )  # live, the calibration is in the throughput history
 
 
-def run_sim(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tuned: Optional[dict] = None, seed: int = 0) -> dict:
+def run_sim(
+    name: str, frame: pd.DataFrame, speed: float, cal: Calibration, tuned: dict | None = None, seed: int = 0
+) -> dict:
     """One simulated run of a policy, in trace units, from the calibration alone.
 
     As live, the policy acts from the segment's start and the forecaster also sees the seeded prior days.
@@ -267,16 +318,33 @@ def run_sim(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tu
     start = segment_start(frame)
     trace = frame.assign(rate=frame["rate"] * PEAK_WALL_RATE / speed)
     live, prior = trace.iloc[start:], trace.iloc[:start]
-    controller = Controller(ControlSettings(policy=policy_name, min_workers=1, max_workers=MAX_WORKERS, slo_s=SLO_MIN * 60,
-                                            restart_s=cal.restart_s * speed, policy_options=options))
-    rates, times, config = live["rate"].to_numpy(), pd.DatetimeIndex(live["timestamp"]), sim_config(cal, speed, WARMUP_MIN, first_workers(frame, cal), seed)
-    forecasts = (ForecastFeed(lambda: make_forecaster("prophet", horizon_s=7200.0), times, rates, config, prior.reset_index(drop=True))
-                 if POLICIES[policy_name].uses_forecast else None)
+    controller = Controller(
+        ControlSettings(
+            policy=policy_name,
+            min_workers=1,
+            max_workers=MAX_WORKERS,
+            slo_s=SLO_MIN * 60,
+            restart_s=cal.restart_s * speed,
+            policy_options=options,
+        )
+    )
+    rates, times, config = (
+        live["rate"].to_numpy(),
+        pd.DatetimeIndex(live["timestamp"]),
+        sim_config(cal, speed, WARMUP_MIN, first_workers(frame, cal), seed),
+    )
+    forecasts = (
+        ForecastFeed(
+            lambda: make_forecaster("prophet", horizon_s=7200.0), times, rates, config, prior.reset_index(drop=True)
+        )
+        if POLICIES[policy_name].uses_forecast
+        else None
+    )
     result = simulate(rates, times, controller, model, config, forecasts=forecasts)
     return result.metrics.to_json()
 
 
-def predict(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tuned: Optional[dict], seeds: int) -> dict:
+def predict(name: str, frame: pd.DataFrame, speed: float, cal: Calibration, tuned: dict | None, seeds: int) -> dict:
     """The simulator's prediction: per metric, the median over ``seeds`` simulated worlds (restart times and
     throughput measurements are random in each, as live), as the live figures are medians of runs."""
     runs = [run_sim(name, frame, speed, cal, tuned, seed) for seed in range(seeds)]
@@ -285,11 +353,15 @@ def predict(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tu
 
 def cost(m: dict, hours: float) -> float:
     """Kale's own objective over the scored period, in GPU-minute units."""
-    minutes = (hours * 60 - WARMUP_MIN)
-    return COST["gpu"] * m["gpu_hours"] * 60 + COST["lag"] * m["accumulated_lag_minutes"] + COST["violation"] * m["slo_violation_rate"] * minutes
+    minutes = hours * 60 - WARMUP_MIN
+    return (
+        COST["gpu"] * m["gpu_hours"] * 60
+        + COST["lag"] * m["accumulated_lag_minutes"]
+        + COST["violation"] * m["slo_violation_rate"] * minutes
+    )
 
 
-def tune_hpa(frame: pd.DataFrame, speed: float, cal: "Calibration", hours: float) -> tuple[dict, list]:
+def tune_hpa(frame: pd.DataFrame, speed: float, cal: Calibration, hours: float) -> tuple[dict, list]:
     """The HPA setting with the lowest simulated cost, and every setting's figures."""
     rows = []
     for target in HPA_SWEEP["target_utilization"]:
@@ -305,8 +377,11 @@ def tune_hpa(frame: pd.DataFrame, speed: float, cal: "Calibration", hours: float
 def _graphql(port: int, query: str, variables: dict) -> dict:
     import urllib.request
 
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query, "variables": variables}).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query, "variables": variables}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())["data"]
 
@@ -327,8 +402,14 @@ def _wait_for_dagster(port: int, timeout: float) -> None:
 def start_sensors(port: int) -> None:
     """Turn the pipeline's sensors on, as an operator would in the UI, at the moment the trace starts."""
     for sensor in (f"{PIPELINE}_stream_metrics", f"{PIPELINE}_run_failure"):
-        selector = {"repositoryLocationName": "kale_dagster.demo.definitions", "repositoryName": "__repository__", "sensorName": sensor}
-        result = _graphql(port, "mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename } }", {"s": selector})
+        selector = {
+            "repositoryLocationName": "kale_dagster.demo.definitions",
+            "repositoryName": "__repository__",
+            "sensorName": sensor,
+        }
+        result = _graphql(
+            port, "mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename } }", {"s": selector}
+        )
         if result["startSensor"]["__typename"] != "Sensor":
             raise RuntimeError(f"could not start {sensor}: {result}")
 
@@ -344,18 +425,27 @@ def cpu_seconds(pgid: int) -> dict:
             cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[2]) != pgid:
             continue
         ticks = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
         # Runs are children of the code server: their CPU counts there once they are reaped.
-        role = ("daemon" if "_daemon" in cmd or "dagster-daemon" in cmd else "webserver" if "webserver" in cmd
-                else "code server and runs" if "grpc" in cmd or "code-server" in cmd or "execute" in cmd else "dagster dev")
+        role = (
+            "daemon"
+            if "_daemon" in cmd or "dagster-daemon" in cmd
+            else "webserver"
+            if "webserver" in cmd
+            else "code server and runs"
+            if "grpc" in cmd or "code-server" in cmd or "execute" in cmd
+            else "dagster dev"
+        )
         roles[role] = roles.get(role, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
     return roles
 
 
-def run_live(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", tuned: Optional[dict], log_dir: str, label: str) -> dict:
+def run_live(
+    name: str, frame: pd.DataFrame, speed: float, cal: Calibration, tuned: dict | None, log_dir: str, label: str
+) -> dict:
     """One live run through Dagster; its metrics and Dagster's cost."""
     from dagster import DagsterInstance, RunsFilter
 
@@ -370,7 +460,9 @@ def run_live(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", t
     with embedded_broker() as broker:
         servers = broker.bootstrap_servers
         ensure_topic(servers, TOPIC, PARTITIONS)
-        launcher = LocalLauncher(trainer_settings(servers, str(home), speed), pool_size=MAX_WORKERS, max_workers=MAX_WORKERS)
+        launcher = LocalLauncher(
+            trainer_settings(servers, str(home), speed), pool_size=MAX_WORKERS, max_workers=MAX_WORKERS
+        )
         service = LauncherService(launcher, port=0).start()
         history = MetricsHistory(f"sqlite:///{home / 'kale' / 'metrics.db'}")
         stop, dagster = threading.Event(), None
@@ -380,22 +472,48 @@ def run_live(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", t
             # The group is up (its model restored) before the trace starts, as in the simulator: a cold start's
             # backlog would be a fault of the bench, not of the policy.
             launcher.start(first, reason="bench start")
-            wall_start = time.time() + 60  # dagster dev is up well before: the trace, the clock and the sensors start together
-            location = DemoLocation(bootstrap_servers=servers, trainer_url=service.url, time_scale=speed, wall_start=wall_start,
-                                    pipeline_start=pipeline_start, worker_rate=WORKER_RATE, max_workers=MAX_WORKERS, slo_minutes=SLO_MIN,
-                                    restart_minutes=cal.restart_s * speed / 60, policy=policy_name,
-                                    policy_options=options, samples_per_record=SAMPLES_PER_RECORD, autostart=False)
+            wall_start = (
+                time.time() + 60
+            )  # dagster dev is up well before: the trace, the clock and the sensors start together
+            location = DemoLocation(
+                bootstrap_servers=servers,
+                trainer_url=service.url,
+                time_scale=speed,
+                wall_start=wall_start,
+                pipeline_start=pipeline_start,
+                worker_rate=WORKER_RATE,
+                max_workers=MAX_WORKERS,
+                slo_minutes=SLO_MIN,
+                restart_minutes=cal.restart_s * speed / 60,
+                policy=policy_name,
+                policy_options=options,
+                samples_per_record=SAMPLES_PER_RECORD,
+                autostart=False,
+            )
             location.save(str(home))
             ts = (prior["timestamp"] - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
             rate = prior["rate"].to_numpy() * PEAK_WALL_RATE / speed
-            history.seed_stream(PIPELINE, pd.DataFrame({"ts": ts, "arrival_rate": rate, "consumption_rate": rate, "sample_lag": 0, "time_lag_s": 0.0}))
+            history.seed_stream(
+                PIPELINE,
+                pd.DataFrame(
+                    {"ts": ts, "arrival_rate": rate, "consumption_rate": rate, "sample_lag": 0, "time_lag_s": 0.0}
+                ),
+            )
             for w, samples_per_s, _ in cal.points:  # the profiling runs, as recorded throughput (trace units)
-                history.append_throughput(PIPELINE, pipeline_start - 86_400 + w, int(w), samples_per_s / speed, emulated=True)
+                history.append_throughput(
+                    PIPELINE, pipeline_start - 86_400 + w, int(w), samples_per_s / speed, emulated=True
+                )
             dagster = start_dagster_dev(home, port)
             _wait_for_dagster(port, 55)
             time.sleep(max(wall_start - time.time(), 0.0))
-            producer = replay_in_background(servers, live, ReplaySettings(topic=TOPIC, speedup=speed, partitions=PARTITIONS,
-                                                                           samples_per_record=SAMPLES_PER_RECORD), stop)
+            producer = replay_in_background(
+                servers,
+                live,
+                ReplaySettings(
+                    topic=TOPIC, speedup=speed, partitions=PARTITIONS, samples_per_record=SAMPLES_PER_RECORD
+                ),
+                stop,
+            )
             start_sensors(port)
             cpu_before, cpu_wall = cpu_seconds(dagster.pid), time.monotonic()
             while producer.is_alive():
@@ -421,10 +539,21 @@ def run_live(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", t
     scored = rows[rows["ts"] >= scored_from]
     end_min = (clock.at(wall_start + (len(live) * 60) / speed) - scored_from) / 60
     restarts = [r for r in launcher.records if r.from_workers > 0 and clock.at(r.time) >= scored_from]
-    metrics = score_readings((scored["ts"] - scored_from) / 60, scored["time_lag_s"], scored["workers"].ffill().fillna(first), end_min,
-                             SLO_MIN * 60, sum(r.downtime_s for r in restarts) * speed / 60, len(restarts)).to_json()
+    metrics = score_readings(
+        (scored["ts"] - scored_from) / 60,
+        scored["time_lag_s"],
+        scored["workers"].ffill().fillna(first),
+        end_min,
+        SLO_MIN * 60,
+        sum(r.downtime_s for r in restarts) * speed / 60,
+        len(restarts),
+    ).to_json()
     gaps = np.diff(rows["ts"].to_numpy()) / speed
-    to_start = [r.start_time - float(r.dagster_run.tags["kale/decided_at"]) for r in runs if r.start_time and "kale/decided_at" in r.dagster_run.tags]
+    to_start = [
+        r.start_time - float(r.dagster_run.tags["kale/decided_at"])
+        for r in runs
+        if r.start_time and "kale/decided_at" in r.dagster_run.tags
+    ]
     to_step = []
     for r in runs:
         if "kale/decided_at" not in r.dagster_run.tags:
@@ -436,9 +565,15 @@ def run_live(name: str, frame: pd.DataFrame, speed: float, cal: "Calibration", t
     cost_of = {role: (cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)) / cpu_wall for role in cpu_after}
     return {
         "metrics": metrics,
-        "dagster": {"tick_wall_s_median": float(np.median(gaps)), "tick_wall_s_p95": float(np.percentile(gaps, 95)),
-                    "decision_to_run_start_s": to_start, "decision_to_first_step_s": to_step,
-                    "cpu_share_of_one_core": cost_of, "decisions": decided, "failed_runs": len(failed)},
+        "dagster": {
+            "tick_wall_s_median": float(np.median(gaps)),
+            "tick_wall_s_p95": float(np.percentile(gaps, 95)),
+            "decision_to_run_start_s": to_start,
+            "decision_to_first_step_s": to_step,
+            "cpu_share_of_one_core": cost_of,
+            "decisions": decided,
+            "failed_runs": len(failed),
+        },
     }
 
 
@@ -449,26 +584,51 @@ def main() -> int:
     parser.add_argument("--policies", default="kale,hpa,hpa-tuned")
     parser.add_argument("--out", default="artifacts/e2e", help="timelines, the calibration and results.json")
     parser.add_argument("--repeats", type=int, default=3, help="live runs per policy (medians are reported)")
-    parser.add_argument("--calibration", help="reuse a saved calibration.json instead of profiling (the same host and settings)")
-    parser.add_argument("--sim-seeds", type=int, default=5, help="simulated worlds per policy (the prediction is their median)")
-    parser.add_argument("--runs-from", help="reuse the live runs of a saved results.json (its calibration: pass --calibration) "
-                                            "and run live only those missing (up to --repeats per policy)")
+    parser.add_argument(
+        "--calibration", help="reuse a saved calibration.json instead of profiling (the same host and settings)"
+    )
+    parser.add_argument(
+        "--sim-seeds", type=int, default=5, help="simulated worlds per policy (the prediction is their median)"
+    )
+    parser.add_argument(
+        "--runs-from",
+        help="reuse the live runs of a saved results.json (its calibration: pass --calibration) "
+        "and run live only those missing (up to --repeats per policy)",
+    )
     args = parser.parse_args()
     names = args.policies.split(",")
     for name in names:
         policy_options(name, args.speedup)
     frame = days(args.hours)
-    keys = ("accumulated_lag_minutes", "slo_violation_rate", "downtime_minutes", "gpu_hours", "rescales", "max_lag_minutes")
+    keys = (
+        "accumulated_lag_minutes",
+        "slo_violation_rate",
+        "downtime_minutes",
+        "gpu_hours",
+        "rescales",
+        "max_lag_minutes",
+    )
     Path(args.out).mkdir(parents=True, exist_ok=True)
     cal = Calibration.load(args.calibration) if args.calibration else calibrate(args.speedup)
     cal.save(f"{args.out}/calibration.json")
-    print(f"calibration: F(w) = w / ({' + '.join(f'{t:.3g}' + x for t, x in zip(cal.model.theta, ('', '/w', '*w')))}) "
-          f"(fit MAPE {cal.model.fit_mape:.1f}%); restart median {cal.restart_s:.2f} s wall = {cal.restart_s * args.speedup / 60:.1f} trace min "
-          f"(with the {RESTORE_TRACE_S / 60:.0f}-min EMULATED restore); latency {cal.latency_s:.2f} s + {cal.latency_per_worker_s:.2f} s per worker", flush=True)
+    print(
+        f"calibration: F(w) = w / ({' + '.join(f'{t:.3g}' + x for t, x in zip(cal.model.theta, ('', '/w', '*w')))}) "
+        f"(fit MAPE {cal.model.fit_mape:.1f}%); restart median {cal.restart_s:.2f} s wall = "
+        f"{cal.restart_s * args.speedup / 60:.1f} trace min "
+        f"(with the {RESTORE_TRACE_S / 60:.0f}-min EMULATED restore); latency {cal.latency_s:.2f} s + "
+        f"{cal.latency_per_worker_s:.2f} s per worker",
+        flush=True,
+    )
     tuned, sweep = tune_hpa(frame, args.speedup, cal, args.hours)
-    print("tuned HPA (simulated sweep, lowest GPU-min + 8 x lag-min + 100 x violation-min): " + json.dumps(tuned), flush=True)
+    print(
+        "tuned HPA (simulated sweep, lowest GPU-min + 8 x lag-min + 100 x violation-min): " + json.dumps(tuned),
+        flush=True,
+    )
     for c, setting, m in sweep[:5]:
-        print(f"  cost {c:9,.0f}: {json.dumps(setting)}: lag {m['accumulated_lag_minutes']:,.0f} min, GPU h {m['gpu_hours']:.1f}, SLO {m['slo_violation_rate']:.1%}")
+        print(
+            f"  cost {c:9,.0f}: {json.dumps(setting)}: lag {m['accumulated_lag_minutes']:,.0f} min, GPU h "
+            f"{m['gpu_hours']:.1f}, SLO {m['slo_violation_rate']:.1%}"
+        )
     runs: dict = {name: [] for name in names}
     if args.runs_from:  # checked before the prediction's minutes are spent
         saved = json.loads(Path(args.runs_from).read_text())
@@ -482,8 +642,21 @@ def main() -> int:
 
     def save(**more) -> None:
         # After every live run too: a long bench that is cut short keeps the runs it finished (--runs-from reads them).
-        Path(f"{args.out}/results.json").write_text(json.dumps({"speedup": args.speedup, "hours": args.hours, "tuned_hpa": tuned, "sim_seeds": args.sim_seeds,
-                                                                 "simulated": simulated, "runs": runs, **more}, indent=1, default=str))
+        Path(f"{args.out}/results.json").write_text(
+            json.dumps(
+                {
+                    "speedup": args.speedup,
+                    "hours": args.hours,
+                    "tuned_hpa": tuned,
+                    "sim_seeds": args.sim_seeds,
+                    "simulated": simulated,
+                    "runs": runs,
+                    **more,
+                },
+                indent=1,
+                default=str,
+            )
+        )
 
     for r in range(args.repeats):
         for name in names:
@@ -493,41 +666,83 @@ def main() -> int:
             runs[name].append(result)
             save()
             m, d = result["metrics"], result["dagster"]
-            print(f"{name} run {r + 1}: " + ", ".join(f"{k} {m[k]:.3g}" for k in keys)
-                  + f"; ticks {d['tick_wall_s_median']:.1f} s (p95 {d['tick_wall_s_p95']:.1f}); decision->run start "
-                  + f"{statistics.median(d['decision_to_run_start_s']) if d['decision_to_run_start_s'] else float('nan'):.1f} s; "
-                  + f"failed runs {d['failed_runs']}", flush=True)
+            starts = d["decision_to_run_start_s"]
+            print(
+                f"{name} run {r + 1}: "
+                + ", ".join(f"{k} {m[k]:.3g}" for k in keys)
+                + f"; ticks {d['tick_wall_s_median']:.1f} s (p95 {d['tick_wall_s_p95']:.1f}); decision->run start "
+                + f"{statistics.median(starts) if starts else float('nan'):.1f} s; "
+                + f"failed runs {d['failed_runs']}",
+                flush=True,
+            )
     measured = {name: {k: float(np.median([run["metrics"][k] for run in runs[name]])) for k in keys} for name in names}
-    print(f"\n{'(medians of ' + str(min(len(r) for r in runs.values())) + ')':<22}" + "".join(f"{k[:14]:>16}" for k in keys))
+    print(
+        f"\n{'(medians of ' + str(min(len(r) for r in runs.values())) + ')':<22}"
+        + "".join(f"{k[:14]:>16}" for k in keys)
+    )
     for name in names:
         for label, m in (("measured", measured[name]), ("simulated", simulated[name])):
             print(f"{name + ' ' + label:<22}" + "".join(f"{m[k]:>16.3f}" for k in keys))
     for base in ("hpa", "hpa-tuned"):
         if {"kale", base} <= set(names):
             k, h = measured["kale"], measured[base]
-            print(f"\nmeasured Kale / {base}: " + ", ".join(f"{key} {k[key] / h[key]:.2f}x" for key in ("accumulated_lag_minutes", "downtime_minutes", "gpu_hours") if h[key])
-                  + f"; SLO violation {k['slo_violation_rate']:.1%} vs {h['slo_violation_rate']:.1%}")
-    print(f"\nsimulator vs measured (tolerance: accumulated lag and worker-hours within {TOLERANCE:.0%}, SLO violation within {SLO_TOLERANCE:.0%} points):")
+            print(
+                f"\nmeasured Kale / {base}: "
+                + ", ".join(
+                    f"{key} {k[key] / h[key]:.2f}x"
+                    for key in ("accumulated_lag_minutes", "downtime_minutes", "gpu_hours")
+                    if h[key]
+                )
+                + f"; SLO violation {k['slo_violation_rate']:.1%} vs {h['slo_violation_rate']:.1%}"
+            )
+    print(
+        f"\nsimulator vs measured (tolerance: accumulated lag and worker-hours within {TOLERANCE:.0%}, SLO violation "
+        f"within {SLO_TOLERANCE:.0%} points):"
+    )
     for name in names:
         m, s = measured[name], simulated[name]
         checks = [(key, s[key] / m[key] - 1) for key in ("accumulated_lag_minutes", "gpu_hours") if m[key]]
-        ok = all(abs(err) <= TOLERANCE for _, err in checks) and abs(s["slo_violation_rate"] - m["slo_violation_rate"]) <= SLO_TOLERANCE
+        ok = (
+            all(abs(err) <= TOLERANCE for _, err in checks)
+            and abs(s["slo_violation_rate"] - m["slo_violation_rate"]) <= SLO_TOLERANCE
+        )
         # The live runs' own spread around their median: no prediction can be judged more finely than that.
-        spread = {key: (min(run["metrics"][key] for run in runs[name]) / m[key] - 1, max(run["metrics"][key] for run in runs[name]) / m[key] - 1)
-                  for key, _ in checks}
-        print(f"  {name}: " + ", ".join(f"{key} {err:+.0%} (live runs {spread[key][0]:+.0%}..{spread[key][1]:+.0%})" for key, err in checks)
-              + f", SLO violation {s['slo_violation_rate']:.1%} vs {m['slo_violation_rate']:.1%}, rescales {s['rescales']} vs {m['rescales']:.0f}: "
-              + ("agrees" if ok else "DISAGREES"))
+        spread = {
+            key: (
+                min(run["metrics"][key] for run in runs[name]) / m[key] - 1,
+                max(run["metrics"][key] for run in runs[name]) / m[key] - 1,
+            )
+            for key, _ in checks
+        }
+        print(
+            f"  {name}: "
+            + ", ".join(
+                f"{key} {err:+.0%} (live runs {spread[key][0]:+.0%}..{spread[key][1]:+.0%})" for key, err in checks
+            )
+            + f", SLO violation {s['slo_violation_rate']:.1%} vs {m['slo_violation_rate']:.1%}, rescales "
+            f"{s['rescales']} vs {m['rescales']:.0f}: " + ("agrees" if ok else "DISAGREES")
+        )
     latency = [x for name in names for run in runs[name] for x in run["dagster"]["decision_to_run_start_s"]]
     to_step = [x for name in names for run in runs[name] for x in run["dagster"]["decision_to_first_step_s"]]
     ticks = [run["dagster"]["tick_wall_s_median"] for name in names for run in runs[name]]
-    cpu = {role: statistics.median(run["dagster"]["cpu_share_of_one_core"].get(role, 0.0) for name in names for run in runs[name])
-           for role in ("daemon", "webserver", "code server and runs", "dagster dev")}
-    print(f"\nDagster's cost: tick period median {statistics.median(ticks):.1f} s wall ({statistics.median(ticks) * args.speedup / 60:.1f} trace min); "
-          f"decision -> rescale run start median {np.median(latency):.1f} s, p95 {np.percentile(latency, 95):.1f} s "
-          f"({np.median(latency) * args.speedup / 60:.1f} trace min; the simulator acted {DAGSTER_ACT_WALL_S:g} s after a decision: "
-          f"set DAGSTER_ACT_WALL_S to the measured median on a new host); decision -> first step median {np.median(to_step):.1f} s; "
-          + "CPU share of one core: " + ", ".join(f"{role} {share:.0%}" for role, share in cpu.items()))
+    cpu = {
+        role: statistics.median(
+            run["dagster"]["cpu_share_of_one_core"].get(role, 0.0) for name in names for run in runs[name]
+        )
+        for role in ("daemon", "webserver", "code server and runs", "dagster dev")
+    }
+    print(
+        f"\nDagster's cost: tick period median {statistics.median(ticks):.1f} s wall "
+        f"({statistics.median(ticks) * args.speedup / 60:.1f} trace min); "
+        f"decision -> rescale run start median {np.median(latency):.1f} s, p95 {np.percentile(latency, 95):.1f} s "
+        f"({np.median(latency) * args.speedup / 60:.1f} trace min; the simulator acted {DAGSTER_ACT_WALL_S:g} s after "
+        "a "
+        "decision: "
+        "set DAGSTER_ACT_WALL_S to the measured median on a new host); decision -> first step median "
+        f"{np.median(to_step):.1f} s; "
+        + "CPU share of one core: "
+        + ", ".join(f"{role} {share:.0%}" for role, share in cpu.items())
+    )
     save(measured_medians=measured)
     return 0
 

@@ -30,8 +30,16 @@ def main() -> int:
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     for row in rows:
-        cells = ["-" if row[c] is None else ("yes" if row[c] == 1 else "NO") if c == "survived" else f"{row[c]:,}" if isinstance(row[c], int) else str(row[c])
-                 for c in COLUMNS]
+        cells = [
+            "-"
+            if row[c] is None
+            else ("yes" if row[c] == 1 else "NO")
+            if c == "survived"
+            else f"{row[c]:,}"
+            if isinstance(row[c], int)
+            else str(row[c])
+            for c in COLUMNS
+        ]
         print("| " + " | ".join(cells) + " |")
     survived = sum(row["survived"] == 1 for row in rows)
     print(f"\n{survived} of {len(rows)} faults survived; samples lost in all: {sum(row['lost'] or 0 for row in rows)}")

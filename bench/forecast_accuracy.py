@@ -70,21 +70,31 @@ def timing(model: str, repeats: int) -> dict:
 def evaluate(path: Path, model: str) -> dict:
     hist = read_trace_csv(path)
     started = time.perf_counter()
-    results = rolling_origin_horizons(hist, lambda: make_forecaster(model, horizon_s=max(HORIZONS_MIN) * 60), [m * 60 for m in HORIZONS_MIN],
-                                      eval_days=28, origin_every_s=1800)
+    results = rolling_origin_horizons(
+        hist,
+        lambda: make_forecaster(model, horizon_s=max(HORIZONS_MIN) * 60),
+        [m * 60 for m in HORIZONS_MIN],
+        eval_days=28,
+        origin_every_s=1800,
+    )
     return {"results": {m: r for m, r in zip(HORIZONS_MIN, results)}, "wall_s": time.perf_counter() - started}
 
 
-HEADER = (f"{'trace':<24}{'h':>5}{'rel MAE':>9}{'sMAPE x':>9}{'best simple':>22}{'ours/it':>9}"
-          f"{'floor':>7}{'gap closed':>11}{'cover':>7}{'plan-step rel':>14}{'fit s':>7}{'folds':>7}")
+HEADER = (
+    f"{'trace':<24}{'h':>5}{'rel MAE':>9}{'sMAPE x':>9}{'best simple':>22}{'ours/it':>9}"
+    f"{'floor':>7}{'gap closed':>11}{'cover':>7}{'plan-step rel':>14}{'fit s':>7}{'folds':>7}"
+)
 
 
 def row(name: str, minutes: int, r) -> str:
     simple, simple_mae = r.best_simple
     gap = f"{r.gap_closed:.0%}" if r.gap_closed == r.gap_closed else "n/a"
-    return (f"{name[:24]:<24}{minutes:>5}{r.relative_mae:>9.3f}{r.smape / r.baseline_smape:>9.3f}{simple[:21]:>22}{r.mae / simple_mae:>9.3f}"
-            f"{r.floor_mae / r.baseline_mae:>7.2f}{gap:>11}{r.coverage:>7.1%}{r.plan_step_mae / r.plan_step_baseline_mae:>14.3f}"
-            f"{r.fit_seconds:>7.2f}{r.folds:>7}")
+    return (
+        f"{name[:24]:<24}{minutes:>5}{r.relative_mae:>9.3f}{r.smape / r.baseline_smape:>9.3f}"
+        f"{simple[:21]:>22}{r.mae / simple_mae:>9.3f}{r.floor_mae / r.baseline_mae:>7.2f}{gap:>11}{r.coverage:>7.1%}"
+        f"{r.plan_step_mae / r.plan_step_baseline_mae:>14.3f}"
+        f"{r.fit_seconds:>7.2f}{r.folds:>7}"
+    )
 
 
 def main() -> int:
@@ -103,7 +113,10 @@ def main() -> int:
     if not paths:
         print(f"no traces at {args.traces}", file=sys.stderr)
         return 2
-    print(f"\nrolling origin, {args.model}: MAE and sMAPE relative to the best seasonal naive; 'floor' is the noise floor's MAE over it")
+    print(
+        f"\nrolling origin, {args.model}: MAE and sMAPE relative to the best seasonal naive; 'floor' is the noise "
+        "floor's MAE over it"
+    )
     print(HEADER)
     traces = {}
     for path in paths:
@@ -120,22 +133,43 @@ def main() -> int:
         if "nyc_taxi" in rs:
             ok = rs["nyc_taxi"].relative_mae <= NYC_TARGETS[minutes]
             misses += not ok
-            print(f"  {minutes:>3} min nyc_taxi relative MAE {rs['nyc_taxi'].relative_mae:.3f} <= {NYC_TARGETS[minutes]}: {'met' if ok else 'MISSED'}")
+            print(
+                f"  {minutes:>3} min nyc_taxi relative MAE {rs['nyc_taxi'].relative_mae:.3f} <= "
+                f"{NYC_TARGETS[minutes]}: "
+                f"{'met' if ok else 'MISSED'}"
+            )
         beaten = [n for n, r in rs.items() if r.mae >= r.best_simple[1]]
         misses += bool(beaten)
-        print(f"  {minutes:>3} min beats its best simple baseline on every trace: {'met' if not beaten else 'MISSED on ' + ', '.join(beaten)}")
+        print(
+            f"  {minutes:>3} min beats its best simple baseline on every trace: "
+            f"{'met' if not beaten else 'MISSED on ' + ', '.join(beaten)}"
+        )
         gaps = {n: r.gap_closed for n, r in rs.items() if r.gap_closed == r.gap_closed}
         undefined = sorted(set(rs) - set(gaps))
         median_gap = statistics.median(gaps.values()) if gaps else float("nan")
         misses += not median_gap >= GAP_TARGETS[minutes]
-        print(f"  {minutes:>3} min median gap closed {median_gap:.0%} >= {GAP_TARGETS[minutes]:.0%}: {'met' if median_gap >= GAP_TARGETS[minutes] else 'MISSED'}"
-              + (f" (over {len(gaps)} traces; no gap on {', '.join(undefined)}: its floor is not below the seasonal naive)" if undefined else ""))
+        print(
+            f"  {minutes:>3} min median gap closed {median_gap:.0%} >= {GAP_TARGETS[minutes]:.0%}: "
+            f"{'met' if median_gap >= GAP_TARGETS[minutes] else 'MISSED'}"
+            + (
+                f" (over {len(gaps)} traces; no gap on {', '.join(undefined)}: its floor is not below the seasonal "
+                "naive)"
+                if undefined
+                else ""
+            )
+        )
         outside = [f"{n} {r.coverage:.0%}" for n, r in rs.items() if not COVERAGE[0] <= r.coverage <= COVERAGE[1]]
         misses += bool(outside)
-        print(f"  {minutes:>3} min coverage in [{COVERAGE[0]:.0%}, {COVERAGE[1]:.0%}]: {'met' if not outside else 'MISSED on ' + ', '.join(outside)}")
+        print(
+            f"  {minutes:>3} min coverage in [{COVERAGE[0]:.0%}, {COVERAGE[1]:.0%}]: "
+            f"{'met' if not outside else 'MISSED on ' + ', '.join(outside)}"
+        )
     print(f"  {misses} target(s) missed; evaluation wall time {sum(t['wall_s'] for t in traces.values()):.0f} s")
     if args.json:
-        out["traces"] = {name: {str(m): r.to_json() for m, r in t["results"].items()} | {"wall_s": t["wall_s"]} for name, t in traces.items()}
+        out["traces"] = {
+            name: {str(m): r.to_json() for m, r in t["results"].items()} | {"wall_s": t["wall_s"]}
+            for name, t in traces.items()
+        }
         args.json.write_text(json.dumps(out, indent=2))
     return 0
 

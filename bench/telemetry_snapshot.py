@@ -48,8 +48,11 @@ def main() -> int:
                 times.append(time.perf_counter() - t0)
                 lag = snap.sample_lag
             assert lag == 6 * partitions, (lag, partitions)
-            print(f"{partitions:>4} partitions: median snapshot {statistics.median(times) * 1000:7.1f} ms "
-                  f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}; lag {lag} exact, time lag complete {snap.time_lag_complete})")
+            print(
+                f"{partitions:>4} partitions: median snapshot {statistics.median(times) * 1000:7.1f} ms "
+                f"(min {min(times) * 1000:.1f}, max {max(times) * 1000:.1f}; lag {lag} exact, time lag complete "
+                f"{snap.time_lag_complete})"
+            )
         producer.close()
         admin.close()
     return 0

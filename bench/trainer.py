@@ -29,27 +29,41 @@ import pandas as pd
 import torch
 
 from kale_dagster.definitions.resources import KafkaStreamResource
-from kale_dagster.stream.source import KafkaSource
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.stream.broker import embedded_broker
 from kale_dagster.stream.producer import ReplaySettings, replay, replay_in_background
 from kale_dagster.stream.samples import GroundTruth
+from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.model import CTRModel, batch_tensors
 
 
 def _flat(rate: float, minutes: int = 30) -> pd.DataFrame:
-    return pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=minutes, freq="1min", tz="UTC"), "rate": rate})
+    return pd.DataFrame(
+        {"timestamp": pd.date_range("2026-01-01", periods=minutes, freq="1min", tz="UTC"), "rate": rate}
+    )
 
 
 def _produce_in_background(servers, topic, rate, hot_share, seconds, partitions=8):
     stop = threading.Event()
-    return stop, replay_in_background(servers, _flat(rate), ReplaySettings(topic=topic, partitions=partitions, hot_share=hot_share), stop, max_wall_s=seconds)
+    return stop, replay_in_background(
+        servers,
+        _flat(rate),
+        ReplaySettings(topic=topic, partitions=partitions, hot_share=hot_share),
+        stop,
+        max_wall_s=seconds,
+    )
 
 
 def rescale_downtime(servers: str, rescales: int) -> None:
     stop, producer = _produce_in_background(servers, "rescale", 400, 0.0, 600)
     time.sleep(1)
-    settings = TrainerSettings(KafkaSource(servers, ("rescale",), "rescale-trainer"), tempfile.mkdtemp(), batch_size=128, emulate_gpu_rate=200, checkpoint_every_s=5)
+    settings = TrainerSettings(
+        KafkaSource(servers, ("rescale",), "rescale-trainer"),
+        tempfile.mkdtemp(),
+        batch_size=128,
+        emulate_gpu_rate=200,
+        checkpoint_every_s=5,
+    )
     warm = LocalLauncher(settings, pool_size=3)
     try:
         warm.start(1)
@@ -82,11 +96,20 @@ def rescale_downtime(servers: str, rescales: int) -> None:
         cold.stop()
         stop.set()
         producer.join()
-    print(f"rescale downtime, stopped workers reused: median {statistics.median(downs):.2f} s over {len(downs)} rescales ({', '.join(f'{d:.2f}' for d in downs)})")
+    print(
+        f"rescale downtime, stopped workers reused: median {statistics.median(downs):.2f} s over {len(downs)} rescales "
+        f"({', '.join(f'{d:.2f}' for d in downs)})"
+    )
     print("  median phases: " + ", ".join(f"{k} {statistics.median(p[k] for p in phases):.2f} s" for k in phases[0]))
-    print(f"rescale downtime, standbys, stopped workers exit: median {statistics.median(freshs):.2f} s ({', '.join(f'{d:.2f}' for d in freshs)})")
-    print(f"rescale downtime, cold start: median {statistics.median(colds):.2f} s over {len(colds)} ({', '.join(f'{d:.2f}' for d in colds)}); "
-          f"warm/cold {statistics.median(downs) / statistics.median(colds):.2f}x")
+    print(
+        f"rescale downtime, standbys, stopped workers exit: median {statistics.median(freshs):.2f} s "
+        f"({', '.join(f'{d:.2f}' for d in freshs)})"
+    )
+    print(
+        f"rescale downtime, cold start: median {statistics.median(colds):.2f} s over {len(colds)} "
+        f"({', '.join(f'{d:.2f}' for d in colds)}); "
+        f"warm/cold {statistics.median(downs) / statistics.median(colds):.2f}x"
+    )
 
 
 def train_only_rate(batch: int = 256, seconds: float = 8.0) -> float:
@@ -114,7 +137,9 @@ def train_only_in_subprocess() -> float:
 
 def consume_and_train(servers: str, topic: str) -> float:
     group = f"{topic}-trainer-{time.monotonic_ns()}"
-    settings = TrainerSettings(KafkaSource(servers, (topic,), group), tempfile.mkdtemp(), metrics_every_s=2, checkpoint_every_s=30)
+    settings = TrainerSettings(
+        KafkaSource(servers, (topic,), group), tempfile.mkdtemp(), metrics_every_s=2, checkpoint_every_s=30
+    )
     launcher = LocalLauncher(settings, pool_size=1)
     rates = []
     try:
@@ -122,13 +147,15 @@ def consume_and_train(servers: str, topic: str) -> float:
         launcher.wait_warm()
         for _ in range(3):
             time.sleep(2.2)
-            rates.append((launcher.status().samples_per_s or 0.0))
+            rates.append(launcher.status().samples_per_s or 0.0)
     finally:
         launcher.stop()
     # The worker commits on stop: lag left means it never ran out of samples (its rate is its own speed).
     left = KafkaStreamResource(bootstrap_servers=servers, topics=[topic], group_id=group).snapshot()
     if any(p.lag == 0 for p in left.partitions):
-        raise RuntimeError(f"{topic}: the worker drained a partition, so its rate was not its own speed; fill more samples")
+        raise RuntimeError(
+            f"{topic}: the worker drained a partition, so its rate was not its own speed; fill more samples"
+        )
     return statistics.median(rates[1:])
 
 
@@ -137,7 +164,12 @@ def data_path_overhead(servers: str, rounds: int = 3) -> None:
     round so that machine noise hits both alike."""
     packings = (1, 16)
     for k in packings:  # ~40 s each: a batching producer sends ~13k records/s here
-        replay(servers, _flat(20_000, minutes=1), ReplaySettings(topic=f"fill-{k}", partitions=4, samples_per_record=k), max_wall_s=40)
+        replay(
+            servers,
+            _flat(20_000, minutes=1),
+            ReplaySettings(topic=f"fill-{k}", partitions=4, samples_per_record=k),
+            max_wall_s=40,
+        )
     train, consume = [], {k: [] for k in packings}
     for _ in range(rounds):
         train.append(train_only_in_subprocess())
@@ -147,8 +179,10 @@ def data_path_overhead(servers: str, rounds: int = 3) -> None:
     print(f"train-only {base:,.0f} samples/s (median of {rounds}: {', '.join(f'{r:,.0f}' for r in train)})")
     for k, rates in consume.items():
         rate = statistics.median(rates)
-        print(f"consume+train, {k:>2} sample(s) per Kafka record: {rate:,.0f} samples/s (median of {rounds}: "
-              f"{', '.join(f'{r:,.0f}' for r in rates)}), data-path overhead {1 - rate / base:.1%}")
+        print(
+            f"consume+train, {k:>2} sample(s) per Kafka record: {rate:,.0f} samples/s (median of {rounds}: "
+            f"{', '.join(f'{r:,.0f}' for r in rates)}), data-path overhead {1 - rate / base:.1%}"
+        )
 
 
 def balancing(servers: str) -> None:
@@ -156,8 +190,15 @@ def balancing(servers: str) -> None:
         topic = f"hot-{balance}"
         stop, producer = _produce_in_background(servers, topic, 520, 0.5, 40)
         time.sleep(1)
-        settings = TrainerSettings(KafkaSource(servers, (topic,), f"{topic}-trainer"), tempfile.mkdtemp(), batch_size=32, emulate_gpu_rate=150,
-                                   metrics_every_s=4, checkpoint_every_s=10, balance=balance)
+        settings = TrainerSettings(
+            KafkaSource(servers, (topic,), f"{topic}-trainer"),
+            tempfile.mkdtemp(),
+            batch_size=32,
+            emulate_gpu_rate=150,
+            metrics_every_s=4,
+            checkpoint_every_s=10,
+            balance=balance,
+        )
         launcher = LocalLauncher(settings, pool_size=4)
         extra = []
         try:
@@ -172,8 +213,11 @@ def balancing(servers: str) -> None:
             producer.join()
         per_rank = {r: statistics.median(s[r] for s in extra if r in s) for r in range(4)}
         idle = {r: max(0.0, 1 - v / 150) for r, v in per_rank.items()}
-        print(f"{balance:>11}: total {sum(per_rank.values()):6.0f} samples/s, idle share per worker "
-              + ", ".join(f"{idle[r]:.0%}" for r in range(4)) + f" (mean {statistics.mean(idle.values()):.0%})")
+        print(
+            f"{balance:>11}: total {sum(per_rank.values()):6.0f} samples/s, idle share per worker "
+            + ", ".join(f"{idle[r]:.0%}" for r in range(4))
+            + f" (mean {statistics.mean(idle.values()):.0%})"
+        )
 
 
 def main() -> int:

@@ -31,8 +31,10 @@ def main() -> int:
         torch_s.append(wall("import torch"))
         worker_s.append(wall("import kale_dagster.trainer.worker"))
     t, w = statistics.median(torch_s), statistics.median(worker_s)
-    print(f"import torch: median {t:.2f} s; import kale_dagster.trainer.worker: median {w:.2f} s "
-          f"({w / t:.2f}x torch alone, +{w - t:.2f} s) over {args.runs} interleaved runs")
+    print(
+        f"import torch: median {t:.2f} s; import kale_dagster.trainer.worker: median {w:.2f} s "
+        f"({w / t:.2f}x torch alone, +{w - t:.2f} s) over {args.runs} interleaved runs"
+    )
     return 0
 
 

@@ -6,10 +6,9 @@ import contextlib
 import os
 import signal
 import subprocess
-from typing import Optional
 
 
-def stop_process_group(proc: Optional[subprocess.Popen], timeout: float) -> None:
+def stop_process_group(proc: subprocess.Popen | None, timeout: float) -> None:
     """SIGTERM the process group of ``proc``, then SIGKILL it if it has not exited within ``timeout``.
 
     Children started with ``start_new_session=True`` lead their own group,

@@ -9,7 +9,13 @@ read ``source``.  The live demo's pipeline ships inside the package
 (``kale_dagster.demo.definitions``).
 """
 
-from kale_dagster import KafkaSource, KubernetesLauncherConfig, OnlineTrainingPipeline, ThroughputModel, build_definitions
+from kale_dagster import (
+    KafkaSource,
+    KubernetesLauncherConfig,
+    OnlineTrainingPipeline,
+    ThroughputModel,
+    build_definitions,
+)
 
 ctr_production = OnlineTrainingPipeline(
     name="ctr_production",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, fields
-from typing import Optional, TypeVar
+from typing import TypeVar
 
 C = TypeVar("C", bound="JsonCursor")
 
@@ -22,7 +22,7 @@ class JsonCursor:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
-    def from_json(cls: type[C], text: Optional[str]) -> C:
+    def from_json(cls: type[C], text: str | None) -> C:
         try:
             data = json.loads(text) if text else {}
         except ValueError:

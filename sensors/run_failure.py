@@ -6,7 +6,7 @@ sensors track the run records they have seen).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from dagster import (
     AssetKey,
@@ -29,12 +29,23 @@ def build_run_failure_sensor(
 ) -> SensorDefinition:
     """Build the sensor that records each failed run of ``monitored_jobs`` as an observation of ``allocation_key``."""
 
-    @run_failure_sensor(name=name, monitored_jobs=list(monitored_jobs), default_status=default_status,
-                        description=f"Records failed Kale runs of pipeline {pipeline!r} on its gpu_allocation asset.")
+    @run_failure_sensor(
+        name=name,
+        monitored_jobs=list(monitored_jobs),
+        default_status=default_status,
+        description=f"Records failed Kale runs of pipeline {pipeline!r} on its gpu_allocation asset.",
+    )
     def _sensor(context: RunFailureSensorContext):
         message = context.failure_event.message or "run failed"
         context.instance.report_runless_asset_event(
-            AssetObservation(allocation_key, metadata={"failed_run": context.dagster_run.run_id, "failed_job": context.dagster_run.job_name, "failure": message[:1000]})
+            AssetObservation(
+                allocation_key,
+                metadata={
+                    "failed_run": context.dagster_run.run_id,
+                    "failed_job": context.dagster_run.job_name,
+                    "failure": message[:1000],
+                },
+            )
         )
 
     return _sensor

@@ -23,8 +23,9 @@ stale forecast a refit ``RunRequest`` (see that module).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING
 
 from dagster import (
     AssetKey,
@@ -55,24 +56,40 @@ if TYPE_CHECKING:
 class StreamMetricsCursor(JsonCursor):
     """What a tick hands to the next: the last offsets (wall time) and the controller's memory."""
 
-    time: Optional[float] = None
+    time: float | None = None
     offsets: dict = field(default_factory=dict)
     control: dict = field(default_factory=dict)
     warned_partitions: bool = False
 
-    def previous(self) -> Optional[PreviousOffsets]:
+    def previous(self) -> PreviousOffsets | None:
         return PreviousOffsets(self.time, self.offsets) if self.time is not None else None
 
     def valid(self) -> bool:
         offsets_ok = isinstance(self.offsets, dict) and all(
-            isinstance(parts, dict) and all(isinstance(pair, list) and len(pair) == 2 and is_number(pair[0]) and is_number(pair[1], optional=True)
-                                            for pair in parts.values())
-            for parts in self.offsets.values())
+            isinstance(parts, dict)
+            and all(
+                isinstance(pair, list) and len(pair) == 2 and is_number(pair[0]) and is_number(pair[1], optional=True)
+                for pair in parts.values()
+            )
+            for parts in self.offsets.values()
+        )
         control = self.control
-        control_ok = isinstance(control, dict) and set(control) <= {"predictions", "plotted_at"} and is_number(control.get("plotted_at"), optional=True) \
-            and isinstance(control.get("predictions", []), list) \
-            and all(isinstance(p, list) and len(p) == 2 and all(is_number(v) for v in p) for p in control.get("predictions", []))
-        return is_number(self.time, optional=True) and isinstance(self.warned_partitions, bool) and offsets_ok and control_ok
+        control_ok = (
+            isinstance(control, dict)
+            and set(control) <= {"predictions", "plotted_at"}
+            and is_number(control.get("plotted_at"), optional=True)
+            and isinstance(control.get("predictions", []), list)
+            and all(
+                isinstance(p, list) and len(p) == 2 and all(is_number(v) for v in p)
+                for p in control.get("predictions", [])
+            )
+        )
+        return (
+            is_number(self.time, optional=True)
+            and isinstance(self.warned_partitions, bool)
+            and offsets_ok
+            and control_ok
+        )
 
 
 def pipeline_figures(snap: StreamSnapshot, clock: PipelineClock) -> dict:
@@ -102,33 +119,44 @@ def snapshot_metadata(snap: StreamSnapshot, figures: dict) -> dict:
     }
 
 
-def reading_from(history: MetricsHistory, pipeline: str, now: float, snap: StreamSnapshot, figures: dict, rate_window_s: float) -> StreamReading:
+def reading_from(
+    history: MetricsHistory, pipeline: str, now: float, snap: StreamSnapshot, figures: dict, rate_window_s: float
+) -> StreamReading:
     """The controller's reading: rates averaged over the window and the latest interval's (None on a first
     snapshot), lag now."""
     arrival = consumption = None
     if figures["arrival_rate"] is not None:
         recent = history.stream(pipeline, start=now - rate_window_s)
         arrival = float(recent["arrival_rate"].dropna().mean())
-        consumption = float(recent["consumption_rate"].dropna().mean()) if recent["consumption_rate"].notna().any() else 0.0
+        consumption = (
+            float(recent["consumption_rate"].dropna().mean()) if recent["consumption_rate"].notna().any() else 0.0
+        )
     partitions = tuple(PartitionOffsets(p.partition, p.end_offset, p.committed) for p in snap.partitions)
-    return StreamReading(now, arrival, consumption, float(snap.sample_lag), figures["time_lag_s"], partitions,
-                         latest_arrival_rate=figures["arrival_rate"])
+    return StreamReading(
+        now,
+        arrival,
+        consumption,
+        float(snap.sample_lag),
+        figures["time_lag_s"],
+        partitions,
+        latest_arrival_rate=figures["arrival_rate"],
+    )
 
 
 def build_stream_metrics_sensor(
     *,
     name: str,
     pipeline: str,
-    history: Union[MetricsHistory, Callable[[], MetricsHistory]],
+    history: MetricsHistory | Callable[[], MetricsHistory],
     stream_resource_key: str = "kale_stream",
-    asset_key: Union[str, AssetKey] = "stream_metrics",
+    asset_key: str | AssetKey = "stream_metrics",
     clock: PipelineClock = PipelineClock(),
     minimum_interval_seconds: int = 60,
     tick_timeout_s: float = 20.0,
-    control: Optional["PipelineControl"] = None,
+    control: PipelineControl | None = None,
     jobs: Sequence[JobDefinition] = (),
-    max_workers: Optional[int] = None,
-    plot_dir: Optional[Callable[[SensorEvaluationContext], str]] = None,
+    max_workers: int | None = None,
+    plot_dir: Callable[[SensorEvaluationContext], str] | None = None,
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
 ) -> SensorDefinition:
     """Build the telemetry (and, with ``control``, decision) sensor for one pipeline.
@@ -147,8 +175,8 @@ def build_stream_metrics_sensor(
         required_resource_keys={stream_resource_key},
         jobs=list(jobs) or None,
         default_status=default_status,
-        description=f"Records Kafka lag and arrival metrics of pipeline {pipeline!r} as observations of {key.to_user_string()}"
-        + ("; decides its allocation at every reading." if control is not None else "."),
+        description=f"Records Kafka lag and arrival metrics of pipeline {pipeline!r} as observations of "
+        f"{key.to_user_string()}" + ("; decides its allocation at every reading." if control is not None else "."),
     )
     def _sensor(context: SensorEvaluationContext, **resources):
         # Direct invocation passes required resources as keyword arguments,
@@ -159,9 +187,15 @@ def build_stream_metrics_sensor(
         try:
             snap = stream.snapshot(previous=cursor.previous(), fetch_timeout_s=max(tick_timeout_s / 2, 1.0))
         except Exception as exc:  # broker down, auth failure, timeout: skip, keep the cursor
-            return SkipReason(f"could not read the stream at {stream.bootstrap_servers} ({type(exc).__name__}: {exc}); cursor kept, nothing recorded, nothing decided")
+            return SkipReason(
+                f"could not read the stream at {stream.bootstrap_servers} ({type(exc).__name__}: {exc}); cursor kept, "
+                "nothing recorded, nothing decided"
+            )
         if time.monotonic() - started > tick_timeout_s:
-            return SkipReason(f"snapshot took {time.monotonic() - started:.1f} s, over the {tick_timeout_s:.0f} s tick budget; nothing recorded")
+            return SkipReason(
+                f"snapshot took {time.monotonic() - started:.1f} s, over the {tick_timeout_s:.0f} s tick budget; "
+                "nothing recorded"
+            )
 
         now = clock.at(snap.time)
         figures = pipeline_figures(snap, clock)
@@ -169,26 +203,39 @@ def build_stream_metrics_sensor(
             store = history() if callable(history) else history
             store.append_stream(pipeline, now, figures)
         except DatabaseError as exc:
-            return SkipReason(f"the metrics history did not answer ({describe_database_error(exc)}); cursor kept, nothing recorded, nothing decided")
+            return SkipReason(
+                f"the metrics history did not answer ({describe_database_error(exc)}); cursor kept, nothing recorded, "
+                "nothing decided"
+            )
         observation_meta = snapshot_metadata(snap, figures)
         warned = cursor.warned_partitions
         if max_workers is not None and len(snap.partitions) < max_workers:
             observation_meta["warning"] = MetadataValue.text(
-                f"max_workers {max_workers} exceeds the {len(snap.partitions)} partitions: workers without a partition only train forwarded samples")
+                f"max_workers {max_workers} exceeds the {len(snap.partitions)} partitions: workers without a partition "
+                "only train forwarded samples"
+            )
             if not warned:
                 context.log.warning(observation_meta["warning"].value)
                 warned = True
-        events, requests, control_cursor = [AssetObservation(asset_key=key, metadata=observation_meta)], [], cursor.control
+        events, requests, control_cursor = (
+            [AssetObservation(asset_key=key, metadata=observation_meta)],
+            [],
+            cursor.control,
+        )
         if control is not None:
             from kale_dagster.definitions.control import ControlCursor
 
             try:
                 reading = reading_from(store, pipeline, now, snap, figures, control.controller.settings.rate_window_s)
-                result = control.tick(context.instance, reading, ControlCursor(**cursor.control), plot_dir(context) if plot_dir else None)
+                result = control.tick(
+                    context.instance, reading, ControlCursor(**cursor.control), plot_dir(context) if plot_dir else None
+                )
                 store.append_stream(pipeline, now, figures, workers=result.events[0].metadata["running_workers"].value)
             except DatabaseError as exc:  # the reading is recorded; the decision waits for the database
-                return SkipReason(f"a database did not answer while deciding ({describe_database_error(exc)}); "
-                                  "the reading is recorded, nothing decided, cursor kept")
+                return SkipReason(
+                    f"a database did not answer while deciding ({describe_database_error(exc)}); "
+                    "the reading is recorded, nothing decided, cursor kept"
+                )
             events += result.events
             requests = result.run_requests
             control_cursor = asdict(result.cursor)

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support import StandInWorkers, descendants
 
 from kale_dagster.stream.broker import embedded_broker
+from support import StandInWorkers, descendants
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -44,7 +44,13 @@ def controlled(kafka_broker, tmp_path):
     stand-ins behind the real trainer service; tick its metrics sensor with ``support.sensor_tick``."""
     from dagster import instance_for_test
 
-    from kale_dagster import KafkaSource, LocalLauncherConfig, OnlineTrainingPipeline, ThroughputModel, build_definitions
+    from kale_dagster import (
+        KafkaSource,
+        LocalLauncherConfig,
+        OnlineTrainingPipeline,
+        ThroughputModel,
+        build_definitions,
+    )
     from kale_dagster.control.clock import PipelineClock
     from kale_dagster.launchers.service import LauncherService
     from kale_dagster.stream.producer import ensure_topic
@@ -53,15 +59,34 @@ def controlled(kafka_broker, tmp_path):
     workers = StandInWorkers()
     service = LauncherService(workers, port=0).start()
     p = OnlineTrainingPipeline(
-        name="ctl", source=KafkaSource(kafka_broker.bootstrap_servers, ("events",), "ctl-trainer", request_timeout_ms=3000),
-        min_workers=1, max_workers=8, policy="hpa", throughput_prior=ThroughputModel.linear(100.0),
-        policy_options={"behavior": {"scaleDown": {"stabilizationWindowSeconds": 60, "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]}}},
-        clock=PipelineClock(30.0, wall_start=time.time()), launcher=LocalLauncherConfig(service.url),
+        name="ctl",
+        source=KafkaSource(kafka_broker.bootstrap_servers, ("events",), "ctl-trainer", request_timeout_ms=3000),
+        min_workers=1,
+        max_workers=8,
+        policy="hpa",
+        throughput_prior=ThroughputModel.linear(100.0),
+        policy_options={
+            "behavior": {
+                "scaleDown": {
+                    "stabilizationWindowSeconds": 60,
+                    "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}],
+                }
+            }
+        },
+        clock=PipelineClock(30.0, wall_start=time.time()),
+        launcher=LocalLauncherConfig(service.url),
         history_url=f"sqlite:///{tmp_path / 'm.db'}",
     )
     defs = build_definitions(p)
     with instance_for_test() as instance:
-        yield {"p": p, "defs": defs, "instance": instance, "workers": workers, "service": service, "servers": kafka_broker.bootstrap_servers}
+        yield {
+            "p": p,
+            "defs": defs,
+            "instance": instance,
+            "workers": workers,
+            "service": service,
+            "servers": kafka_broker.bootstrap_servers,
+        }
     service.close()
 
 

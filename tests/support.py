@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 
@@ -64,12 +64,20 @@ class StandInWorkers:
 
     def status(self):
         rate = 100.0 * self.workers * self.busy
-        return LauncherStatus(workers=self.workers, measures=True, reported=self.workers, busy_share=self.busy, samples_per_s=rate, saturated=self.saturated,
-                              downtimes_s=tuple(r.downtime_s for r in self.records))
+        return LauncherStatus(
+            workers=self.workers,
+            measures=True,
+            reported=self.workers,
+            busy_share=self.busy,
+            samples_per_s=rate,
+            saturated=self.saturated,
+            downtimes_s=tuple(r.downtime_s for r in self.records),
+        )
 
 
-def wait_for(predicate: Callable, timeout: float, what: str, log: Optional[Path] = None, poll_s: float = 1.0):
-    """The predicate's first truthy value within ``timeout`` seconds; on timeout, fails saying what, with the log's tail."""
+def wait_for(predicate: Callable, timeout: float, what: str, log: Path | None = None, poll_s: float = 1.0):
+    """The predicate's first truthy value within ``timeout`` seconds; on timeout, fails saying what, with the log's
+    tail."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -122,7 +130,9 @@ def sensor_tick(env, cursor=None):
 
     sensor = {s.name: s for s in env["defs"].get_repository_def().sensor_defs}["ctl_stream_metrics"]
     resource = env["defs"].get_repository_def().get_top_level_resources()["kale_stream_ctl"]
-    return sensor(build_sensor_context(instance=env["instance"], cursor=cursor, resources={"kale_stream_ctl": resource}))
+    return sensor(
+        build_sensor_context(instance=env["instance"], cursor=cursor, resources={"kale_stream_ctl": resource})
+    )
 
 
 def decision_of(result) -> dict:

@@ -15,7 +15,14 @@ from collections import namedtuple
 import pytest
 from kafka import TopicPartition
 
-from kale_dagster.stream.backfill import FetchSearchLookup, RecordReader, TimestampIndexLookup, choose_lookup, partition_spans, rebuild_arrivals
+from kale_dagster.stream.backfill import (
+    FetchSearchLookup,
+    RecordReader,
+    TimestampIndexLookup,
+    choose_lookup,
+    partition_spans,
+    rebuild_arrivals,
+)
 
 Record = namedtuple("Record", "offset timestamp")
 Answer = namedtuple("Answer", "offset timestamp")
@@ -63,7 +70,9 @@ class StandInConsumer:
         return out
 
 
-def traffic(seed: int, partitions: int, start_ms: int, span_ms: int, n: int, first_offset: int = 0, same_time: int = 1) -> dict:
+def traffic(
+    seed: int, partitions: int, start_ms: int, span_ms: int, n: int, first_offset: int = 0, same_time: int = 1
+) -> dict:
     """Records with non-decreasing timestamps per partition (``same_time`` records share each timestamp)."""
     rng = random.Random(seed)
     out = {}
@@ -75,8 +84,10 @@ def traffic(seed: int, partitions: int, start_ms: int, span_ms: int, n: int, fir
 
 
 def truth(partitions: dict, boundaries: list[int]) -> dict:
-    return {tp: [next((o for o, t in records if t >= b), records[-1][0] + 1 if records else 0) for b in boundaries]
-            for tp, records in partitions.items()}
+    return {
+        tp: [next((o for o, t in records if t >= b), records[-1][0] + 1 if records else 0) for b in boundaries]
+        for tp, records in partitions.items()
+    }
 
 
 CASES = [
@@ -84,18 +95,39 @@ CASES = [
     ("dense, Kafka's index", "kafka", traffic(1, 3, 0, 100_000, 400), list(range(-5_000, 110_000, 7_000))),
     ("dense, Tansu's index", "tansu", traffic(1, 3, 0, 100_000, 400), list(range(-5_000, 110_000, 7_000))),
     ("sparse: many boundaries between records", "tansu", traffic(2, 2, 0, 100_000, 5), list(range(0, 100_000, 1_000))),
-    ("equal timestamps at boundaries", "tansu", traffic(3, 2, 0, 50_000, 120, same_time=4), list(range(0, 50_000, 500))),
-    ("a truncated log (offsets from 1000)", "kafka", traffic(4, 2, 0, 10_000, 50, first_offset=1000), list(range(0, 10_000, 900))),
-    ("an empty partition", "tansu", {**traffic(5, 1, 0, 10_000, 30), TopicPartition("t", 1): []}, list(range(0, 10_000, 900))),
-    ("offset gaps (compaction, transaction markers)", "tansu",
-     {tp: [(o * 3, t) for o, t in records] for tp, records in traffic(8, 2, 0, 100_000, 300).items()}, list(range(0, 100_000, 20_000))),
+    (
+        "equal timestamps at boundaries",
+        "tansu",
+        traffic(3, 2, 0, 50_000, 120, same_time=4),
+        list(range(0, 50_000, 500)),
+    ),
+    (
+        "a truncated log (offsets from 1000)",
+        "kafka",
+        traffic(4, 2, 0, 10_000, 50, first_offset=1000),
+        list(range(0, 10_000, 900)),
+    ),
+    (
+        "an empty partition",
+        "tansu",
+        {**traffic(5, 1, 0, 10_000, 30), TopicPartition("t", 1): []},
+        list(range(0, 10_000, 900)),
+    ),
+    (
+        "offset gaps (compaction, transaction markers)",
+        "tansu",
+        {tp: [(o * 3, t) for o, t in records] for tp, records in traffic(8, 2, 0, 100_000, 300).items()},
+        list(range(0, 100_000, 20_000)),
+    ),
 ]
 
 
 @pytest.mark.parametrize("case, time_index, partitions, boundaries", CASES, ids=[c[0] for c in CASES])
 def test_both_lookups_find_the_first_record_at_or_after_each_boundary(case, time_index, partitions, boundaries):
     consumer = StandInConsumer(partitions, time_index)
-    reader = RecordReader(consumer, run_records=consumer.run)  # sparse rows take the search, dense ones the in-order read
+    reader = RecordReader(
+        consumer, run_records=consumer.run
+    )  # sparse rows take the search, dense ones the in-order read
     spans = partition_spans(reader, list(partitions))
     expected = truth(partitions, boundaries)
     assert FetchSearchLookup(reader, spans).offsets(boundaries) == expected
@@ -116,13 +148,17 @@ def test_the_fetch_search_reads_far_fewer_runs_than_a_scan_when_boundaries_are_s
     spans = partition_spans(reader, list(partitions))
     boundaries = list(range(0, 7 * 86_400_000 + 1, 6 * 3_600_000))  # 6-hourly over a week: 29 boundaries
     assert FetchSearchLookup(reader, spans).offsets(boundaries) == truth(partitions, boundaries)
-    assert reader.fetches < 20_000 / 50 / 2  # a scan would read 400 runs; the search about log2(400 / 29) + 1 per boundary
+    assert (
+        reader.fetches < 20_000 / 50 / 2
+    )  # a scan would read 400 runs; the search about log2(400 / 29) + 1 per boundary
 
 
 def test_buckets_older_than_what_every_partition_retains_are_left_out():
     day = 86_400_000
-    partitions = {TopicPartition("t", 0): [(i, i * 60_000) for i in range(0, 3 * 1440)],          # 3 days, from offset 0
-                  TopicPartition("t", 1): [(500 + i, day + i * 60_000) for i in range(2 * 1440)]}  # retention cut it at day 1
+    partitions = {
+        TopicPartition("t", 0): [(i, i * 60_000) for i in range(0, 3 * 1440)],  # 3 days, from offset 0
+        TopicPartition("t", 1): [(500 + i, day + i * 60_000) for i in range(2 * 1440)],
+    }  # retention cut it at day 1
     result = rebuild_arrivals(StandInConsumer(partitions, "tansu"), ["t"], days=7, bucket_s=3600, now=3 * 86_400)
     assert result.start == 86_400 and result.end == 3 * 86_400 and "retains 2.00 of the 7 days" in result.note
     assert list(result.rows["records"]) == [120] * 24 + [120] * 24  # both partitions' 60 records an hour
@@ -155,13 +191,18 @@ def test_backfill_on_the_embedded_broker_matches_what_was_produced(kafka_broker,
     history_url = f"sqlite:///{tmp_path / 'm.db'}"
     (tmp_path / "backfill_pipelines.py").write_text(
         "from kale_dagster import KafkaSource, OnlineTrainingPipeline\n"
-        f"clicks = OnlineTrainingPipeline(name='clicks', source=KafkaSource('{kafka_broker.bootstrap_servers}', ('clicks',), 'g'),"
-        f" history_url='{history_url}', metrics_interval_seconds={bucket_s})\n")
+        f"clicks = OnlineTrainingPipeline(name='clicks', source=KafkaSource('{kafka_broker.bootstrap_servers}', "
+        "('clicks',), 'g'),"
+        f" history_url='{history_url}', metrics_interval_seconds={bucket_s})\n"
+    )
     live_at = start + 5 * 86_400 + 1800  # the metrics sensor's first reading: the backfill stops before it
     MetricsHistory(history_url).append_stream("clicks", live_at, {"arrival_rate": 1.0})
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "backfill_pipelines", raising=False)
-    assert main(["history", "backfill", "--pipeline", "clicks", "--module", "backfill_pipelines", "--days", "7", "--json"]) == 0
+    assert (
+        main(["history", "backfill", "--pipeline", "clicks", "--module", "backfill_pipelines", "--days", "7", "--json"])
+        == 0
+    )
 
     rows = MetricsHistory(history_url).stream("clicks")
     seeded, live = rows[rows["seeded"].astype(bool)], rows[~rows["seeded"].astype(bool)]
@@ -170,15 +211,23 @@ def test_backfill_on_the_embedded_broker_matches_what_was_produced(kafka_broker,
     assert list(seeded["ts"]) == [start + (k + 1) * bucket_s for k in range(5 * 24)]
 
     # The pipeline's Dagster job does the same, idempotently (seeded rows are rewritten, not duplicated).
+    import backfill_pipelines
     from dagster import AssetKey, instance_for_test
 
-    import backfill_pipelines
     from kale_dagster import build_definitions
 
     with instance_for_test() as instance:
         job = build_definitions(backfill_pipelines.clicks).resolve_job_def("clicks_backfill")
-        assert job.execute_in_process(instance=instance, run_config={"ops": {"clicks_backfill_history": {"config": {"days": 7.0}}}}).success
-        observed = instance.fetch_observations(AssetKey(["clicks", "stream_metrics"]), limit=1).records[0].asset_observation.metadata
-        assert observed["backfilled_buckets"].value == 5 * 24 and observed["backfilled_records"].value == sum(produced[: 5 * 24])
+        assert job.execute_in_process(
+            instance=instance, run_config={"ops": {"clicks_backfill_history": {"config": {"days": 7.0}}}}
+        ).success
+        observed = (
+            instance.fetch_observations(AssetKey(["clicks", "stream_metrics"]), limit=1)
+            .records[0]
+            .asset_observation.metadata
+        )
+        assert observed["backfilled_buckets"].value == 5 * 24 and observed["backfilled_records"].value == sum(
+            produced[: 5 * 24]
+        )
         assert observed["method"].value == "fetch-search"
     assert len(MetricsHistory(history_url).stream("clicks")) == 5 * 24 + 1

@@ -82,17 +82,33 @@ def _offset(offset: int):
 
 
 def test_cli_help_lists_subcommands():
-    out = subprocess.run([sys.executable, "-m", "kale_dagster.cli", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "broker" in out
 
 
-@pytest.mark.parametrize("command", [["broker"], ["demo"], ["forecast"], ["produce"], ["backtest"], ["trace", "synth"], ["k8s", "render"], ["trainer", "serve"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["broker"],
+        ["demo"],
+        ["forecast"],
+        ["produce"],
+        ["backtest"],
+        ["trace", "synth"],
+        ["k8s", "render"],
+        ["trainer", "serve"],
+    ],
+)
 def test_every_command_help_shows_defaults_and_an_example(command):
     from kale_dagster.cli import build_parser
 
     parser = build_parser()
     for word in command:  # walk down to the subcommand's own parser
-        parser = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)).choices[word]
+        parser = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)).choices[
+            word
+        ]
     text = parser.format_help()
     assert f"example: kale {command[0]}" in text or "example: kale trace synth" in text
     assert "default" in text
@@ -101,5 +117,7 @@ def test_every_command_help_shows_defaults_and_an_example(command):
 def test_cli_version():
     from importlib.metadata import version
 
-    out = subprocess.run([sys.executable, "-m", "kale_dagster.cli", "--version"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", "--version"], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == f"kale-dagster {version('kale-dagster')}"

@@ -56,16 +56,32 @@ def load(attributes: dict) -> OnlineTrainingPipeline:
 def test_yaml_and_python_declare_the_same_definitions():
     python = OnlineTrainingPipeline(
         name="ctr",
-        source=KafkaSource(bootstrap_servers="127.0.0.1:9092", topics=("clicks",), group_id="ctr-trainer",
-                           security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
-                           sasl_username="kale", sasl_password_env="KALE_CTR_KAFKA_PASSWORD"),
-        min_workers=2, max_workers=32, slo_minutes=15, policy="hpa", policy_options={"target_utilization": 0.5},
-        throughput_prior=ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786)), global_batch=16384,
-        advisory=True, autostart=False,
-        launcher=KubernetesLauncherConfig(image="registry.example.com/ctr-trainer:1.4", namespace="ml",
-                                          checkpoint_pvc="ctr-checkpoints", kafka_secret="ctr-kafka-credentials",
-                                          node_selector={"nvidia.com/gpu.product": "NVIDIA-A10"},
-                                          tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)),
+        source=KafkaSource(
+            bootstrap_servers="127.0.0.1:9092",
+            topics=("clicks",),
+            group_id="ctr-trainer",
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username="kale",
+            sasl_password_env="KALE_CTR_KAFKA_PASSWORD",
+        ),
+        min_workers=2,
+        max_workers=32,
+        slo_minutes=15,
+        policy="hpa",
+        policy_options={"target_utilization": 0.5},
+        throughput_prior=ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786)),
+        global_batch=16384,
+        advisory=True,
+        autostart=False,
+        launcher=KubernetesLauncherConfig(
+            image="registry.example.com/ctr-trainer:1.4",
+            namespace="ml",
+            checkpoint_pvc="ctr-checkpoints",
+            kafka_secret="ctr-kafka-credentials",
+            node_selector={"nvidia.com/gpu.product": "NVIDIA-A10"},
+            tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+        ),
     )
     declared = yaml.safe_load("""
         name: ctr
@@ -103,43 +119,116 @@ def test_yaml_and_python_declare_the_same_definitions():
 
 def test_defaults_are_the_python_apis():
     assert load({"name": "ctr", "source": SOURCE}) == OnlineTrainingPipeline(
-        name="ctr", source=KafkaSource(bootstrap_servers="127.0.0.1:9092", topics=("clicks",), group_id="ctr-trainer"))
+        name="ctr", source=KafkaSource(bootstrap_servers="127.0.0.1:9092", topics=("clicks",), group_id="ctr-trainer")
+    )
 
 
 # (case, attributes, the field the errors name, what `dg check yaml` says (its JSON schema; None: it passes),
 #  what loading says (dg check defs, dg dev))
 BAD_YAML = [
     ("missing source", {"name": "ctr"}, "source", "'source' is a required property", "Field required"),
-    ("unknown policy", {"name": "ctr", "source": SOURCE, "policy": "kael"}, "policy",
-     "'kael' is not one of ['kale', 'hpa', 'keda', 'static']", "Input should be 'kale', 'hpa', 'keda' or 'static'"),
-    ("unknown forecaster", {"name": "ctr", "source": SOURCE, "forecaster": "arima"}, "forecaster", "'arima' is not one of", "Input should be 'prophet'"),
-    ("literal password", {"name": "ctr", "source": {**SOURCE, "sasl_password": "hunter2-secret"}}, "sasl_password",
-     "('sasl_password' was unexpected)", "put it in an environment variable and name that variable in sasl_password_env"),
-    ("password env not a variable name", {"name": "ctr", "source": {**SOURCE, "sasl_password_env": "hunter2 secret"}}, "sasl_password_env",
-     "does not match", "should match pattern"),
-    ("zero workers", {"name": "ctr", "source": SOURCE, "min_workers": 0}, "min_workers", "less than the minimum of 1", "greater than or equal to 1"),
+    (
+        "unknown policy",
+        {"name": "ctr", "source": SOURCE, "policy": "kael"},
+        "policy",
+        "'kael' is not one of ['kale', 'hpa', 'keda', 'static']",
+        "Input should be 'kale', 'hpa', 'keda' or 'static'",
+    ),
+    (
+        "unknown forecaster",
+        {"name": "ctr", "source": SOURCE, "forecaster": "arima"},
+        "forecaster",
+        "'arima' is not one of",
+        "Input should be 'prophet'",
+    ),
+    (
+        "literal password",
+        {"name": "ctr", "source": {**SOURCE, "sasl_password": "hunter2-secret"}},
+        "sasl_password",
+        "('sasl_password' was unexpected)",
+        "put it in an environment variable and name that variable in sasl_password_env",
+    ),
+    (
+        "password env not a variable name",
+        {"name": "ctr", "source": {**SOURCE, "sasl_password_env": "hunter2 secret"}},
+        "sasl_password_env",
+        "does not match",
+        "should match pattern",
+    ),
+    (
+        "zero workers",
+        {"name": "ctr", "source": SOURCE, "min_workers": 0},
+        "min_workers",
+        "less than the minimum of 1",
+        "greater than or equal to 1",
+    ),
     ("bad name", {"name": "CTR-1", "source": SOURCE}, "name", "does not match", "should match pattern"),
-    ("unknown launcher", {"name": "ctr", "source": SOURCE, "launcher": {"kind": "slurm"}}, "launcher", "slurm", "does not match any of the expected tags: 'local', 'kubernetes'"),
-    ("kubernetes without a checkpoint volume", {"name": "ctr", "source": SOURCE, "launcher": {"kind": "kubernetes", "image": "t:1"}},
-     "checkpoint_pvc", "'checkpoint_pvc' is a required property", "Field required"),
-    ("typo in an attribute", {"name": "ctr", "source": SOURCE, "max_worker": 4}, "max_worker", "('max_worker' was unexpected)", "Extra inputs are not permitted"),
-    # JSON Schema cannot compare two fields or call a policy's build: loading catches these, with the dataclasses' messages.
-    ("min_workers above max_workers", {"name": "ctr", "source": SOURCE, "min_workers": 9, "max_workers": 8}, "attributes.min_workers",
-     None, "need 1 <= min_workers <= max_workers, got 9 and 8"),
-    ("SASL without a username", {"name": "ctr", "source": {**SOURCE, "security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN"}},
-     "attributes.source.sasl_username", None, "needs a username and a password"),
-    ("linear prior without its rate", {"name": "ctr", "source": SOURCE, "throughput_prior": {"form": "linear"}},
-     "attributes.throughput_prior.per_worker_rate", None, "form linear needs per_worker_rate"),
-    ("policy option the policy does not take", {"name": "ctr", "source": SOURCE, "policy": "hpa", "policy_options": {"target": 0.5}},
-     "attributes.policy_options", None, "not valid for policy 'hpa'"),
-    ("public trainer URL", {"name": "ctr", "source": SOURCE, "launcher": {"kind": "local", "trainer_url": "http://10.0.0.5:8765"}},
-     "attributes.launcher.trainer_url", None, "loopback"),
+    (
+        "unknown launcher",
+        {"name": "ctr", "source": SOURCE, "launcher": {"kind": "slurm"}},
+        "launcher",
+        "slurm",
+        "does not match any of the expected tags: 'local', 'kubernetes'",
+    ),
+    (
+        "kubernetes without a checkpoint volume",
+        {"name": "ctr", "source": SOURCE, "launcher": {"kind": "kubernetes", "image": "t:1"}},
+        "checkpoint_pvc",
+        "'checkpoint_pvc' is a required property",
+        "Field required",
+    ),
+    (
+        "typo in an attribute",
+        {"name": "ctr", "source": SOURCE, "max_worker": 4},
+        "max_worker",
+        "('max_worker' was unexpected)",
+        "Extra inputs are not permitted",
+    ),
+    # JSON Schema cannot compare two fields or call a policy's build: loading catches these, with the dataclasses'
+    # messages.
+    (
+        "min_workers above max_workers",
+        {"name": "ctr", "source": SOURCE, "min_workers": 9, "max_workers": 8},
+        "attributes.min_workers",
+        None,
+        "need 1 <= min_workers <= max_workers, got 9 and 8",
+    ),
+    (
+        "SASL without a username",
+        {"name": "ctr", "source": {**SOURCE, "security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN"}},
+        "attributes.source.sasl_username",
+        None,
+        "needs a username and a password",
+    ),
+    (
+        "linear prior without its rate",
+        {"name": "ctr", "source": SOURCE, "throughput_prior": {"form": "linear"}},
+        "attributes.throughput_prior.per_worker_rate",
+        None,
+        "form linear needs per_worker_rate",
+    ),
+    (
+        "policy option the policy does not take",
+        {"name": "ctr", "source": SOURCE, "policy": "hpa", "policy_options": {"target": 0.5}},
+        "attributes.policy_options",
+        None,
+        "not valid for policy 'hpa'",
+    ),
+    (
+        "public trainer URL",
+        {"name": "ctr", "source": SOURCE, "launcher": {"kind": "local", "trainer_url": "http://10.0.0.5:8765"}},
+        "attributes.launcher.trainer_url",
+        None,
+        "loopback",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case, attributes, field, schema_says, load_says", BAD_YAML, ids=[row[0] for row in BAD_YAML])
 def test_bad_yaml_fails_naming_the_field(case, attributes, field, schema_says, load_says):
-    schema_errors = list(Draft202012Validator(OnlineTrainingPipelineAttributes.model_json_schema()).iter_errors(attributes))
+    schema_errors = list(
+        Draft202012Validator(OnlineTrainingPipelineAttributes.model_json_schema()).iter_errors(attributes)
+    )
     checked = " | ".join(f"attributes.{'.'.join(map(str, e.absolute_path))} {e.message}" for e in schema_errors)
     if schema_says is None:
         assert not schema_errors, checked
@@ -149,7 +238,9 @@ def test_bad_yaml_fails_naming_the_field(case, attributes, field, schema_says, l
         load(attributes)
     loaded = str(info.value)
     assert field in loaded and load_says in loaded, loaded
-    assert "hunter2" not in checked.replace("'hunter2 secret' does not match", "") and "hunter2" not in loaded  # nothing written is echoed
+    assert (
+        "hunter2" not in checked.replace("'hunter2 secret' does not match", "") and "hunter2" not in loaded
+    )  # nothing written is echoed
 
 
 def test_the_scaffolded_yaml_loads_and_lists_the_choices(tmp_path):
@@ -158,8 +249,15 @@ def test_the_scaffolded_yaml_loads_and_lists_the_choices(tmp_path):
     from kale_dagster.definitions.component import _Scaffolder
 
     target = tmp_path / "click-rate"
-    _Scaffolder().scaffold(ScaffoldRequest(type_name="kale_dagster.OnlineTrainingPipelineComponent", target_path=target,
-                                           scaffold_format="yaml", project_root=tmp_path, params=None))
+    _Scaffolder().scaffold(
+        ScaffoldRequest(
+            type_name="kale_dagster.OnlineTrainingPipelineComponent",
+            target_path=target,
+            scaffold_format="yaml",
+            project_root=tmp_path,
+            params=None,
+        )
+    )
     text = (target / "defs.yaml").read_text()
     assert "one of: kale, hpa, keda, static" in text and "sasl_password_env" in text
     doc = yaml.safe_load(text)
@@ -172,7 +270,9 @@ def dg(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
     exe = shutil.which("dg")
     if exe is None:
         pytest.fail("dg is not installed: pip install -e '.[dev]' installs dagster-dg-cli")
-    env = dict(os.environ, DAGSTER_HOME=str(home), PYTHONPATH=str(cwd / "src"), DAGSTER_DISABLE_TELEMETRY="1", COLUMNS="200")
+    env = dict(
+        os.environ, DAGSTER_HOME=str(home), PYTHONPATH=str(cwd / "src"), DAGSTER_DISABLE_TELEMETRY="1", COLUMNS="200"
+    )
     return subprocess.run([exe, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
 
 
@@ -201,7 +301,9 @@ def test_dg_lists_scaffolds_checks_and_loads_yaml_pipelines(tmp_path):
     # A new user's path: scaffold a second pipeline into a copy, break it, see the field named.
     project = tmp_path / "project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    scaffolded = dg("scaffold", "defs", "kale_dagster.OnlineTrainingPipelineComponent", "clicks", cwd=project, home=home)
+    scaffolded = dg(
+        "scaffold", "defs", "kale_dagster.OnlineTrainingPipelineComponent", "clicks", cwd=project, home=home
+    )
     assert scaffolded.returncode == 0, scaffolded.stdout + scaffolded.stderr
     defs_yaml = project / "src/kale_project/defs/clicks/defs.yaml"
     assert dg("check", "yaml", cwd=project, home=home).returncode == 0
@@ -210,9 +312,14 @@ def test_dg_lists_scaffolds_checks_and_loads_yaml_pipelines(tmp_path):
     defs_yaml.write_text(defs_yaml.read_text().replace("policy: kale ", "policy: kael "))
     bad = dg("check", "yaml", cwd=project, home=home)
     assert bad.returncode == 1
-    assert "defs/clicks/defs.yaml" in bad.stdout + bad.stderr and "attributes.policy 'kael' is not one of" in bad.stdout + bad.stderr
+    assert (
+        "defs/clicks/defs.yaml" in bad.stdout + bad.stderr
+        and "attributes.policy 'kael' is not one of" in bad.stdout + bad.stderr
+    )
 
-    defs_yaml.write_text(defs_yaml.read_text().replace("policy: kael ", "policy: kale ").replace("min_workers: 1", "min_workers: 9"))
+    defs_yaml.write_text(
+        defs_yaml.read_text().replace("policy: kael ", "policy: kale ").replace("min_workers: 1", "min_workers: 9")
+    )
     assert dg("check", "yaml", cwd=project, home=home).returncode == 0  # a schema cannot compare two fields...
     loaded = dg("check", "defs", cwd=project, home=home)
     assert loaded.returncode != 0  # ...loading does, with the dataclass's own message

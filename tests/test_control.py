@@ -12,46 +12,95 @@ import threading
 import time
 
 import pytest
-from support import decision_of, produce_events, sensor_tick
 
 from kale_dagster.control.clock import PipelineClock
-from kale_dagster.control.controller import Controller, ControlSettings, StreamReading, recent_forecast_error, restart_estimate
+from kale_dagster.control.controller import (
+    Controller,
+    ControlSettings,
+    StreamReading,
+    recent_forecast_error,
+    restart_estimate,
+)
 from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.model.throughput import ThroughputModel
+from support import decision_of, produce_events, sensor_tick
 
 MODEL = ThroughputModel.linear(100.0)
 READING = StreamReading(time=1_800_000_000.0, arrival_rate=150.0, consumption_rate=150.0, backlog=0.0, time_lag_s=5.0)
 
 
 def _controller(**kw):
-    settings = dict(policy="static", min_workers=1, max_workers=8, slo_s=1200, restart_s=600, policy_options={"workers": 3})
+    settings = dict(
+        policy="static", min_workers=1, max_workers=8, slo_s=1200, restart_s=600, policy_options={"workers": 3}
+    )
     settings.update(kw)
     return Controller(ControlSettings(**settings))
 
 
-# (case, controller settings, launcher status or None, reading changes, rescale in flight, expected workers, expected rescale, hold reason)
+# (case, controller settings, launcher status or None, reading changes, rescale in flight, expected workers, expected
+# rescale, hold reason)
 STEP_ROWS = [
     ("acts when the decision differs from what runs", {}, LauncherStatus(workers=2), {}, False, 3, 3, ""),
     ("nothing to do at the decided size", {}, LauncherStatus(workers=3), {}, False, 3, None, ""),
     ("holds without a launcher, at what it last knew", {}, None, {}, False, 2, None, "the launcher did not answer"),
-    ("holds without a rate (first reading, telemetry gap)", {}, LauncherStatus(workers=2), {"arrival_rate": None}, False, 2, None, "no arrival rate"),
+    (
+        "holds without a rate (first reading, telemetry gap)",
+        {},
+        LauncherStatus(workers=2),
+        {"arrival_rate": None},
+        False,
+        2,
+        None,
+        "no arrival rate",
+    ),
     ("one rescale at a time: a run in flight", {}, LauncherStatus(workers=2), {}, True, 3, None, ""),
-    ("one rescale at a time: the launcher is restarting", {}, LauncherStatus(workers=2, rescaling=True), {}, False, 3, None, ""),
+    (
+        "one rescale at a time: the launcher is restarting",
+        {},
+        LauncherStatus(workers=2, rescaling=True),
+        {},
+        False,
+        3,
+        None,
+        "",
+    ),
     ("a group still starting gives no action", {}, LauncherStatus(workers=2, measures=True), {}, False, 3, None, ""),
-    ("a group that reported can be acted on", {}, LauncherStatus(workers=2, measures=True, reported=2, busy_share=0.9, samples_per_s=180.0), {}, False, 3, 3, ""),
+    (
+        "a group that reported can be acted on",
+        {},
+        LauncherStatus(workers=2, measures=True, reported=2, busy_share=0.9, samples_per_s=180.0),
+        {},
+        False,
+        3,
+        3,
+        "",
+    ),
     ("advisory pipelines decide and never act", {"advisory": True}, LauncherStatus(workers=2), {}, False, 3, None, ""),
 ]
 
 
-@pytest.mark.parametrize("case, settings, status, reading, in_flight, workers, rescale, held", STEP_ROWS, ids=[r[0] for r in STEP_ROWS])
+@pytest.mark.parametrize(
+    "case, settings, status, reading, in_flight, workers, rescale, held", STEP_ROWS, ids=[r[0] for r in STEP_ROWS]
+)
 def test_step(case, settings, status, reading, in_flight, workers, rescale, held):
     from dataclasses import replace
 
-    step = _controller(**settings).step(replace(READING, **reading), status, MODEL, rescale_in_flight=in_flight, launcher_error="refused", last_workers=2)
+    step = _controller(**settings).step(
+        replace(READING, **reading),
+        status,
+        MODEL,
+        rescale_in_flight=in_flight,
+        launcher_error="refused",
+        last_workers=2,
+    )
     assert (step.decision.workers, step.rescale_to) == (workers, rescale)
     assert held in step.held
     if held:
-        assert step.decision.policy == "static/hold" and step.observation is None and step.decision.reason.startswith(f"hold at {workers}")
+        assert (
+            step.decision.policy == "static/hold"
+            and step.observation is None
+            and step.decision.reason.startswith(f"hold at {workers}")
+        )
 
 
 def test_restart_time_is_the_median_of_measured_restarts_in_pipeline_seconds():
@@ -65,7 +114,10 @@ def test_a_failed_group_is_restarted_at_the_size_the_policy_wants():
     controller = _controller(policy="static", policy_options={"workers": 4})
     failed = LauncherStatus(workers=4, failed="pod kale-ctr-w4-1-0 failed: OOMKilled")
     step = controller.step(READING, failed, MODEL)
-    assert step.rescale_to == 4 and "the running group failed (pod kale-ctr-w4-1-0 failed: OOMKilled)" in step.decision.reason
+    assert (
+        step.rescale_to == 4
+        and "the running group failed (pod kale-ctr-w4-1-0 failed: OOMKilled)" in step.decision.reason
+    )
     assert controller.step(READING, LauncherStatus(workers=4), MODEL).rescale_to is None  # healthy at 4: nothing to do
     assert controller.step(READING, failed, MODEL, rescale_in_flight=True).rescale_to is None  # one restart at a time
     advisory = _controller(policy="static", policy_options={"workers": 4}, advisory=True)
@@ -76,17 +128,24 @@ def test_hpa_state_survives_a_rebuilt_policy():
     """Each step rebuilds the policy; its recommendations come back from the state the last step returned."""
     controller = _controller(policy="hpa", policy_options={"sync_period_s": 15.0})
     busy = LauncherStatus(workers=4, measures=True, reported=4, busy_share=1.0, samples_per_s=400.0)
-    idle = LauncherStatus(workers=5, measures=True, reported=5, busy_share=0.1, samples_per_s=50.0)  # the rescale to 5 applied
+    idle = LauncherStatus(
+        workers=5, measures=True, reported=5, busy_share=0.1, samples_per_s=50.0
+    )  # the rescale to 5 applied
     first = controller.step(READING, busy, MODEL)  # recommends 5; rate-limited up
     assert first.decision.workers == 5 and first.policy_state["recommendations"]
     later = StreamReading(**{**READING.__dict__, "time": READING.time + 60})
     held = controller.step(later, idle, MODEL, policy_state=first.policy_state)
-    assert (held.decision.workers, held.rescale_to) == (5, None)  # the 5 of a minute ago holds scale-down (300 s window)
+    assert (held.decision.workers, held.rescale_to) == (
+        5,
+        None,
+    )  # the 5 of a minute ago holds scale-down (300 s window)
     past_window = StreamReading(**{**READING.__dict__, "time": READING.time + 301})
     dropped = controller.step(past_window, idle, MODEL, policy_state=held.policy_state)
     assert dropped.decision.workers == 1  # the window since the 5 was recommended has passed
     fresh = controller.step(past_window, idle, MODEL, policy_state={})
-    assert fresh.decision.workers == 5  # a controller without the state starts a window of its own (recordInitialRecommendation)
+    assert (
+        fresh.decision.workers == 5
+    )  # a controller without the state starts a window of its own (recordInitialRecommendation)
 
 
 def test_a_policy_that_plans_with_estimates_is_rebuilt_when_they_change_and_keeps_its_memory():
@@ -136,12 +195,19 @@ def test_sensor_decides_at_every_reading_and_hpa_windows_hold_across_ticks(contr
     produce_events(env["servers"], 40)
     second = sensor_tick(env, first.cursor)
     decision = decision_of(second)
-    assert decision["workers"] == 3 and decision["running_workers"] == 2 and decision["action"] == "rescale to 3 requested"
+    assert (
+        decision["workers"] == 3 and decision["running_workers"] == 2 and decision["action"] == "rescale to 3 requested"
+    )
     rescale = next(r for r in second.run_requests if r.job_name == "ctl_rescale")
     assert rescale.tags["kale/target_workers"] == "3" and float(rescale.tags["kale/decided_at"]) <= time.time()
     # The run applies the target it was requested with.
     env["instance"].report_runless_asset_event(second.asset_events[-1])
-    assert env["defs"].resolve_job_def("ctl_rescale").execute_in_process(instance=env["instance"], tags=rescale.tags).success
+    assert (
+        env["defs"]
+        .resolve_job_def("ctl_rescale")
+        .execute_in_process(instance=env["instance"], tags=rescale.tags)
+        .success
+    )
     assert env["workers"].workers == 3
 
     env["workers"].busy = 0.2  # HPA now recommends 1, but its 60-s scale-down window remembers the 3
@@ -187,7 +253,11 @@ def test_a_failed_rescale_is_retried_later_and_the_decision_says_so(controlled):
     env["instance"].report_runless_asset_event(second.asset_events[-1])
     rescale = next(r for r in second.run_requests if r.job_name == "ctl_rescale")
     env["workers"].fail = True
-    failed = env["defs"].resolve_job_def("ctl_rescale").execute_in_process(instance=env["instance"], tags=rescale.tags, raise_on_error=False)
+    failed = (
+        env["defs"]
+        .resolve_job_def("ctl_rescale")
+        .execute_in_process(instance=env["instance"], tags=rescale.tags, raise_on_error=False)
+    )
     assert not failed.success
     third = sensor_tick(env, second.cursor)
     decision = decision_of(third)
@@ -196,7 +266,9 @@ def test_a_failed_rescale_is_retried_later_and_the_decision_says_so(controlled):
 
     env["service"].close()  # the trainer service is gone: hold, and say where it was looked for
     fourth = sensor_tick(env, third.cursor)
-    assert decision_of(fourth)["held"].startswith(f"the launcher did not answer (the local trainer service at {env['service'].url}")
+    assert decision_of(fourth)["held"].startswith(
+        f"the launcher did not answer (the local trainer service at {env['service'].url}"
+    )
     assert not [r for r in fourth.run_requests if r.job_name == "ctl_rescale"]
 
 

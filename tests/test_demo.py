@@ -24,9 +24,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from support import wait_for
 
 from kale_dagster.stream.broker import free_loopback_port
+from support import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts" / "ui"
@@ -43,9 +43,25 @@ def demo(tmp_path_factory):
     ui_port, broker_port = free_loopback_port(), free_loopback_port()
     out = cwd / "demo.out"  # a file, not a pipe: an unread pipe would fill up and block the status line
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kale_dagster.cli", "demo", "--day-minutes", "10", "--max-minutes", "14",
-         "--port", str(broker_port), "--ui-port", str(ui_port)],
-        cwd=cwd, stdout=open(out, "w"), stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "kale_dagster.cli",
+            "demo",
+            "--day-minutes",
+            "10",
+            "--max-minutes",
+            "14",
+            "--port",
+            str(broker_port),
+            "--ui-port",
+            str(ui_port),
+        ],
+        cwd=cwd,
+        stdout=open(out, "w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     home = cwd / ".kale" / "demo-home"
     yield {"proc": proc, "home": home, "ui_port": ui_port, "out": out}
@@ -71,10 +87,26 @@ def _chromium(url: str, *args: str, timeout_s: float = 90.0) -> tuple[str, str]:
     """(stdout, what went wrong) of one headless Chromium; one that hangs is killed with its children."""
     profile = tempfile.mkdtemp(prefix="kale-chromium-")
     proc = subprocess.Popen(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         "--disable-background-networking", "--no-first-run", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={profile}", "--virtual-time-budget=20000", "--window-size=1600,1000", *args, url],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--no-first-run",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=20000",
+            "--window-size=1600,1000",
+            *args,
+            url,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -108,13 +140,16 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
     trainer_url = json.loads((home / "kale" / "demo.json").read_text())["trainer_url"]
     instance = DagsterInstance.from_config(str(home))
     try:
+
         def rescaled_by_the_sensor():
             runs = instance.get_run_records(RunsFilter(job_name="demo_rescale", statuses=[DagsterRunStatus.SUCCESS]))
             return [r for r in runs if r.dagster_run.tags.get("dagster/sensor_name") == "demo_stream_metrics"]
 
         runs = wait_for(rescaled_by_the_sensor, 360, "a rescale run requested by the metrics sensor to succeed")
         assert runs[0].dagster_run.tags["kale/target_workers"]
-        forecast = wait_for(lambda: instance.get_latest_materialization_event(AssetKey(["demo", "traffic_forecast"])), 60, "a forecast")
+        forecast = wait_for(
+            lambda: instance.get_latest_materialization_event(AssetKey(["demo", "traffic_forecast"])), 60, "a forecast"
+        )
         meta = forecast.asset_materialization.metadata
         assert meta["model"].value == "prophet" and meta["fallback"].value == "none" and meta["seeded_points"].value > 0
         assert "data:image/png;base64" in meta["plot"].value
@@ -125,11 +160,18 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
 
         def decision_matches_what_runs():
             status = trainer.status()
-            decision = instance.get_latest_materialization_event(AssetKey(["demo", "gpu_allocation"])).asset_materialization.metadata
-            return not status.rescaling and decision["workers"].value == status.workers == decision["running_workers"].value
+            decision = instance.get_latest_materialization_event(
+                AssetKey(["demo", "gpu_allocation"])
+            ).asset_materialization.metadata
+            return (
+                not status.rescaling
+                and decision["workers"].value == status.workers == decision["running_workers"].value
+            )
 
         wait_for(decision_matches_what_runs, 120, "the latest decision to equal the workers the launcher runs")
-        assert not instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE])), "a run failed during the demo"
+        assert not instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE])), (
+            "a run failed during the demo"
+        )
 
         assert demo["proc"].poll() is None, "the demo's day ended before its UI was checked"
         graph = _page(f"http://127.0.0.1:{port}/locations/{LOCATION}/asset-groups/demo", "asset_graph.png")

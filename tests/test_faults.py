@@ -12,17 +12,27 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
-from support import committed_offsets, decision_of, descendants, end_offsets, produce_events, running, sensor_tick, trained_samples, wait_for
 
 from kale_dagster import KafkaSource
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.stream.producer import ensure_topic
 from kale_dagster.stream.samples import GroundTruth, encode
+from support import (
+    committed_offsets,
+    decision_of,
+    descendants,
+    end_offsets,
+    produce_events,
+    running,
+    sensor_tick,
+    trained_samples,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -46,9 +56,18 @@ def produce(servers: str, n: int, start_seq: int = 0, poison: tuple = ()) -> int
 
 
 def trainer(servers: str, tmp_path, **overrides) -> tuple[LocalLauncher, TrainerSettings]:
-    settings = TrainerSettings(KafkaSource(servers, (TOPIC,), "trainer"), str(tmp_path / "ckpt"), **{
-        "batch_size": 64, "emulate_gpu_rate": 300, "checkpoint_every_s": 1.0, "trained_log": str(tmp_path / "trained"),
-        "collective_timeout_s": 5, **overrides})
+    settings = TrainerSettings(
+        KafkaSource(servers, (TOPIC,), "trainer"),
+        str(tmp_path / "ckpt"),
+        **{
+            "batch_size": 64,
+            "emulate_gpu_rate": 300,
+            "checkpoint_every_s": 1.0,
+            "trained_log": str(tmp_path / "trained"),
+            "collective_timeout_s": 5,
+            **overrides,
+        },
+    )
     (tmp_path / "trained").mkdir(exist_ok=True)
     # Worker logs beside, not on, the checkpoint volume, which the volume faults fill or remount read-only.
     return LocalLauncher(settings, pool_size=2, log_dir=tmp_path / "logs"), settings
@@ -88,8 +107,12 @@ def caught_up(launcher: LocalLauncher, servers: str, timeout: float = 90) -> Non
 def accounting(tmp_path, produced: int) -> dict:
     trained = trained_samples(tmp_path / "trained")
     seqs = set(int(s) for s in trained[:, 2])
-    return {"produced": produced, "trained": len(trained), "lost": produced - len(seqs & set(range(produced))),
-            "duplicated": len(trained) - len(seqs)}
+    return {
+        "produced": produced,
+        "trained": len(trained),
+        "lost": produced - len(seqs & set(range(produced))),
+        "duplicated": len(trained) - len(seqs),
+    }
 
 
 def test_poison_records_are_skipped_counted_and_do_not_stop_their_partition(kafka_broker, tmp_path, fault_record):
@@ -97,7 +120,7 @@ def test_poison_records_are_skipped_counted_and_do_not_stop_their_partition(kafk
     ensure_topic(servers, TOPIC, PARTITIONS)
     nan = GroundTruth().sample(1, np.random.default_rng(1))
     nan["dense"][0, 0] = np.nan
-    poison = (b"not a sample", b"", nan.tobytes(), b"\x00" * 31, b"{\"json\": true}", nan.tobytes() * 2)
+    poison = (b"not a sample", b"", nan.tobytes(), b"\x00" * 31, b'{"json": true}', nan.tobytes() * 2)
     produced = produce(servers, 900, poison=poison)
     launcher, _ = trainer(servers, tmp_path)
     try:
@@ -109,12 +132,19 @@ def test_poison_records_are_skipped_counted_and_do_not_stop_their_partition(kafk
         launcher.stop()
     figures = accounting(tmp_path, produced)
     survived = skipped == len(poison) and not restarts and figures["lost"] == 0 and figures["duplicated"] == 0
-    fault_record(fault=f"poison records ({len(poison)} kinds among {produced} samples)", injected=len(poison), survived=int(survived), **figures)
+    fault_record(
+        fault=f"poison records ({len(poison)} kinds among {produced} samples)",
+        injected=len(poison),
+        survived=int(survived),
+        **figures,
+    )
     assert skipped == len(poison) and not restarts  # counted, and no crash loop
     assert figures["lost"] == 0 and figures["duplicated"] == 0, figures
 
 
-def test_a_hung_worker_trips_the_collective_timeout_and_the_group_restarts_from_its_checkpoint(kafka_broker, tmp_path, fault_record):
+def test_a_hung_worker_trips_the_collective_timeout_and_the_group_restarts_from_its_checkpoint(
+    kafka_broker, tmp_path, fault_record
+):
     servers = kafka_broker.bootstrap_servers
     ensure_topic(servers, TOPIC, PARTITIONS)
     launcher, settings = trainer(servers, tmp_path)
@@ -136,9 +166,17 @@ def test_a_hung_worker_trips_the_collective_timeout_and_the_group_restarts_from_
         launcher.stop()
     figures = accounting(tmp_path, feeder.produced)
     # What a crash may repeat: what the group trained since its last checkpoint (an interval and a step).
-    bound = 2 * settings.emulate_gpu_rate * (settings.checkpoint_every_s + settings.batch_size / settings.emulate_gpu_rate)
+    bound = (
+        2 * settings.emulate_gpu_rate * (settings.checkpoint_every_s + settings.batch_size / settings.emulate_gpu_rate)
+    )
     survived = record.reason.startswith("crash-restart") and figures["lost"] == 0 and figures["duplicated"] <= bound
-    fault_record(fault="one worker hung (SIGSTOP on rank 1)", injected=1, survived=int(survived), recovery_s=round(recovery_s, 1), **figures)
+    fault_record(
+        fault="one worker hung (SIGSTOP on rank 1)",
+        injected=1,
+        survived=int(survived),
+        recovery_s=round(recovery_s, 1),
+        **figures,
+    )
     assert record.reason.startswith("crash-restart"), record
     assert recovery_s < settings.collective_timeout_s + 30
     assert figures["lost"] == 0 and figures["duplicated"] <= bound, (figures, bound)
@@ -164,7 +202,12 @@ def test_a_locked_metrics_history_skips_the_tick_and_the_next_one_recovers(contr
     recovery_s = time.monotonic() - released_at
     decision = decision_of(recovered)
     survived = isinstance(skipped, SkipReason) and decision["workers"] == 3 and "held" not in decision
-    fault_record(fault="metrics history locked by another writer (SQLite)", injected=1, survived=int(survived), recovery_s=round(recovery_s, 1))
+    fault_record(
+        fault="metrics history locked by another writer (SQLite)",
+        injected=1,
+        survived=int(survived),
+        recovery_s=round(recovery_s, 1),
+    )
     assert isinstance(skipped, SkipReason)
     assert skipped.skip_message.startswith("the metrics history did not answer (OperationalError: database is locked)")
     assert "nothing decided" in skipped.skip_message
@@ -174,7 +217,9 @@ def test_a_locked_metrics_history_skips_the_tick_and_the_next_one_recovers(contr
 FREEZE_S = 60.0  # spans many sensor ticks, six of the workers' 10 s request timeouts, and the committer's retries
 
 
-def test_a_broker_frozen_for_a_minute_skips_ticks_holds_and_training_loses_nothing(controlled, kafka_broker, tmp_path, fault_record):
+def test_a_broker_frozen_for_a_minute_skips_ticks_holds_and_training_loses_nothing(
+    controlled, kafka_broker, tmp_path, fault_record
+):
     """One freeze, both sides of it: the metrics sensor (stand-in workers behind the trainer service) and real torch
     workers training from the same broker."""
     from dagster import SkipReason
@@ -216,15 +261,28 @@ def test_a_broker_frozen_for_a_minute_skips_ticks_holds_and_training_loses_nothi
         launcher.stop()
     decision = decision_of(after)
     skipped = all(isinstance(s, SkipReason) and s.skip_message.startswith("could not read the stream") for s in skips)
-    survived = skipped and rows_during == rows_before and decision["workers"] >= before["workers"] and "held" not in decision
-    fault_record(fault=f"broker frozen (SIGSTOP) {FREEZE_S:.0f} s: sensor", injected=len(skips), survived=int(survived),
-                 recovery_s=round(sensor_recovery_s, 1))
+    survived = (
+        skipped and rows_during == rows_before and decision["workers"] >= before["workers"] and "held" not in decision
+    )
+    fault_record(
+        fault=f"broker frozen (SIGSTOP) {FREEZE_S:.0f} s: sensor",
+        injected=len(skips),
+        survived=int(survived),
+        recovery_s=round(sensor_recovery_s, 1),
+    )
     figures = accounting(tmp_path / "training", produced)
-    fault_record(fault=f"broker frozen (SIGSTOP) {FREEZE_S:.0f} s: training", injected=1,
-                 survived=int(figures["lost"] == 0 and figures["duplicated"] == 0 and not restarts), recovery_s=round(training_recovery_s, 1), **figures)
+    fault_record(
+        fault=f"broker frozen (SIGSTOP) {FREEZE_S:.0f} s: training",
+        injected=1,
+        survived=int(figures["lost"] == 0 and figures["duplicated"] == 0 and not restarts),
+        recovery_s=round(training_recovery_s, 1),
+        **figures,
+    )
     assert skips and skipped, [getattr(s, "skip_message", s) for s in skips]
     assert rows_during == rows_before  # no reading invented while the broker was silent
-    assert decision["workers"] >= before["workers"] and "held" not in decision  # no scale-in on missing data; decides again at once
+    assert (
+        decision["workers"] >= before["workers"] and "held" not in decision
+    )  # no scale-in on missing data; decides again at once
     # Offsets are committed off the training thread: a silent broker stalls no collective, so the group never restarts.
     assert not restarts
     assert figures["lost"] == 0 and figures["duplicated"] == 0, figures
@@ -236,9 +294,13 @@ def small_volume(tmp_path):
     mounting is not allowed."""
     mount = tmp_path / "ckpt"
     mount.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root in a mount namespace")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root in a mount namespace"
+        )
     try:
         yield mount
     finally:
@@ -263,17 +325,25 @@ def _fill(volume: Path) -> Callable[[], None]:
 def _make_read_only(volume: Path) -> Callable[[], None]:
     # A remount refuses writes even to root, as a volume the kernel or the storage driver turned read-only does.
     # It is refused (busy) while a checkpoint is being written: retried until it lands between two writes.
-    wait_for(lambda: subprocess.run(["mount", "-o", "remount,ro", str(volume)], capture_output=True).returncode == 0,
-             10, "a read-only remount between two checkpoint writes", poll_s=0.02)
+    wait_for(
+        lambda: subprocess.run(["mount", "-o", "remount,ro", str(volume)], capture_output=True).returncode == 0,
+        10,
+        "a read-only remount between two checkpoint writes",
+        poll_s=0.02,
+    )
     return lambda: subprocess.run(["mount", "-o", "remount,rw", str(volume)], check=True)
 
 
-@pytest.mark.parametrize("fault, inject, message", [
-    ("checkpoint volume full", _fill, "No space left on device"),
-    ("checkpoint volume turned read-only", _make_read_only, "Read-only file system"),
-])
+@pytest.mark.parametrize(
+    "fault, inject, message",
+    [
+        ("checkpoint volume full", _fill, "No space left on device"),
+        ("checkpoint volume turned read-only", _make_read_only, "Read-only file system"),
+    ],
+)
 def test_a_full_or_read_only_checkpoint_volume_keeps_training_the_last_checkpoint_and_its_offsets(
-        kafka_broker, tmp_path, small_volume, fault_record, fault, inject, message):
+    kafka_broker, tmp_path, small_volume, fault_record, fault, inject, message
+):
     from kale_dagster.trainer.checkpoint import list_checkpoints, load_latest
 
     servers = kafka_broker.bootstrap_servers
@@ -307,12 +377,16 @@ def test_a_full_or_read_only_checkpoint_volume_keeps_training_the_last_checkpoin
     checks = {
         "clear error": message in error and "stays the latest" in error,
         "training went on": trained_full > trained_before,
-        "offsets not past the saved checkpoint": all(committed_full[p] <= latest_offsets.get(p, 0) for p in committed_full),
+        "offsets not past the saved checkpoint": all(
+            committed_full[p] <= latest_offsets.get(p, 0) for p in committed_full
+        ),
         "no partial file": not leftovers,
         "no restart": not restarts,
         "nothing lost or repeated": figures["lost"] == 0 and figures["duplicated"] == 0,
     }
-    fault_record(fault=fault, injected=1, survived=int(all(checks.values())), recovery_s=round(recovery_s, 1), **figures)
+    fault_record(
+        fault=fault, injected=1, survived=int(all(checks.values())), recovery_s=round(recovery_s, 1), **figures
+    )
     assert all(checks.values()), (checks, error, figures)
 
 
@@ -328,10 +402,35 @@ def test_a_killed_trainer_service_leaves_no_orphans_and_a_new_one_resumes(kafka_
 
     def serve(port: int) -> tuple[subprocess.Popen, LocalTrainerClient]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kale_dagster.cli", "trainer", "serve", "--bootstrap-servers", servers, "--topic", TOPIC, "--group-id", "trainer",
-             "--checkpoint-dir", str(tmp_path / "ckpt"), "--workers", "2", "--batch-size", "64", "--emulate-gpu-rate", "300",
-             "--trained-log", str(tmp_path / "trained"), "--port", str(port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "kale_dagster.cli",
+                "trainer",
+                "serve",
+                "--bootstrap-servers",
+                servers,
+                "--topic",
+                TOPIC,
+                "--group-id",
+                "trainer",
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--workers",
+                "2",
+                "--batch-size",
+                "64",
+                "--emulate-gpu-rate",
+                "300",
+                "--trained-log",
+                str(tmp_path / "trained"),
+                "--port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         client = LocalTrainerClient(f"http://127.0.0.1:{port}")
 
         def up():
@@ -358,7 +457,11 @@ def test_a_killed_trainer_service_leaves_no_orphans_and_a_new_one_resumes(kafka_
         second, client = serve(free_loopback_port())
         recovery_s = time.monotonic() - killed_at
         ends = end_offsets(servers, TOPIC, PARTITIONS)
-        wait_for(lambda: committed_offsets(servers, TOPIC, "trainer", PARTITIONS) == ends, 90, "the new service's group to catch up")
+        wait_for(
+            lambda: committed_offsets(servers, TOPIC, "trainer", PARTITIONS) == ends,
+            90,
+            "the new service's group to catch up",
+        )
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
@@ -366,8 +469,13 @@ def test_a_killed_trainer_service_leaves_no_orphans_and_a_new_one_resumes(kafka_
                 proc.wait(timeout=120)
     figures = accounting(tmp_path, produced)
     survived = figures["lost"] == 0 and figures["duplicated"] == 0
-    fault_record(fault="trainer service killed (SIGKILL) while its workers trained; a new one started", injected=1, survived=int(survived),
-                 recovery_s=round(recovery_s, 1), **figures)
+    fault_record(
+        fault="trainer service killed (SIGKILL) while its workers trained; a new one started",
+        injected=1,
+        survived=int(survived),
+        recovery_s=round(recovery_s, 1),
+        **figures,
+    )
     print(f"orphaned workers left {orphans_gone_s:.1f} s after the service died")
     # Orphaned workers stop as on SIGTERM (checkpoint, commit): nothing lost, nothing repeated.
     assert figures["lost"] == 0 and figures["duplicated"] == 0, figures
@@ -382,9 +490,14 @@ def test_a_rescale_run_whose_process_died_is_failed_and_retried_not_waited_for(c
 
     env = controlled
     instance = env["instance"]
-    orphan = instance.create_run_for_job(env["defs"].resolve_job_def("ctl_rescale"), tags={TARGET_TAG: "3", "kale/pipeline": "ctl"})
-    instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, job_name="ctl_rescale"), orphan.run_id,
-                                  timestamp=time.time() - 3600)  # started an hour ago; its process is gone
+    orphan = instance.create_run_for_job(
+        env["defs"].resolve_job_def("ctl_rescale"), tags={TARGET_TAG: "3", "kale/pipeline": "ctl"}
+    )
+    instance.report_dagster_event(
+        DagsterEvent(DagsterEventType.RUN_START.value, job_name="ctl_rescale"),
+        orphan.run_id,
+        timestamp=time.time() - 3600,
+    )  # started an hour ago; its process is gone
     assert instance.get_run_by_id(orphan.run_id).status == DagsterRunStatus.STARTED
     produce_events(env["servers"], 40)
     first = sensor_tick(env)  # the next tick finds it
@@ -426,8 +539,17 @@ def test_a_10x_arrival_burst_is_met_by_the_emergency_path_within_one_tick(contro
     recovery_s = time.monotonic() - burst_at
     decision = decision_of(result)
     rescales = [int(r.tags[TARGET_TAG]) for r in result.run_requests if TARGET_TAG in r.tags]
-    caught = "burst:" in decision["reason"] and decision["workers"] > decision["running_workers"] and rescales == [decision["workers"]]
-    fault_record(fault="10x arrival burst in one metrics interval", injected=1, survived=int(caught), recovery_s=round(recovery_s, 1))
+    caught = (
+        "burst:" in decision["reason"]
+        and decision["workers"] > decision["running_workers"]
+        and rescales == [decision["workers"]]
+    )
+    fault_record(
+        fault="10x arrival burst in one metrics interval",
+        injected=1,
+        survived=int(caught),
+        recovery_s=round(recovery_s, 1),
+    )
     assert all("burst:" not in d["reason"] for d in steady), [d["reason"] for d in steady]  # steady noise is no burst
     assert caught, (decision, rescales)
     # The windowed rate, which has not caught up yet, would not have called for it.

@@ -25,14 +25,18 @@ def _history(days=3.0, step_s=600.0, seed=3):
 
 
 def test_prepare_sorts_averages_duplicates_and_fills_short_gaps():
-    ts = pd.to_datetime(["2026-01-01 00:02", "2026-01-01 00:00", "2026-01-01 00:01", "2026-01-01 00:01", "2026-01-01 00:04"])
+    ts = pd.to_datetime(
+        ["2026-01-01 00:02", "2026-01-01 00:00", "2026-01-01 00:01", "2026-01-01 00:01", "2026-01-01 00:04"]
+    )
     out = prepare_history(pd.DataFrame({"timestamp": ts, "rate": [4.0, 0.0, 1.0, 3.0, 8.0]}))
     assert list(out.rate) == [0.0, 2.0, 4.0, 6.0, 8.0]  # duplicate averaged, 00:03 interpolated
     assert str(out.timestamp.dt.tz) == "UTC"
 
 
 def test_long_gaps_stay_missing():
-    ts = pd.date_range("2026-01-01", periods=3, freq="1min").append(pd.date_range("2026-01-01 01:00", periods=3, freq="1min"))
+    ts = pd.date_range("2026-01-01", periods=3, freq="1min").append(
+        pd.date_range("2026-01-01 01:00", periods=3, freq="1min")
+    )
     out = prepare_history(pd.DataFrame({"timestamp": ts, "rate": 1.0}), max_fill_steps=5)
     assert out.rate.isna().sum() == 57
 
@@ -41,8 +45,14 @@ def test_long_gaps_stay_missing():
     "frame, message",
     [
         (pd.DataFrame({"timestamp": ["2026-01-01"], "value": [1]}), "missing \\['rate'\\]"),
-        (pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=3, freq="1min"), "rate": [1.0, -2.0, 3.0]}), ">= 0"),
-        (pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min"), "rate": [np.inf, 1.0]}), "finite"),
+        (
+            pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=3, freq="1min"), "rate": [1.0, -2.0, 3.0]}),
+            ">= 0",
+        ),
+        (
+            pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min"), "rate": [np.inf, 1.0]}),
+            "finite",
+        ),
         (pd.DataFrame({"timestamp": ["2026-01-01", "not a time"], "rate": [1, 2]}), "not timestamps"),
         (pd.DataFrame({"timestamp": [], "rate": []}), "empty"),
     ],
@@ -198,7 +208,9 @@ def test_simple_baselines_see_only_the_past_and_choose_k_before_the_tail():
     origins = np.arange(24 * 15, 24 * 19, 1)
     guesses = simple_baselines(rate, origins, horizon=1, step_s=step, held_out=np.arange(24 * 8, 24 * 15))
     target = origins
-    assert np.array_equal(guesses["seasonal-naive-day"], rate[target - 24]) and np.array_equal(guesses["seasonal-naive-day"], rate[target])
+    assert np.array_equal(guesses["seasonal-naive-day"], rate[target - 24]) and np.array_equal(
+        guesses["seasonal-naive-day"], rate[target]
+    )
     assert np.array_equal(guesses["persistence"], rate[origins - 1])
     (mean_name,) = [n for n in guesses if n.startswith("mean of last")]
     assert mean_name == "mean of last 2"  # the shortest mean beats longer ones on a square wave; 1 is persistence
@@ -206,7 +218,9 @@ def test_simple_baselines_see_only_the_past_and_choose_k_before_the_tail():
 
 def test_one_pass_scores_every_horizon_against_every_simple_baseline_and_the_floor():
     hist = _history(days=10.0, step_s=600.0)
-    short, long = rolling_origin_horizons(hist, lambda: make_forecaster("prophet", horizon_s=7200), (1800, 7200), eval_days=2, origin_every_s=3600)
+    short, long = rolling_origin_horizons(
+        hist, lambda: make_forecaster("prophet", horizon_s=7200), (1800, 7200), eval_days=2, origin_every_s=3600
+    )
     for r in (short, long):
         assert set(r.simple_mae) >= {"seasonal-naive-day", "seasonal-naive-week", "persistence"} and r.folds > 40
         assert r.baseline_mae == min(r.simple_mae["seasonal-naive-day"], r.simple_mae["seasonal-naive-week"])
@@ -226,7 +240,9 @@ def test_read_trace_converts_counts_to_rates():
 
 
 def _kale(*args):
-    return subprocess.run([sys.executable, "-m", "kale_dagster.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.parametrize(
@@ -244,35 +260,70 @@ def test_cli_errors(args, message):
 
 
 def test_cli_json():
-    proc = _kale("forecast", "--trace", str(FIXTURES / "diurnal_3d_10min.csv"), "--horizon", "30", "--model", "ewma", "--eval-days", "0.5", "--json")
+    proc = _kale(
+        "forecast",
+        "--trace",
+        str(FIXTURES / "diurnal_3d_10min.csv"),
+        "--horizon",
+        "30",
+        "--model",
+        "ewma",
+        "--eval-days",
+        "0.5",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert set(out) >= {"model", "horizon_minutes", "smape", "mape", "mae", "coverage", "baseline_smape", "baseline_mae", "relative_mae", "folds"}
+    assert set(out) >= {
+        "model",
+        "horizon_minutes",
+        "smape",
+        "mape",
+        "mae",
+        "coverage",
+        "baseline_smape",
+        "baseline_mae",
+        "relative_mae",
+        "folds",
+    }
     assert out["model"] == "ewma" and out["folds"] > 0
     assert out["relative_mae"] == pytest.approx(out["mae"] / out["baseline_mae"]) and out["note"] == ""
 
 
 def test_a_trace_shorter_than_the_window_is_evaluated_on_what_it_has_and_says_so():
-    proc = _kale("forecast", "--trace", str(FIXTURES / "diurnal_3d_10min.csv"), "--horizon", "30", "--model", "ewma", "--json")
+    proc = _kale(
+        "forecast", "--trace", str(FIXTURES / "diurnal_3d_10min.csv"), "--horizon", "30", "--model", "ewma", "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert "evaluated its last 1.0 days instead of 28" in proc.stderr and out["eval_days"] == pytest.approx(1.0, abs=0.01)
+    assert "evaluated its last 1.0 days instead of 28" in proc.stderr and out["eval_days"] == pytest.approx(
+        1.0, abs=0.01
+    )
 
 
 def test_any_trace_file_is_read_or_refused_with_a_clear_error(tmp_path):
-    """Property-based: arbitrary CSV-ish text gives a history or an InputDataError that names the file, never another crash."""
+    """Property-based: arbitrary CSV-ish text gives a history or an InputDataError that names the file, never another
+    crash."""
     from hypothesis import HealthCheck, example, given, settings
     from hypothesis import strategies as st
 
-    rows = st.lists(st.tuples(st.one_of(st.datetimes().map(str), st.text(max_size=12)),
-                              st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(str), st.integers().map(str), st.text(max_size=8))),
-                    max_size=12)
+    rows = st.lists(
+        st.tuples(
+            st.one_of(st.datetimes().map(str), st.text(max_size=12)),
+            st.one_of(
+                st.floats(allow_nan=True, allow_infinity=True).map(str), st.integers().map(str), st.text(max_size=8)
+            ),
+        ),
+        max_size=12,
+    )
     header = st.sampled_from(["timestamp,value", "time,value", "timestamp", ""])
     path = tmp_path / "trace.csv"
 
     @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(header, rows)
-    @example("timestamp,value", [("2293-01-01 00:00:01", "0.0"), ("2000-01-01 00:00:00", "0.0")])  # a step of centuries, found here
+    @example(
+        "timestamp,value", [("2293-01-01 00:00:01", "0.0"), ("2000-01-01 00:00:00", "0.0")]
+    )  # a step of centuries, found here
     def check(head, body):
         path.write_text("\n".join([head] + [f"{t},{v}" for t, v in body]) + "\n", errors="surrogatepass")
         try:
@@ -290,18 +341,30 @@ def test_realised_error_scores_a_past_forecast_and_the_day_before_on_the_same_in
     from kale_dagster.forecast.evaluate import realised_error
 
     t0, step = 1_800_000_000.0, 300.0
-    fc = Forecast(start=t0, step_s=step, point=np.array([100.0, 100.0, 100.0, 100.0]), lower=np.zeros(4), upper=np.full(4, 200.0), model="m")
+    fc = Forecast(
+        start=t0,
+        step_s=step,
+        point=np.array([100.0, 100.0, 100.0, 100.0]),
+        lower=np.zeros(4),
+        upper=np.full(4, 200.0),
+        model="m",
+    )
     times = t0 + step * np.arange(4)
-    history = pd.DataFrame({
-        # a day before: 50 everywhere; what arrived: 100, 100, then 300 (the forecast's last instant not yet recorded)
-        "timestamp": pd.to_datetime(np.concatenate([times - 86_400, times[:3] + 20]), unit="s", utc=True),
-        "rate": np.concatenate([np.full(4, 50.0), [100.0, 100.0, 300.0]]),
-    })
+    history = pd.DataFrame(
+        {
+            # a day before: 50 everywhere; what arrived: 100, 100, then 300 (the forecast's last instant not yet
+            # recorded)
+            "timestamp": pd.to_datetime(np.concatenate([times - 86_400, times[:3] + 20]), unit="s", utc=True),
+            "rate": np.concatenate([np.full(4, 50.0), [100.0, 100.0, 300.0]]),
+        }
+    )
     got = realised_error(fc, history)
     assert got["realised_points"] == 3
     assert got["realised_smape"] == pytest.approx(smape(np.array([100, 100, 300.0]), np.array([100, 100, 100.0])))
     assert got["realised_baseline_smape"] == pytest.approx(smape(np.array([100, 100, 300.0]), np.array([50, 50, 50.0])))
-    assert realised_error(fc, history[history["timestamp"] < pd.Timestamp(t0 - 3600, unit="s", tz="UTC")]) is None  # nothing realised yet
+    assert (
+        realised_error(fc, history[history["timestamp"] < pd.Timestamp(t0 - 3600, unit="s", tz="UTC")]) is None
+    )  # nothing realised yet
 
 
 def test_vectorized_nan_statistics_equal_numpy_s():
@@ -324,17 +387,23 @@ def test_a_clean_history_is_returned_as_the_regularising_path_would_return_it():
     from kale_dagster.forecast.history import _regularise
 
     ts = pd.date_range("2026-01-01", periods=500, freq="5min", tz="UTC")
-    for frame in (pd.DataFrame({"timestamp": ts, "rate": np.arange(500.0)}),
-                  pd.DataFrame({"timestamp": ts.tz_localize(None).astype(str), "rate": np.arange(500)})):
+    for frame in (
+        pd.DataFrame({"timestamp": ts, "rate": np.arange(500.0)}),
+        pd.DataFrame({"timestamp": ts.tz_localize(None).astype(str), "rate": np.arange(500)}),
+    ):
         slow = _regularise(pd.to_datetime(frame["timestamp"], utc=True), frame["rate"].astype(float), None, 5)
         pd.testing.assert_frame_equal(prepare_history(frame), slow)
         pd.testing.assert_frame_equal(prepare_history(frame, step_s=300.0), slow)
-    assert len(prepare_history(pd.DataFrame({"timestamp": ts, "rate": 1.0}), step_s=600.0)) == 250  # another step: regularised
+    assert (
+        len(prepare_history(pd.DataFrame({"timestamp": ts, "rate": 1.0}), step_s=600.0)) == 250
+    )  # another step: regularised
     # Off the grid (every 5 minutes from 00:02): moved onto it, as resampling does.
     shifted = pd.DataFrame({"timestamp": ts + pd.Timedelta(minutes=2), "rate": np.arange(500.0)})
     assert prepare_history(shifted)["timestamp"].iloc[0] == ts[0]
     # Before 1970 and in another unit, the grid is still whole steps from midnight.
-    early = pd.DataFrame({"timestamp": pd.date_range("1969-12-31 23:00", periods=5, freq="5min", tz="UTC").as_unit("s"), "rate": 1.0})
+    early = pd.DataFrame(
+        {"timestamp": pd.date_range("1969-12-31 23:00", periods=5, freq="5min", tz="UTC").as_unit("s"), "rate": 1.0}
+    )
     pd.testing.assert_frame_equal(prepare_history(early), _regularise(early["timestamp"], early["rate"], None, 5))
     # A clean history comes back without a copy of its values, yet stays apart from the caller's frame.
     clean = pd.DataFrame({"timestamp": ts, "rate": np.arange(500.0)})

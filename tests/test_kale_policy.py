@@ -15,11 +15,29 @@ PAPER = ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786))
 
 def _forecast(values, start=0.0, step=60.0, band=0.0, outlook=()):
     v = np.asarray(values, dtype=float)
-    return Forecast(start=start, step_s=step, point=v, lower=v * (1 - band), upper=v * (1 + band), model="test", outlook=np.asarray(outlook, dtype=float))
+    return Forecast(
+        start=start,
+        step_s=step,
+        point=v,
+        lower=v * (1 - band),
+        upper=v * (1 + band),
+        model="test",
+        outlook=np.asarray(outlook, dtype=float),
+    )
 
 
 def _obs(t=0.0, workers=4, rate=3500.0, backlog=0.0, lag=0.0, forecast=None, error=None):
-    return Observation(time=t, workers=workers, arrival_rate=rate, consumption_rate=rate, backlog=backlog, time_lag_s=lag, utilization=0.8, forecast=forecast, forecast_error=error)
+    return Observation(
+        time=t,
+        workers=workers,
+        arrival_rate=rate,
+        consumption_rate=rate,
+        backlog=backlog,
+        time_lag_s=lag,
+        utilization=0.8,
+        forecast=forecast,
+        forecast_error=error,
+    )
 
 
 def test_paper_example_through_the_estimator():
@@ -29,7 +47,9 @@ def test_paper_example_through_the_estimator():
 
 def test_backlog_adds_drain_capacity():
     # 3,500/s needs 4 workers; a backlog of 1.2M over a 600 s window adds 2,000/s -> 6.
-    est = estimate_workers(np.array([3500.0] * 3), 600, LINEAR, 1, 32, backlog=1_200_000, arrival_rate=3500, drain_window_s=600)
+    est = estimate_workers(
+        np.array([3500.0] * 3), 600, LINEAR, 1, 32, backlog=1_200_000, arrival_rate=3500, drain_window_s=600
+    )
     assert est.plan == (6, 4, 4)
     assert drain_rate(1_200_000, 3500, 600, 600) == pytest.approx(2000 + 3500)
 
@@ -68,10 +88,14 @@ def test_scale_in_when_savings_beat_the_restart():
     assert "3 workers cost least over 2.0 h including a 10.0 min restart" in d.reason
 
 
-@pytest.mark.parametrize("band,workers,why", [
-    (0.0, 3, "a tight band: both readings of the forecast agree"),
-    (6.0, 3, "a wide band (bursty traffic: the upper band is 7x the point): still priced on what is expected"),
-], ids=["tight band", "wide band"])
+@pytest.mark.parametrize(
+    "band,workers,why",
+    [
+        (0.0, 3, "a tight band: both readings of the forecast agree"),
+        (6.0, 3, "a wide band (bursty traffic: the upper band is 7x the point): still priced on what is expected"),
+    ],
+    ids=["tight band", "wide band"],
+)
 def test_candidates_are_priced_on_the_expected_traffic(band, workers, why):
     """Holding 16 workers for an upper band of 14,000/s, when 2,000/s is expected, costs 13 idle GPUs every minute;
     the restart-cost test prices each level on the point forecast (priced on the upper band, it held all 16)."""
@@ -92,23 +116,33 @@ def test_scale_in_refused_when_the_restart_costs_more_than_it_saves():
 def test_scale_in_judged_over_how_long_the_outlook_says_the_lower_level_lasts():
     # The case above: over the 20-minute horizon one worker saved does not repay the restart...
     policy = KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600, outlook_scale_in=True))
-    assert policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 120))).workers == 3  # 2 h more: still not
+    assert (
+        policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 120))).workers == 3
+    )  # 2 h more: still not
     # ...but the outlook says 900/s holds for 20 hours more: 2 workers keep up, and 1,240 GPU-min saved
     # outweigh the restart's 94 lag-min x 8.
     d = policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 1200)))
     assert d.workers == 2 and "cost least over 20.3 h" in d.reason
     # Off by default: the horizon alone judges.
-    assert KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600)).decide(
-        _obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 1200))).workers == 3
+    assert (
+        KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600))
+        .decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 1200)))
+        .workers
+        == 3
+    )
 
 
 def test_a_scale_in_the_outlook_undoes_soon_pays_for_the_restart_back_up():
     # 6 workers run; 1,500/s for 6 hours (the horizon and 4 hours of outlook), then 5,500/s, which 6 can take.
     policy = KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600, outlook_scale_in=True))
-    back = policy.decide(_obs(workers=6, rate=1500, forecast=_forecast([1500] * 120, outlook=[1500] * 240 + [5500] * 600)))
+    back = policy.decide(
+        _obs(workers=6, rate=1500, forecast=_forecast([1500] * 120, outlook=[1500] * 240 + [5500] * 600))
+    )
     assert back.workers == 6, back.reason  # two restarts (down now, up in 6 h) cost more than the GPUs saved
     # When the outlook then needs more than 6 anyway, keeping would restart too: the same scale-in pays.
-    higher = policy.decide(_obs(workers=6, rate=1500, forecast=_forecast([1500] * 120, outlook=[1500] * 240 + [8000] * 600)))
+    higher = policy.decide(
+        _obs(workers=6, rate=1500, forecast=_forecast([1500] * 120, outlook=[1500] * 240 + [8000] * 600))
+    )
     assert higher.workers < 6 and "over 6.0 h" in higher.reason and "one back up" not in higher.reason, higher.reason
 
 
@@ -151,7 +185,12 @@ def _burst_obs(latest, forecast=True, workers=4, rate=3500.0):
         ("2.5x: past both bounds; sized for it and the restart's backlog", _burst_obs(10_000.0), True, 12),
         ("1.9x capacity: not a burst, the plan holds", _burst_obs(7_600.0), False, 4),
         ("no latest interval (first reading)", _burst_obs(None), False, 4),
-        ("over-provisioned: 3x the forecast but under 2x capacity; the plan scales in", _burst_obs(10_500.0, workers=16), False, 6),
+        (
+            "over-provisioned: 3x the forecast but under 2x capacity; the plan scales in",
+            _burst_obs(10_500.0, workers=16),
+            False,
+            6,
+        ),
         ("no forecast: the windowed rate is what is expected", _burst_obs(35_000.0, forecast=False), True, 32),
     ],
 )

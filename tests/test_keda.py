@@ -9,7 +9,13 @@ from __future__ import annotations
 import pytest
 
 from kale_dagster import KafkaScalerMetadata, KaleConfigError, KedaKafkaPolicy, Observation, PartitionOffsets
-from kale_dagster.policies.keda import find_factors, next_factor_balancing_partitions, parse_partition_limitation, partition_lag, total_lag
+from kale_dagster.policies.keda import (
+    find_factors,
+    next_factor_balancing_partitions,
+    parse_partition_limitation,
+    partition_lag,
+    total_lag,
+)
 
 
 @pytest.mark.parametrize(
@@ -41,7 +47,11 @@ def test_partition_lag(name, end, committed, policy, to_zero, expected):
         ("TestFindFactors 50", 50, [1, 2, 5, 10, 25, 50]),
         ("TestFindFactors 100", 100, [1, 2, 4, 5, 10, 20, 25, 50, 100]),
         ("ours: none below 1", 0, []),
-        ("ours: the paper's 800 partitions", 800, [1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 40, 50, 80, 100, 160, 200, 400, 800]),
+        (
+            "ours: the paper's 800 partitions",
+            800,
+            [1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 40, 50, 80, 100, 160, 200, 400, 800],
+        ),
     ],
 )
 def test_find_factors(name, n, expected):
@@ -71,26 +81,52 @@ def test_next_factor(name, lag, partitions, threshold, expected):
     [
         ("ours: plain sum", [5, 5, 5], KafkaScalerMetadata(lag_threshold=10), (15, 15)),
         ("ours: capped at partitions x threshold", [500, 0, 0], KafkaScalerMetadata(lag_threshold=10), (30, 500)),
-        ("ours: allowIdleConsumers lifts the cap", [500, 0, 0], KafkaScalerMetadata(lag_threshold=10, allow_idle_consumers=True), (500, 500)),
-        ("ours: limitToPartitionsWithLag caps at partitions with lag", [500, 0, 0], KafkaScalerMetadata(lag_threshold=10, limit_to_partitions_with_lag=True), (10, 500)),
-        ("ours: ensureEvenDistributionOfPartitions rounds up to a factor", [12, 3, 0, 0], KafkaScalerMetadata(lag_threshold=10, ensure_even_distribution_of_partitions=True), (20, 15)),
+        (
+            "ours: allowIdleConsumers lifts the cap",
+            [500, 0, 0],
+            KafkaScalerMetadata(lag_threshold=10, allow_idle_consumers=True),
+            (500, 500),
+        ),
+        (
+            "ours: limitToPartitionsWithLag caps at partitions with lag",
+            [500, 0, 0],
+            KafkaScalerMetadata(lag_threshold=10, limit_to_partitions_with_lag=True),
+            (10, 500),
+        ),
+        (
+            "ours: ensureEvenDistributionOfPartitions rounds up to a factor",
+            [12, 3, 0, 0],
+            KafkaScalerMetadata(lag_threshold=10, ensure_even_distribution_of_partitions=True),
+            (20, 15),
+        ),
     ],
 )
 def test_total_lag(name, lags, meta, expected):
     assert total_lag(lags, meta) == expected
 
 
-# parseKafkaMetadata's checks, which upstream's parse tests exercise (its rows are unnamed): (name, metadata, error field or None).
+# parseKafkaMetadata's checks, which upstream's parse tests exercise (its rows are unnamed): (name, metadata, error
+# field or None).
 METADATA_CASES = [
     ("lagThreshold must be positive", dict(lag_threshold=0), "lag_threshold"),
     ("activationLagThreshold must not be negative", dict(activation_lag_threshold=-1), "activation_lag_threshold"),
     ("offsetResetPolicy latest or earliest", dict(offset_reset_policy="newest"), "offset_reset_policy"),
-    ("allowIdleConsumers and limitToPartitionsWithLag cannot be set simultaneously",
-     dict(allow_idle_consumers=True, limit_to_partitions_with_lag=True), "limit_to_partitions_with_lag"),
-    ("limitToPartitionsWithLag and ensureEvenDistributionOfPartitions cannot be set simultaneously",
-     dict(limit_to_partitions_with_lag=True, ensure_even_distribution_of_partitions=True), "ensure_even_distribution_of_partitions"),
+    (
+        "allowIdleConsumers and limitToPartitionsWithLag cannot be set simultaneously",
+        dict(allow_idle_consumers=True, limit_to_partitions_with_lag=True),
+        "limit_to_partitions_with_lag",
+    ),
+    (
+        "limitToPartitionsWithLag and ensureEvenDistributionOfPartitions cannot be set simultaneously",
+        dict(limit_to_partitions_with_lag=True, ensure_even_distribution_of_partitions=True),
+        "ensure_even_distribution_of_partitions",
+    ),
     ("partitionLimitation that does not parse", dict(partition_limitation="1,x"), "partition_limitation"),
-    ("allowIdleConsumers with ensureEvenDistributionOfPartitions is accepted", dict(allow_idle_consumers=True, ensure_even_distribution_of_partitions=True), None),
+    (
+        "allowIdleConsumers with ensureEvenDistributionOfPartitions is accepted",
+        dict(allow_idle_consumers=True, ensure_even_distribution_of_partitions=True),
+        None,
+    ),
     ("excludePersistentLag is accepted", dict(exclude_persistent_lag=True), None),
 ]
 
@@ -115,7 +151,9 @@ def test_metadata_validation_names_the_field(case):
     ],
 )
 def test_partition_limitation(name, spec, partitions, expected):
-    keda = KedaKafkaPolicy(KafkaScalerMetadata(lag_threshold=10, partition_limitation=spec), min_replicas=1, max_replicas=10)
+    keda = KedaKafkaPolicy(
+        KafkaScalerMetadata(lag_threshold=10, partition_limitation=spec), min_replicas=1, max_replicas=10
+    )
     # Lag = the partition id + 1, so the considered partitions show in the lags.
     obs = _obs(0, 1, tuple(PartitionOffsets(i, end_offset=100 + i + 1, committed=100) for i in partitions))
     scaling, activation = keda.partition_lags(obs)
@@ -124,7 +162,8 @@ def test_partition_limitation(name, spec, partitions, expected):
 
 
 def test_partition_missing_from_the_latest_offsets_is_not_counted():
-    """ours: upstream iterates the latest-offset response, so a partition it leaves out neither lags nor raises the cap."""
+    """ours: upstream iterates the latest-offset response, so a partition it leaves out neither lags nor raises the
+    cap."""
     keda = KedaKafkaPolicy(KafkaScalerMetadata(lag_threshold=10), min_replicas=1, max_replicas=10)
     parts = (PartitionOffsets(0, end_offset=600, committed=0), PartitionOffsets(1, end_offset=None, committed=0))
     assert keda.partition_lags(_obs(0, 1, parts)) == ([600], [600])
@@ -134,12 +173,16 @@ def test_partition_missing_from_the_latest_offsets_is_not_counted():
 def test_exclude_persistent_lag():
     """ours: excludePersistentLag leaves out a partition whose committed offset has not moved since the previous
     poll (maybe stuck on a bad record) from scaling, but not from activation; state survives a restart."""
-    keda = KedaKafkaPolicy(KafkaScalerMetadata(lag_threshold=10, exclude_persistent_lag=True), min_replicas=0, max_replicas=10)
+    keda = KedaKafkaPolicy(
+        KafkaScalerMetadata(lag_threshold=10, exclude_persistent_lag=True), min_replicas=0, max_replicas=10
+    )
     first = (PartitionOffsets(0, 500, 100), PartitionOffsets(1, 500, 100))
     assert keda.partition_lags(_obs(0, 1, first)) == ([400, 400], [400, 400])  # no previous poll: all count
     second = (PartitionOffsets(0, 600, 100), PartitionOffsets(1, 600, 200))
     assert keda.partition_lags(_obs(15, 1, second)) == ([0, 400], [500, 400])
-    restored = KedaKafkaPolicy(KafkaScalerMetadata(lag_threshold=10, exclude_persistent_lag=True), min_replicas=0, max_replicas=10)
+    restored = KedaKafkaPolicy(
+        KafkaScalerMetadata(lag_threshold=10, exclude_persistent_lag=True), min_replicas=0, max_replicas=10
+    )
     restored.load_state(keda.state())
     stuck = (PartitionOffsets(0, 700, 100), PartitionOffsets(1, 700, 200))
     assert restored.partition_lags(_obs(30, 1, stuck)) == ([0, 0], [600, 500])
@@ -148,7 +191,16 @@ def test_exclude_persistent_lag():
 
 
 def _obs(t, workers, partitions=(), backlog=0.0):
-    return Observation(time=t, workers=workers, arrival_rate=0, consumption_rate=0, backlog=backlog, time_lag_s=0, utilization=1, partitions=partitions)
+    return Observation(
+        time=t,
+        workers=workers,
+        arrival_rate=0,
+        consumption_rate=0,
+        backlog=backlog,
+        time_lag_s=0,
+        utilization=1,
+        partitions=partitions,
+    )
 
 
 def test_policy_replicas_from_partition_offsets():
@@ -169,16 +221,24 @@ def test_policy_activation_and_cooldown_to_zero():
     assert keda.decide(_obs(45 + 300, 4, backlog=0)).workers == 0
 
 
-@pytest.mark.parametrize("meta", [KafkaScalerMetadata(lag_threshold=10), KafkaScalerMetadata(lag_threshold=10, allow_idle_consumers=True),
-                                  KafkaScalerMetadata(lag_threshold=10, limit_to_partitions_with_lag=True),
-                                  KafkaScalerMetadata(lag_threshold=7, ensure_even_distribution_of_partitions=True)])
+@pytest.mark.parametrize(
+    "meta",
+    [
+        KafkaScalerMetadata(lag_threshold=10),
+        KafkaScalerMetadata(lag_threshold=10, allow_idle_consumers=True),
+        KafkaScalerMetadata(lag_threshold=10, limit_to_partitions_with_lag=True),
+        KafkaScalerMetadata(lag_threshold=7, ensure_even_distribution_of_partitions=True),
+    ],
+)
 @pytest.mark.parametrize("backlog", [0, 1, 5, 7.6, 8, 79, 80, 81, 12_345.4])
 def test_ours_a_spread_backlog_totals_as_its_partitions_would(meta, backlog):
     """Ours: the simulator's backlog, spread evenly over partition_count partitions, totals as the list of
     those partitions' lags does."""
     keda = KedaKafkaPolicy(meta, max_replicas=100, partition_count=8)
     base, extra = divmod(int(round(backlog)), 8)
-    assert keda._spread_total_lag(_obs(0, 1, backlog=backlog)) == total_lag([base + 1] * extra + [base] * (8 - extra), meta)
+    assert keda._spread_total_lag(_obs(0, 1, backlog=backlog)) == total_lag(
+        [base + 1] * extra + [base] * (8 - extra), meta
+    )
 
 
 def test_policy_needs_partitions_or_a_count():

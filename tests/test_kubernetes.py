@@ -13,8 +13,20 @@ from unittest import mock
 import kubernetes_validate
 import pytest
 from dagster_k8s.client import DagsterKubernetesClient
-from kubernetes.client import V1PersistentVolumeClaim, V1PersistentVolumeClaimSpec
-from kubernetes.client import V1ContainerState, V1ContainerStateWaiting, V1ContainerStatus, V1Job, V1JobSpec, V1ObjectMeta, V1Pod, V1PodCondition, V1PodList, V1PodStatus
+from kubernetes.client import (
+    V1ContainerState,
+    V1ContainerStateWaiting,
+    V1ContainerStatus,
+    V1Job,
+    V1JobSpec,
+    V1ObjectMeta,
+    V1PersistentVolumeClaim,
+    V1PersistentVolumeClaimSpec,
+    V1Pod,
+    V1PodCondition,
+    V1PodList,
+    V1PodStatus,
+)
 from kubernetes.client.rest import ApiException
 
 from kale_dagster import KafkaSource, KaleConfigError
@@ -22,21 +34,38 @@ from kale_dagster.launchers import RescaleFailed
 from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesLauncherConfig, pods_state, render
 
 K8S_VERSION = kubernetes_validate.utils.latest_version()
-SOURCE = KafkaSource("kafka-0.kafka:9093", ("clicks",), "ctr", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
-                     sasl_username="kale", sasl_password_env="KAFKA_PASSWORD")
+SOURCE = KafkaSource(
+    "kafka-0.kafka:9093",
+    ("clicks",),
+    "ctr",
+    security_protocol="SASL_SSL",
+    sasl_mechanism="SCRAM-SHA-512",
+    sasl_username="kale",
+    sasl_password_env="KAFKA_PASSWORD",
+)
 
 
 def _config(**kw):
-    base = dict(image="registry.example.com/ctr-trainer:1.4", checkpoint_pvc="ctr-checkpoints", kafka_secret="ctr-kafka-credentials")
+    base = dict(
+        image="registry.example.com/ctr-trainer:1.4",
+        checkpoint_pvc="ctr-checkpoints",
+        kafka_secret="ctr-kafka-credentials",
+    )
     base.update(kw)
     return KubernetesLauncherConfig(**base)
 
 
 CONFIGS = [
     _config(),
-    _config(namespace="ml", gpus_per_worker=2, node_selector={"nvidia.com/gpu.product": "NVIDIA-A10"},
-            tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
-            image_pull_secrets=("regcred",), service_account="kale-trainer", image_pull_policy="Always"),
+    _config(
+        namespace="ml",
+        gpus_per_worker=2,
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-A10"},
+        tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+        image_pull_secrets=("regcred",),
+        service_account="kale-trainer",
+        image_pull_policy="Always",
+    ),
     _config(checkpoint_pvc="shared-ckpt", kafka_secret=None, gpus_per_worker=0, trainer_args=("--batch-size", "512")),
 ]
 
@@ -54,9 +83,16 @@ def test_manifests_validate_against_the_kubernetes_schema(config, workers):
     container = spec["template"]["spec"]["containers"][0]
     assert container["command"] == ["torchrun"] and f"--nnodes={workers}" in container["args"]
     args = container["args"]
-    assert args[args.index("--bootstrap-servers") + 1] == SOURCE.bootstrap_servers and args[args.index("--topic") + 1] == "clicks"
+    assert (
+        args[args.index("--bootstrap-servers") + 1] == SOURCE.bootstrap_servers
+        and args[args.index("--topic") + 1] == "clicks"
+    )
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL" and env["KAFKA_SASL_USERNAME"] == "kale" and "KAFKA_SASL_PASSWORD" not in env
+    assert (
+        env["KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+        and env["KAFKA_SASL_USERNAME"] == "kale"
+        and "KAFKA_SASL_PASSWORD" not in env
+    )
     if config.gpus_per_worker:
         assert container["resources"]["limits"]["nvidia.com/gpu"] == str(config.gpus_per_worker)
     assert spec["template"]["spec"]["subdomain"] == manifests[0]["metadata"]["name"]
@@ -74,8 +110,12 @@ def test_credentials_are_referenced_never_inlined(monkeypatch):
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [(dict(image=""), "image"), (dict(checkpoint_pvc=""), "checkpoint_pvc"),
-     (dict(image_pull_policy="Sometimes"), "image_pull_policy"), (dict(termination_grace_period_s=1), "termination_grace_period_s")],
+    [
+        (dict(image=""), "image"),
+        (dict(checkpoint_pvc=""), "checkpoint_pvc"),
+        (dict(image_pull_policy="Sometimes"), "image_pull_policy"),
+        (dict(termination_grace_period_s=1), "termination_grace_period_s"),
+    ],
 )
 def test_config_errors_name_the_field(kwargs, field):
     with pytest.raises(KaleConfigError) as err:
@@ -87,10 +127,23 @@ def test_config_errors_name_the_field(kwargs, field):
 
 
 def _pod(name, ready=True, waiting=None, phase="Running"):
-    statuses = [V1ContainerStatus(name="dagster", image="x", image_id="", ready=ready, restart_count=0,
-                                  state=V1ContainerState(waiting=V1ContainerStateWaiting(reason=waiting, message="back-off") if waiting else None))]
+    statuses = [
+        V1ContainerStatus(
+            name="dagster",
+            image="x",
+            image_id="",
+            ready=ready,
+            restart_count=0,
+            state=V1ContainerState(
+                waiting=V1ContainerStateWaiting(reason=waiting, message="back-off") if waiting else None
+            ),
+        )
+    ]
     conditions = [V1PodCondition(type="Ready", status="True" if ready else "False")]
-    return V1Pod(metadata=V1ObjectMeta(name=name), status=V1PodStatus(phase=phase, conditions=conditions, container_statuses=statuses))
+    return V1Pod(
+        metadata=V1ObjectMeta(name=name),
+        status=V1PodStatus(phase=phase, conditions=conditions, container_statuses=statuses),
+    )
 
 
 class FakeCluster:
@@ -109,7 +162,9 @@ class FakeCluster:
         self.core.read_namespaced_service.side_effect = ApiException(status=404)
         self.core.read_namespaced_pod_log.side_effect = self._log
         self.access_modes = ["ReadWriteMany"]
-        self.core.read_namespaced_persistent_volume_claim.side_effect = lambda *a, **kw: V1PersistentVolumeClaim(spec=V1PersistentVolumeClaimSpec(access_modes=self.access_modes))
+        self.core.read_namespaced_persistent_volume_claim.side_effect = lambda *a, **kw: V1PersistentVolumeClaim(
+            spec=V1PersistentVolumeClaimSpec(access_modes=self.access_modes)
+        )
         self.created = []
         self.silent = set()  # worker counts whose pods never log a training step
         self.failed_jobs = set()  # jobs whose first pod has failed since (OOM, node lost, preemption)
@@ -120,7 +175,10 @@ class FakeCluster:
             raise self.fail_create[workers]
         name = body["metadata"]["name"]
         self.created.append(workers)
-        self.jobs[name] = V1Job(metadata=V1ObjectMeta(name=name, labels=body["metadata"]["labels"], creation_timestamp=len(self.created)), spec=V1JobSpec(parallelism=workers, template=mock.Mock()))
+        self.jobs[name] = V1Job(
+            metadata=V1ObjectMeta(name=name, labels=body["metadata"]["labels"], creation_timestamp=len(self.created)),
+            spec=V1JobSpec(parallelism=workers, template=mock.Mock()),
+        )
 
     def _delete(self, name=None, namespace=None, **kwargs):
         if name not in self.jobs:
@@ -141,17 +199,32 @@ class FakeCluster:
         if job is None:
             return V1PodList(items=[])
         problem = self.pod_problem.get(job.spec.parallelism)
-        return V1PodList(items=[
-            _pod(f"{name}-{i}", ready=problem is None, waiting=problem if problem not in (None, "never-ready") else None,
-                 phase="Failed" if i == 0 and name in self.failed_jobs else "Running")
-            for i in range(job.spec.parallelism)
-        ])
+        return V1PodList(
+            items=[
+                _pod(
+                    f"{name}-{i}",
+                    ready=problem is None,
+                    waiting=problem if problem not in (None, "never-ready") else None,
+                    phase="Failed" if i == 0 and name in self.failed_jobs else "Running",
+                )
+                for i in range(job.spec.parallelism)
+            ]
+        )
 
 
 def _launcher(cluster):
-    client = DagsterKubernetesClient(batch_api=cluster.batch, core_api=cluster.core, logger=lambda *_: None, sleeper=lambda *_: None, timer=lambda: 0)
+    client = DagsterKubernetesClient(
+        batch_api=cluster.batch, core_api=cluster.core, logger=lambda *_: None, sleeper=lambda *_: None, timer=lambda: 0
+    )
     clock = iter(range(0, 10_000, 5))
-    return KubernetesLauncher("ctr", _config(ready_timeout_s=60, stop_timeout_s=60), SOURCE, client=client, sleeper=lambda *_: None, clock=lambda: next(clock))
+    return KubernetesLauncher(
+        "ctr",
+        _config(ready_timeout_s=60, stop_timeout_s=60),
+        SOURCE,
+        client=client,
+        sleeper=lambda *_: None,
+        clock=lambda: next(clock),
+    )
 
 
 def test_rescale_replaces_the_job_and_is_idempotent():
@@ -193,7 +266,14 @@ def test_api_errors_restore_the_previous_size(status):
     assert [j.spec.parallelism for j in cluster.jobs.values()] == [3]
 
 
-@pytest.mark.parametrize("problem, message", [("ImagePullBackOff", "ImagePullBackOff"), ("ErrImagePull", "ErrImagePull"), ("never-ready", "0/6 pods ready after 60 s")])
+@pytest.mark.parametrize(
+    "problem, message",
+    [
+        ("ImagePullBackOff", "ImagePullBackOff"),
+        ("ErrImagePull", "ErrImagePull"),
+        ("never-ready", "0/6 pods ready after 60 s"),
+    ],
+)
 def test_pods_that_cannot_start_restore_the_previous_size(problem, message):
     cluster = FakeCluster(pod_problem={6: problem})
     launcher = _launcher(cluster)
@@ -219,8 +299,11 @@ def test_rescale_job_applies_the_allocation_once(monkeypatch, tmp_path):
     from kale_dagster import OnlineTrainingPipeline, build_definitions
 
     p = OnlineTrainingPipeline(
-        name="ctr", source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"), max_workers=8,
-        history_url=f"sqlite:///{tmp_path / 'm.db'}", launcher=_config(),
+        name="ctr",
+        source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"),
+        max_workers=8,
+        history_url=f"sqlite:///{tmp_path / 'm.db'}",
+        launcher=_config(),
     )
     cluster = FakeCluster()
     launcher = _launcher(cluster)
@@ -232,7 +315,11 @@ def test_rescale_job_applies_the_allocation_once(monkeypatch, tmp_path):
     assert {"ctr_rescale"} <= {j.name for j in repo.get_all_jobs()}
     assert "ctr_stream_metrics" in {s.name for s in repo.sensor_defs}
     with instance_for_test() as instance:
-        instance.report_runless_asset_event(AssetMaterialization(AssetKey(["ctr", "gpu_allocation"]), metadata={"workers": 5, "reason": "forecast peak"}))
+        instance.report_runless_asset_event(
+            AssetMaterialization(
+                AssetKey(["ctr", "gpu_allocation"]), metadata={"workers": 5, "reason": "forecast peak"}
+            )
+        )
         job = defs.resolve_job_def("ctr_rescale")
         assert job.execute_in_process(instance=instance).success
         assert [j.spec.parallelism for j in cluster.jobs.values()] == [5]
@@ -246,7 +333,9 @@ def test_rescale_job_applies_the_allocation_once(monkeypatch, tmp_path):
 def test_advisory_pipelines_have_no_rescale_job(tmp_path):
     from kale_dagster import OnlineTrainingPipeline, build_definitions
 
-    p = OnlineTrainingPipeline(name="ctr", source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"), launcher=_config(), advisory=True)
+    p = OnlineTrainingPipeline(
+        name="ctr", source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"), launcher=_config(), advisory=True
+    )
     assert "ctr_rescale" not in {j.name for j in build_definitions(p).get_repository_def().get_all_jobs()}
 
 
@@ -256,13 +345,34 @@ def test_cli_render_prints_valid_manifests():
 
     import yaml
 
-    proc = subprocess.run([sys.executable, "-m", "kale_dagster.cli", "k8s", "render", "--pipeline", "ctr_production", "--workers", "3", "--validate", K8S_VERSION],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kale_dagster.cli",
+            "k8s",
+            "render",
+            "--pipeline",
+            "ctr_production",
+            "--workers",
+            "3",
+            "--validate",
+            K8S_VERSION,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     docs = list(yaml.safe_load_all(proc.stdout))
     assert [d["kind"] for d in docs] == ["Service", "Job"] and docs[1]["spec"]["parallelism"] == 3
     assert "&id" not in proc.stdout  # plain YAML, no anchors, for GitOps diffs
-    bad = subprocess.run([sys.executable, "-m", "kale_dagster.cli", "k8s", "render", "--pipeline", "nope", "--workers", "3"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", "k8s", "render", "--pipeline", "nope", "--workers", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "no pipeline 'nope'" in bad.stderr
 
 
@@ -279,8 +389,14 @@ def test_a_failed_pod_is_reported_and_the_same_size_restarts_the_group(fault_rec
     status = launcher.status()
     assert status.workers == 3 and "failed" in status.failed and "-w3-" in status.failed
     record = launcher.rescale(3, reason="restart after failure")
-    survived = (record.from_workers, record.to_workers) == (3, 3) and cluster.created == [3, 3] and launcher.status().failed == ""
-    fault_record(fault="Kubernetes worker pod failed (Job failed; mocked API server)", injected=1, survived=int(survived))
+    survived = (
+        (record.from_workers, record.to_workers) == (3, 3)
+        and cluster.created == [3, 3]
+        and launcher.status().failed == ""
+    )
+    fault_record(
+        fault="Kubernetes worker pod failed (Job failed; mocked API server)", injected=1, survived=int(survived)
+    )
     assert (record.from_workers, record.to_workers) == (3, 3) and cluster.created == [3, 3]
     assert launcher.status().failed == ""
 
@@ -305,11 +421,17 @@ def test_a_checkpoint_claim_the_pods_cannot_share_is_refused_before_anything_sto
 
 # What each client call needs: (API group, resource, verb).
 API_PERMISSIONS = {
-    "list_namespaced_job": ("batch", "jobs", "list"), "create_namespaced_job": ("batch", "jobs", "create"),
-    "delete_namespaced_job": ("batch", "jobs", "delete"), "read_namespaced_job": ("batch", "jobs", "get"),
-    "list_namespaced_pod": ("", "pods", "list"), "delete_namespaced_pod": ("", "pods", "delete"), "read_namespaced_pod": ("", "pods", "get"),
-    "read_namespaced_pod_log": ("", "pods/log", "get"), "read_namespaced_service": ("", "services", "get"),
-    "create_namespaced_service": ("", "services", "create"), "read_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "get"),
+    "list_namespaced_job": ("batch", "jobs", "list"),
+    "create_namespaced_job": ("batch", "jobs", "create"),
+    "delete_namespaced_job": ("batch", "jobs", "delete"),
+    "read_namespaced_job": ("batch", "jobs", "get"),
+    "list_namespaced_pod": ("", "pods", "list"),
+    "delete_namespaced_pod": ("", "pods", "delete"),
+    "read_namespaced_pod": ("", "pods", "get"),
+    "read_namespaced_pod_log": ("", "pods/log", "get"),
+    "read_namespaced_service": ("", "services", "get"),
+    "create_namespaced_service": ("", "services", "create"),
+    "read_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "get"),
 }
 
 
@@ -319,7 +441,11 @@ def test_the_shipped_role_grants_exactly_what_the_launcher_calls():
     import yaml
 
     used = set()
-    for cluster_kwargs in ({}, {"fail_create": {4: ApiException(status=403)}}, {"pod_problem": {4: "ImagePullBackOff"}}):
+    for cluster_kwargs in (
+        {},
+        {"fail_create": {4: ApiException(status=403)}},
+        {"pod_problem": {4: "ImagePullBackOff"}},
+    ):
         cluster = FakeCluster(**cluster_kwargs)
         launcher = _launcher(cluster)
         launcher.start(2)
@@ -327,12 +453,14 @@ def test_the_shipped_role_grants_exactly_what_the_launcher_calls():
             launcher.rescale(4)
         except RescaleFailed:
             pass
-        launcher.workers
+        _ = launcher.workers
         launcher.stop()
         used |= {API_PERMISSIONS[call[0]] for call in cluster.batch.method_calls + cluster.core.method_calls}
     docs = yaml.safe_load_all((pathlib.Path(__file__).resolve().parents[1] / "docs/kubernetes/rbac.yaml").read_text())
     role = next(d for d in docs if d["kind"] == "Role")
-    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    granted = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
     assert used <= granted, f"the launcher needs {used - granted}"
     assert granted <= used, f"the Role grants {granted - used}, which no launcher call needs"
 

@@ -7,12 +7,12 @@ import time
 
 import pytest
 from dagster import AssetKey, AssetMaterialization, instance_for_test
-from support import wait_for
 
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline, build_definitions
 from kale_dagster.launchers import RescaleRecord
 from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.launchers.service import LauncherService, LocalLauncherConfig, LocalTrainerClient
+from support import wait_for
 
 
 class RecordingLauncher:
@@ -25,7 +25,9 @@ class RecordingLauncher:
         if m == self.workers:
             return None
         time.sleep(self.delay)
-        record = RescaleRecord(time=time.time(), from_workers=self.workers, to_workers=m, downtime_s=self.delay, reason=reason)
+        record = RescaleRecord(
+            time=time.time(), from_workers=self.workers, to_workers=m, downtime_s=self.delay, reason=reason
+        )
         self.workers = m
         self.records.append(record)
         return record
@@ -102,10 +104,24 @@ def test_the_token_file_is_the_users_alone(service):
         ("wrong token", dict(token="guess"), 401, "bearer token"),
         ("rebound host name (DNS rebinding)", dict(host="attacker.example:8765", token="TOKEN"), 403, "DNS rebinding"),
         ("right token, foreign Host", dict(host="192.168.1.2", token="TOKEN"), 403, "not this service's address"),
-        ("cross-site form post", dict(method="POST", path="/rescale", token="TOKEN", content_type="application/x-www-form-urlencoded",
-                                      body="workers=9"), 415, "application/json"),
-        ("text/plain post (a no-preflight fetch)", dict(method="POST", path="/rescale", token="TOKEN", content_type="text/plain",
-                                                        body='{"workers": 9}'), 415, "application/json"),
+        (
+            "cross-site form post",
+            dict(
+                method="POST",
+                path="/rescale",
+                token="TOKEN",
+                content_type="application/x-www-form-urlencoded",
+                body="workers=9",
+            ),
+            415,
+            "application/json",
+        ),
+        (
+            "text/plain post (a no-preflight fetch)",
+            dict(method="POST", path="/rescale", token="TOKEN", content_type="text/plain", body='{"workers": 9}'),
+            415,
+            "application/json",
+        ),
         ("post without a token", dict(method="POST", path="/rescale", body='{"workers": 9}'), 401, "bearer token"),
         ("the token's holder is served", dict(token="TOKEN"), 200, ""),
         ("localhost names the service too", dict(host="localhost:PORT", token="TOKEN"), 200, ""),
@@ -113,7 +129,10 @@ def test_the_token_file_is_the_users_alone(service):
 )
 def test_the_service_refuses_strangers(service, name, request_kwargs, status, error):
     token = service.token_file.read_text()
-    kwargs = {k: (v.replace("TOKEN", token).replace("PORT", str(service.port)) if isinstance(v, str) else v) for k, v in request_kwargs.items()}
+    kwargs = {
+        k: (v.replace("TOKEN", token).replace("PORT", str(service.port)) if isinstance(v, str) else v)
+        for k, v in request_kwargs.items()
+    }
     got, message = _raw(service, **kwargs)
     assert (got, error in message) == (status, True), message
     assert service.launcher.workers == 2  # nothing refused changed the workers
@@ -128,7 +147,7 @@ def test_the_service_binds_loopback_only_and_forgets_its_token_on_close(tmp_path
     svc.close()
     assert not (tmp_path / "t" / "token").exists()
     with pytest.raises(RuntimeError, match="no token at"):
-        client.workers
+        _ = client.workers
 
 
 def test_unreachable_service_and_non_loopback_urls_are_clear_errors():
@@ -142,15 +161,23 @@ def test_unreachable_service_and_non_loopback_urls_are_clear_errors():
 
 @pytest.mark.integration
 def test_rescale_job_drives_the_local_trainer(service, tmp_path):
-    p = OnlineTrainingPipeline(name="demo", source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
-                               history_url=f"sqlite:///{tmp_path / 'm.db'}", launcher=LocalLauncherConfig(service.url))
+    p = OnlineTrainingPipeline(
+        name="demo",
+        source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
+        history_url=f"sqlite:///{tmp_path / 'm.db'}",
+        launcher=LocalLauncherConfig(service.url),
+    )
     defs = build_definitions(p)
     with instance_for_test() as instance:
-        instance.report_runless_asset_event(AssetMaterialization(AssetKey(["demo", "gpu_allocation"]), metadata={"workers": 3, "reason": "r"}))
+        instance.report_runless_asset_event(
+            AssetMaterialization(AssetKey(["demo", "gpu_allocation"]), metadata={"workers": 3, "reason": "r"})
+        )
         assert defs.resolve_job_def("demo_rescale").execute_in_process(instance=instance).success
         assert service.launcher.workers == 3
         obs = instance.fetch_observations(AssetKey(["demo", "gpu_allocation"]), limit=1).records[0].asset_observation
-        assert obs.metadata["from_workers"].value == 2 and obs.metadata["downtime_s"].value == pytest.approx(0.3, abs=0.05)
+        assert obs.metadata["from_workers"].value == 2 and obs.metadata["downtime_s"].value == pytest.approx(
+            0.3, abs=0.05
+        )
         service.close()  # trainer gone: the run fails and says why
         result = defs.resolve_job_def("demo_rescale").execute_in_process(instance=instance, raise_on_error=False)
         assert not result.success
@@ -160,8 +187,12 @@ def test_rescale_job_drives_the_local_trainer(service, tmp_path):
 def test_failed_rescale_is_recorded_on_the_allocation(tmp_path):
     from dagster import DagsterEventType, build_run_status_sensor_context
 
-    p = OnlineTrainingPipeline(name="demo", source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
-                               history_url=f"sqlite:///{tmp_path / 'm.db'}", launcher=LocalLauncherConfig("http://127.0.0.1:9"))
+    p = OnlineTrainingPipeline(
+        name="demo",
+        source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
+        history_url=f"sqlite:///{tmp_path / 'm.db'}",
+        launcher=LocalLauncherConfig("http://127.0.0.1:9"),
+    )
     defs = build_definitions(p)
     sensor = {s.name: s for s in defs.get_repository_def().sensor_defs}["demo_run_failure"]
     key = AssetKey(["demo", "gpu_allocation"])
@@ -170,7 +201,12 @@ def test_failed_rescale_is_recorded_on_the_allocation(tmp_path):
         result = defs.resolve_job_def("demo_rescale").execute_in_process(instance=instance, raise_on_error=False)
         assert not result.success  # nothing listens on port 9
         failure = next(e for e in result.all_events if e.event_type == DagsterEventType.RUN_FAILURE)
-        ctx = build_run_status_sensor_context(sensor_name="demo_run_failure", dagster_instance=instance, dagster_run=result.dagster_run, dagster_event=failure).for_run_failure()
+        ctx = build_run_status_sensor_context(
+            sensor_name="demo_run_failure",
+            dagster_instance=instance,
+            dagster_run=result.dagster_run,
+            dagster_event=failure,
+        ).for_run_failure()
         sensor(ctx)
         obs = instance.fetch_observations(key, limit=1).records[0].asset_observation
         assert obs.metadata["failed_job"].value == "demo_rescale"
@@ -193,13 +229,40 @@ def test_trainer_serve_rescales_real_workers_and_reports_their_throughput(kafka_
     ensure_topic(servers, "s", 2)
     # More than two workers capped at 100 samples/s can take: they stay busy throughout.
     stop = threading.Event()
-    producer = replay_in_background(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 300.0}),
-                                    ReplaySettings(topic="s", partitions=2), stop, max_wall_s=120)
+    producer = replay_in_background(
+        servers,
+        pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 300.0}),
+        ReplaySettings(topic="s", partitions=2),
+        stop,
+        max_wall_s=120,
+    )
     port = free_loopback_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kale_dagster.cli", "trainer", "serve", "--bootstrap-servers", servers, "--topic", "s", "--group-id", "g",
-         "--checkpoint-dir", str(tmp_path / "ckpt"), "--workers", "1", "--emulate-gpu-rate", "100", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "kale_dagster.cli",
+            "trainer",
+            "serve",
+            "--bootstrap-servers",
+            servers,
+            "--topic",
+            "s",
+            "--group-id",
+            "g",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--workers",
+            "1",
+            "--emulate-gpu-rate",
+            "100",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         client = LocalTrainerClient(f"http://127.0.0.1:{port}")
@@ -239,14 +302,33 @@ def test_trainer_serve_on_a_missing_topic_exits_with_the_workers_reason(kafka_br
     from kale_dagster.stream.broker import free_loopback_port
 
     proc = subprocess.run(
-        [sys.executable, "-m", "kale_dagster.cli", "trainer", "serve", "--bootstrap-servers", kafka_broker.bootstrap_servers,
-         "--topic", "nowhere", "--group-id", "g", "--checkpoint-dir", str(tmp_path / "ckpt"), "--port", str(free_loopback_port())],
-        capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "kale_dagster.cli",
+            "trainer",
+            "serve",
+            "--bootstrap-servers",
+            kafka_broker.bootstrap_servers,
+            "--topic",
+            "nowhere",
+            "--group-id",
+            "g",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--port",
+            str(free_loopback_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith("kale trainer: error: could not start 1 workers: worker exited with code 1 before 'started': ")
+    assert lines[0].startswith(
+        "kale trainer: error: could not start 1 workers: worker exited with code 1 before 'started': "
+    )
     assert "topic 'nowhere' has no partitions" in lines[0] and "(log: " in lines[0]
 
 
@@ -257,7 +339,9 @@ def test_any_body_gets_an_answer_and_only_a_valid_one_acts(service):
     from hypothesis import strategies as st
 
     token = service.token_file.read_text()
-    values = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True), st.text(max_size=20))
+    values = st.one_of(
+        st.none(), st.booleans(), st.integers(-(10**12), 10**12), st.floats(allow_nan=True), st.text(max_size=20)
+    )
     bodies = st.one_of(
         st.binary(max_size=64).map(lambda b: b.decode("latin-1")),
         st.dictionaries(st.sampled_from(["workers", "reason", "x"]), values, max_size=3).map(__import__("json").dumps),
@@ -268,7 +352,9 @@ def test_any_body_gets_an_answer_and_only_a_valid_one_acts(service):
     @given(bodies)
     def check(body):
         before = service.launcher.workers
-        status, error = _raw(service, method="POST", path="/rescale", token=token, body=body.encode("utf-8", "surrogatepass"))
+        status, error = _raw(
+            service, method="POST", path="/rescale", token=token, body=body.encode("utf-8", "surrogatepass")
+        )
         assert status in (200, 400), (status, error, body)
         if status == 400:
             assert service.launcher.workers == before and error

@@ -22,19 +22,36 @@ def _times(n):
 
 def _cost(rates, workers, restart_s, slo_s=600.0):
     config = SimConfig(restart_s=restart_s, slo_s=slo_s, restart_jitter=0.0, max_workers=4)
-    result = simulate(rates, _times(len(rates)), SchedulePolicy(np.asarray(workers), _times(1)[0].timestamp()), LINEAR, config)
+    result = simulate(
+        rates, _times(len(rates)), SchedulePolicy(np.asarray(workers), _times(1)[0].timestamp()), LINEAR, config
+    )
     return objective(result.metrics.to_json(), len(rates))
 
 
-@pytest.mark.parametrize("case, rates, restart_s, changes", [
-    ("a quiet hour, a burst, quiet again: worth two restarts", [30.0] * 10 + [350.0] * 20 + [30.0] * 10, 60.0, True),
-    ("the same with 8-minute restarts: cheaper to hold the peak's count", [30.0] * 10 + [350.0] * 20 + [30.0] * 10, 480.0, False),
-    ("uneven load, no burst", [120.0] * 10 + [260.0] * 10 + [90.0] * 10 + [200.0] * 10, 60.0, None),
-])
+@pytest.mark.parametrize(
+    "case, rates, restart_s, changes",
+    [
+        (
+            "a quiet hour, a burst, quiet again: worth two restarts",
+            [30.0] * 10 + [350.0] * 20 + [30.0] * 10,
+            60.0,
+            True,
+        ),
+        (
+            "the same with 8-minute restarts: cheaper to hold the peak's count",
+            [30.0] * 10 + [350.0] * 20 + [30.0] * 10,
+            480.0,
+            False,
+        ),
+        ("uneven load, no burst", [120.0] * 10 + [260.0] * 10 + [90.0] * 10 + [200.0] * 10, 60.0, None),
+    ],
+)
 def test_the_dynamic_program_finds_the_brute_force_optimum(case, rates, restart_s, changes):
     rates = np.array(rates)
     schedule = optimal_schedule(rates, LINEAR, restart_s=restart_s, slo_s=600.0, max_workers=4, max_labels=1000)
-    brute = min((_cost(rates, np.repeat(plan, 10), restart_s), plan) for plan in itertools.product(range(1, 5), repeat=4))
+    brute = min(
+        (_cost(rates, np.repeat(plan, 10), restart_s), plan) for plan in itertools.product(range(1, 5), repeat=4)
+    )
     assert schedule.cost == pytest.approx(brute[0], rel=1e-9)  # the DP's own account is the simulator's
     assert _cost(rates, schedule.workers, restart_s) == pytest.approx(brute[0], rel=1e-9)
     if changes is not None:
@@ -55,4 +72,6 @@ def test_hindsight_forecasts_the_true_future_from_the_last_known_minute():
     forecast = Hindsight(times, rates).fit(history).predict(3)
     assert forecast.start == times[4].timestamp() and list(forecast.point) == [4.0, 5.0, 6.0]
     assert list(forecast.upper) == list(forecast.point)
-    assert list(Hindsight(times, rates).predict(4, history=pd.DataFrame({"timestamp": times[:8], "rate": rates[:8]})).point) == [8.0, 9.0, 9.0, 9.0]
+    assert list(
+        Hindsight(times, rates).predict(4, history=pd.DataFrame({"timestamp": times[:8], "rate": rates[:8]})).point
+    ) == [8.0, 9.0, 9.0, 9.0]

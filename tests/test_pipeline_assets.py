@@ -17,7 +17,9 @@ pytestmark = pytest.mark.integration
 def _pipeline(name, servers="127.0.0.1:9092", history_url=None, **kw):
     return OnlineTrainingPipeline(
         name=name,
-        source=KafkaSource(bootstrap_servers=servers, topics=("samples",), group_id=f"{name}-trainer", request_timeout_ms=2000),
+        source=KafkaSource(
+            bootstrap_servers=servers, topics=("samples",), group_id=f"{name}-trainer", request_timeout_ms=2000
+        ),
         history_url=history_url,
         max_workers=8,
         throughput_prior=ThroughputModel.linear(100.0),
@@ -28,8 +30,15 @@ def _pipeline(name, servers="127.0.0.1:9092", history_url=None, **kw):
 def test_several_pipelines_without_clashes():
     defs = build_definitions(_pipeline("a"), _pipeline("b"))
     repo = defs.get_repository_def()
-    assert {"a_refit", "b_refit", "a_decide", "b_decide", "a_rescale", "b_backtest"} <= {j.name for j in repo.get_all_jobs()}
-    assert {s.name for s in repo.sensor_defs} == {"a_stream_metrics", "b_stream_metrics", "a_run_failure", "b_run_failure"}
+    assert {"a_refit", "b_refit", "a_decide", "b_decide", "a_rescale", "b_backtest"} <= {
+        j.name for j in repo.get_all_jobs()
+    }
+    assert {s.name for s in repo.sensor_defs} == {
+        "a_stream_metrics",
+        "b_stream_metrics",
+        "a_run_failure",
+        "b_run_failure",
+    }
     assert {s.name for s in repo.schedule_defs} == {"a_backtest_schedule", "b_backtest_schedule"}
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert {"a/gpu_allocation", "b/traffic_forecast", "b/stream_metrics"} <= keys
@@ -39,7 +48,11 @@ def test_several_pipelines_without_clashes():
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [(dict(name="Bad-Name"), "name"), (dict(name="x", min_workers=5, max_workers=2), "min_workers"), (dict(name="x", forecaster="oracle"), "forecaster")],
+    [
+        (dict(name="Bad-Name"), "name"),
+        (dict(name="x", min_workers=5, max_workers=2), "min_workers"),
+        (dict(name="x", forecaster="oracle"), "forecaster"),
+    ],
 )
 def test_pipeline_config_errors(kwargs, field):
     name = kwargs.pop("name")
@@ -51,11 +64,15 @@ def test_pipeline_config_errors(kwargs, field):
 def test_refit_and_decide_jobs_materialize_forecast_and_allocation(kafka_broker, tmp_path):
     from kale_dagster import LocalLauncherConfig
     from kale_dagster.launchers.service import LauncherService
-
     from test_local_service import RecordingLauncher
 
     service = LauncherService(RecordingLauncher(workers=2), port=0).start()
-    p = _pipeline("demo", servers=kafka_broker.bootstrap_servers, history_url=f"sqlite:///{tmp_path / 'm.db'}", launcher=LocalLauncherConfig(service.url))
+    p = _pipeline(
+        "demo",
+        servers=kafka_broker.bootstrap_servers,
+        history_url=f"sqlite:///{tmp_path / 'm.db'}",
+        launcher=LocalLauncherConfig(service.url),
+    )
     history = p.history()
     # Three days of recorded arrivals (what the metrics sensor writes each minute), ending now.
     trace = synth_trace(days=3, seed=5, step_s=300, peak_rate=600)
@@ -63,7 +80,16 @@ def test_refit_and_decide_jobs_materialize_forecast_and_allocation(kafka_broker,
     stamps = now - (len(trace) - 1 - np.arange(len(trace))) * 300
     for ts, value in zip(stamps, trace.value):
         history.append_stream("demo", float(ts), {"arrival_rate": value / 300, "sample_lag": 0, "time_lag_s": 0.0})
-    history.append_stream("demo", now + 1, {"arrival_rate": float(trace.value.iloc[-1] / 300), "consumption_rate": 150.0, "sample_lag": 9000, "time_lag_s": 60.0})
+    history.append_stream(
+        "demo",
+        now + 1,
+        {
+            "arrival_rate": float(trace.value.iloc[-1] / 300),
+            "consumption_rate": 150.0,
+            "sample_lag": 9000,
+            "time_lag_s": 60.0,
+        },
+    )
 
     defs = build_definitions(p)
     try:
@@ -104,13 +130,17 @@ def test_refit_and_decide_jobs_materialize_forecast_and_allocation(kafka_broker,
 
             # Half an hour later (the same hours as a day before): the next refit judges the last forecast.
             for k in range(1, 7):
-                history.append_stream("demo", now + 1 + k * 300, {"arrival_rate": float(trace.value.iloc[-288 + k] / 300)})
+                history.append_stream(
+                    "demo", now + 1 + k * 300, {"arrival_rate": float(trace.value.iloc[-288 + k] / 300)}
+                )
             refit = defs.resolve_job_def("demo_refit").execute_in_process(instance=instance)
             realised = refit.asset_materializations_for_node("demo__traffic_forecast")[0].metadata
             assert realised["realised_points"].value >= 5 and 0 <= realised["realised_smape"].value < 1
             check = {c.check_name: c for c in refit.get_asset_check_evaluations()}["forecast_beats_seasonal_naive"]
             assert check.metadata["realised_points"].value == realised["realised_points"].value
-            assert check.passed == (check.metadata["realised_smape"].value <= check.metadata["realised_baseline_smape"].value)
+            assert check.passed == (
+                check.metadata["realised_smape"].value <= check.metadata["realised_baseline_smape"].value
+            )
     finally:
         service.close()
         history.dispose()

@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 import pytest
-from support import StandInWorkers, descendants, produce_events, wait_for
 
 from kale_dagster.processes import stop_process_group
 from kale_dagster.stream.broker import free_loopback_port
+from support import StandInWorkers, descendants, produce_events, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(900)]
 
@@ -55,7 +55,9 @@ class PostgresServer:
             account = pwd.getpwnam(self.user)
             os.chown(self.root, account.pw_uid, account.pw_gid)
         self.root.chmod(0o700)
-        self._run(_postgres_bin("initdb"), "-D", self.root / "data", "-U", "kale", "-A", "trust", "-E", "UTF8", "--no-sync")
+        self._run(
+            _postgres_bin("initdb"), "-D", self.root / "data", "-U", "kale", "-A", "trust", "-E", "UTF8", "--no-sync"
+        )
 
     def _run(self, *args, check: bool = True) -> subprocess.CompletedProcess:
         cmd = [str(a) for a in args]
@@ -68,7 +70,17 @@ class PostgresServer:
 
     def start(self) -> None:
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off"
-        self._run(_postgres_bin("pg_ctl"), "-D", self.root / "data", "-l", self.root / "server.log", "-o", options, "-w", "start")
+        self._run(
+            _postgres_bin("pg_ctl"),
+            "-D",
+            self.root / "data",
+            "-l",
+            self.root / "server.log",
+            "-o",
+            options,
+            "-w",
+            "start",
+        )
 
     def kill(self) -> None:
         """Stop at once, as a crash would (no checkpoint; the next start recovers from the WAL)."""
@@ -126,7 +138,9 @@ def _produce_until(servers: str, stop: threading.Event) -> None:
         stop.wait(0.5)
 
 
-def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(kafka_broker, postgres, tmp_path, fault_record):
+def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(
+    kafka_broker, postgres, tmp_path, fault_record
+):
     from dagster import (
         AssetKey,
         DagsterInstance,
@@ -155,17 +169,25 @@ def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(
     # As the Dagster Helm chart writes it (docs/kubernetes/values.yaml): psycopg2 named in the scheme,
     # since SQLAlchemy 2.1 reads a bare postgresql:// with psycopg 3, which dagster-postgres does not install.
     (home / "dagster.yaml").write_text(
-        f"storage:\n  postgres:\n    postgres_db:\n      username: kale\n      hostname: 127.0.0.1\n      port: {postgres.port}\n"
+        "storage:\n  postgres:\n    postgres_db:\n      username: kale\n      hostname: 127.0.0.1\n      port: "
+        f"{postgres.port}\n"
         "      db_name: dagster\n      scheme: postgresql+psycopg2\n"
         "run_coordinator:\n  module: dagster.core.run_coordinator\n  class: DefaultRunCoordinator\n"
-        "telemetry:\n  enabled: false\n")
+        "telemetry:\n  enabled: false\n"
+    )
     (tmp_path / "location.py").write_text(CODE_LOCATION)
     ensure_topic(kafka_broker.bootstrap_servers, "events", 2)
     workers = StandInWorkers(workers=1)
     service = LauncherService(workers, port=0).start()
     history_url = postgres.url("kale")
-    env = dict(os.environ, DAGSTER_HOME=str(home), KALE_TEST_BROKER=kafka_broker.bootstrap_servers, KALE_TEST_WALL_START=str(time.time()),
-               KALE_TEST_TRAINER_URL=service.url, KALE_TEST_HISTORY_URL=history_url)
+    env = dict(
+        os.environ,
+        DAGSTER_HOME=str(home),
+        KALE_TEST_BROKER=kafka_broker.bootstrap_servers,
+        KALE_TEST_WALL_START=str(time.time()),
+        KALE_TEST_TRAINER_URL=service.url,
+        KALE_TEST_HISTORY_URL=history_url,
+    )
     stop = threading.Event()
     producer = threading.Thread(target=_produce_until, args=(kafka_broker.bootstrap_servers, stop), daemon=True)
     producer.start()
@@ -173,8 +195,14 @@ def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(
     history = MetricsHistory(history_url)
 
     def start_daemon() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "dagster._daemon", "run", "-f", str(tmp_path / "location.py")],
-                                cwd=tmp_path, env=env, stdout=open(daemon_log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "dagster._daemon", "run", "-f", str(tmp_path / "location.py")],
+            cwd=tmp_path,
+            env=env,
+            stdout=open(daemon_log, "a"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def decisions(instance) -> list[dict]:
         try:
@@ -191,8 +219,12 @@ def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(
     try:
         with DagsterInstance.from_config(str(home)) as instance:
             # Phase 1: the daemon ticks the sensor, decides, and a rescale run succeeds, all stored in Postgres.
-            wait_for(lambda: instance.get_runs(RunsFilter(job_name="pg_rescale", statuses=[DagsterRunStatus.SUCCESS])), 240,
-                  "a successful rescale run", daemon_log)
+            wait_for(
+                lambda: instance.get_runs(RunsFilter(job_name="pg_rescale", statuses=[DagsterRunStatus.SUCCESS])),
+                240,
+                "a successful rescale run",
+                daemon_log,
+            )
             assert workers.workers > 1
             before = decisions(instance)
             rows_before = history_rows()
@@ -209,36 +241,63 @@ def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(
             restarted_at = max(d["time"] for d in before)
             daemon = start_daemon()
             daemon_back = time.monotonic()
-            after = wait_for(lambda: [d for d in decisions(instance) if d["time"] > restarted_at], 180, "a decision after the restart", daemon_log)
+            after = wait_for(
+                lambda: [d for d in decisions(instance) if d["time"] > restarted_at],
+                180,
+                "a decision after the restart",
+                daemon_log,
+            )
             first = after[0]
             assert "held" not in first, first  # the kept cursor gives a rate at once: no "no arrival rate yet"
             remembered = [t for _, t in first["policy_state"]["recommendations"]]
             assert min(remembered) <= restarted_at  # the HPA's window still holds what it saw before the restart
             assert history_rows() > rows_before
-            fault_record(fault="Dagster daemon killed (SIGKILL) and restarted, Postgres storage", injected=1, survived=1,
-                         recovery_s=round(time.monotonic() - daemon_back, 1))
+            fault_record(
+                fault="Dagster daemon killed (SIGKILL) and restarted, Postgres storage",
+                injected=1,
+                survived=1,
+                recovery_s=round(time.monotonic() - daemon_back, 1),
+            )
 
             # Phase 3: the server dies mid-run. A sensor whose history is there skips with the reason;
             # the daemon survives and resumes when the server returns.
-            orphan = OnlineTrainingPipeline(name="pg", source=KafkaSource(kafka_broker.bootstrap_servers, ("events",), "pg-trainer"),
-                                            throughput_prior=ThroughputModel.linear(100.0), history_url=history_url)
+            orphan = OnlineTrainingPipeline(
+                name="pg",
+                source=KafkaSource(kafka_broker.bootstrap_servers, ("events",), "pg-trainer"),
+                throughput_prior=ThroughputModel.linear(100.0),
+                history_url=history_url,
+            )
             repo = build_definitions(orphan).get_repository_def()
             sensor = {s.name: s for s in repo.sensor_defs}["pg_stream_metrics"]
             postgres.kill()
             with instance_for_test() as scratch:
-                skipped = sensor(build_sensor_context(instance=scratch, resources={"kale_stream_pg": repo.get_top_level_resources()["kale_stream_pg"]}))
+                skipped = sensor(
+                    build_sensor_context(
+                        instance=scratch, resources={"kale_stream_pg": repo.get_top_level_resources()["kale_stream_pg"]}
+                    )
+                )
             assert isinstance(skipped, SkipReason)
-            assert skipped.skip_message.startswith("the metrics history did not answer (OperationalError: connection to server at \"127.0.0.1\"")
+            assert skipped.skip_message.startswith(
+                'the metrics history did not answer (OperationalError: connection to server at "127.0.0.1"'
+            )
             time.sleep(10)
             assert daemon.poll() is None, daemon_log.read_text()[-3000:]
             postgres.start()
             server_back = time.monotonic()
-            back = wait_for(lambda: [d for d in decisions(instance) if d["time"] > max(d["time"] for d in after)], 240,
-                         "a decision after the server came back", daemon_log)
+            back = wait_for(
+                lambda: [d for d in decisions(instance) if d["time"] > max(d["time"] for d in after)],
+                240,
+                "a decision after the server came back",
+                daemon_log,
+            )
             assert "held" not in back[-1]
             assert daemon.poll() is None
-            fault_record(fault="Postgres (Dagster storage and metrics history) killed for 10 s", injected=1, survived=1,
-                         recovery_s=round(time.monotonic() - server_back, 1))
+            fault_record(
+                fault="Postgres (Dagster storage and metrics history) killed for 10 s",
+                injected=1,
+                survived=1,
+                recovery_s=round(time.monotonic() - server_back, 1),
+            )
     finally:
         stop.set()
         # The daemon's code server runs in its own session, out of the daemon's group: it outlived the stop (CI, once).

@@ -86,7 +86,10 @@ def test_backtest_runs_and_sweeps_a_registered_policy(toy):
     result = bt.run("toy")
     assert set(result.timeline["workers"]) == {4} and result.metrics.rescales == 0
     report = compare(bt, ["static", "toy"])
-    assert [row["setting"] for row in report["sweeps"]["toy"]] == [{"workers": 1}, {"workers": 2}]  # the toy's two settings ran
+    assert [row["setting"] for row in report["sweeps"]["toy"]] == [
+        {"workers": 1},
+        {"workers": 2},
+    ]  # the toy's two settings ran
     assert report["sweeps"]["toy"][0]["gpu_hours"] < report["sweeps"]["toy"][1]["gpu_hours"]
 
 
@@ -98,9 +101,28 @@ def test_cli_lists_and_runs_a_registered_policy(toy, tmp_path, capsys):
     pd.DataFrame({"timestamp": frame["timestamp"], "value": frame["rate"] * 600}).to_csv(csv, index=False)
     help_text = build_parser()._subparsers._group_actions[0].choices["backtest"].format_help()
     assert "kale,hpa,keda,static,toy" in help_text.replace("\n", "").replace(" ", "")
-    assert main(["backtest", "--trace", str(csv), "--policies", "toy,static", "--max-workers", "8", "--peak-workers", "8", "--json", "--no-sweeps"]) == 0
+    assert (
+        main(
+            [
+                "backtest",
+                "--trace",
+                str(csv),
+                "--policies",
+                "toy,static",
+                "--max-workers",
+                "8",
+                "--peak-workers",
+                "8",
+                "--json",
+                "--no-sweeps",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
-    assert set(report["policies"]) == {"toy", "static"} and report["policies"]["toy"]["gpu_hours"] == pytest.approx(4 * 24)
+    assert set(report["policies"]) == {"toy", "static"} and report["policies"]["toy"]["gpu_hours"] == pytest.approx(
+        4 * 24
+    )
 
 
 @pytest.mark.integration
@@ -109,16 +131,26 @@ def test_dagster_decision_uses_a_registered_policy_and_keeps_its_state(toy, tmp_
 
     from kale_dagster import LocalLauncherConfig, build_definitions
     from kale_dagster.launchers.service import LauncherService
-
     from test_local_service import RecordingLauncher
 
     service = LauncherService(RecordingLauncher(workers=3), port=0).start()
-    p = OnlineTrainingPipeline(name="p", source=KafkaSource("127.0.0.1:9092", ("t",), "g"), policy="toy", max_workers=6,
-                               forecaster="ewma", history_url=f"sqlite:///{tmp_path / 'm.db'}", launcher=LocalLauncherConfig(service.url))
+    p = OnlineTrainingPipeline(
+        name="p",
+        source=KafkaSource("127.0.0.1:9092", ("t",), "g"),
+        policy="toy",
+        max_workers=6,
+        forecaster="ewma",
+        history_url=f"sqlite:///{tmp_path / 'm.db'}",
+        launcher=LocalLauncherConfig(service.url),
+    )
     history = p.history()
     now = time.time()
     for i, rate in enumerate(np.full(30, 200.0)):
-        history.append_stream("p", now - (29 - i) * 60, {"arrival_rate": rate, "consumption_rate": rate, "sample_lag": 0, "time_lag_s": 1.0, "partitions": 4})
+        history.append_stream(
+            "p",
+            now - (29 - i) * 60,
+            {"arrival_rate": rate, "consumption_rate": rate, "sample_lag": 0, "time_lag_s": 1.0, "partitions": 4},
+        )
     history.dispose()
     defs = build_definitions(p)
     try:
@@ -127,7 +159,9 @@ def test_dagster_decision_uses_a_registered_policy_and_keeps_its_state(toy, tmp_
                 result = defs.resolve_job_def("p_decide").execute_in_process(instance=instance)
                 meta = result.asset_materializations_for_node("p__gpu_allocation")[0].metadata
                 assert meta["workers"].value == 3 and meta["policy"].value == "toy"
-                assert meta["reason"].value == f"half of the maximum (decision {decision})"  # state restored from the last decision
+                assert (
+                    meta["reason"].value == f"half of the maximum (decision {decision})"
+                )  # state restored from the last decision
     finally:
         service.close()
 
@@ -142,7 +176,9 @@ def _modules_after(statement: str) -> set[str]:
 
 
 def test_decision_logic_imports_no_dagster_kafka_or_torch():
-    loaded = _modules_after("import kale_dagster.model.types, kale_dagster.policies, kale_dagster.forecast, kale_dagster.sim.backtest")
+    loaded = _modules_after(
+        "import kale_dagster.model.types, kale_dagster.policies, kale_dagster.forecast, kale_dagster.sim.backtest"
+    )
     assert not {"dagster", "kafka", "torch"} & loaded
 
 

@@ -19,7 +19,6 @@ from kale_dagster import KafkaSource, LocalLauncherConfig, OnlineTrainingPipelin
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig, render
 from kale_dagster.launchers.service import LauncherService
-
 from test_local_service import RecordingLauncher
 
 pytestmark = pytest.mark.integration
@@ -29,11 +28,25 @@ ENV = "KALE_TEST_KAFKA_PASSWORD"
 def test_the_kafka_password_is_found_nowhere(kafka_broker, tmp_path, monkeypatch):
     secret = "kale-secret-" + secrets.token_hex(12)
     monkeypatch.setenv(ENV, secret)
-    source = KafkaSource(kafka_broker.bootstrap_servers, ("samples",), "sec-trainer", request_timeout_ms=2000,
-                         security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="trainer", sasl_password_env=ENV)
+    source = KafkaSource(
+        kafka_broker.bootstrap_servers,
+        ("samples",),
+        "sec-trainer",
+        request_timeout_ms=2000,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="trainer",
+        sasl_password_env=ENV,
+    )
     service = LauncherService(RecordingLauncher(workers=2), port=0).start()
-    p = OnlineTrainingPipeline(name="sec", source=source, history_url=f"sqlite:///{tmp_path / 'history.db'}", max_workers=8,
-                               throughput_prior=ThroughputModel.linear(100.0), launcher=LocalLauncherConfig(service.url))
+    p = OnlineTrainingPipeline(
+        name="sec",
+        source=source,
+        history_url=f"sqlite:///{tmp_path / 'history.db'}",
+        max_workers=8,
+        throughput_prior=ThroughputModel.linear(100.0),
+        launcher=LocalLauncherConfig(service.url),
+    )
     defs = build_definitions(p)
     repo = defs.get_repository_def()
     (tmp_path / "dagster").mkdir()
@@ -46,7 +59,9 @@ def test_the_kafka_password_is_found_nowhere(kafka_broker, tmp_path, monkeypatch
             refit = defs.resolve_job_def("sec_refit").execute_in_process(instance=instance, raise_on_error=False)
             assert not refit.success  # nothing recorded to fit on: a failing run, its error in the event log
             defs.resolve_job_def("sec_decide").execute_in_process(instance=instance, raise_on_error=False)
-            instance.report_runless_asset_event(AssetMaterialization(AssetKey(["sec", "gpu_allocation"]), metadata={"workers": 3, "reason": "test"}))
+            instance.report_runless_asset_event(
+                AssetMaterialization(AssetKey(["sec", "gpu_allocation"]), metadata={"workers": 3, "reason": "test"})
+            )
             assert defs.resolve_job_def("sec_rescale").execute_in_process(instance=instance).success
             assert service.launcher.workers == 3
     finally:
@@ -56,11 +71,20 @@ def test_the_kafka_password_is_found_nowhere(kafka_broker, tmp_path, monkeypatch
     with pytest.raises((RuntimeError, TimeoutError)):
         launcher.start(1)
     launcher.stop()
-    rendered = yaml.safe_dump_all(render("sec", KubernetesLauncherConfig(image="trainer:1", checkpoint_pvc="ckpt", kafka_secret="sec-kafka"), source, 2))
+    rendered = yaml.safe_dump_all(
+        render(
+            "sec",
+            KubernetesLauncherConfig(image="trainer:1", checkpoint_pvc="ckpt", kafka_secret="sec-kafka"),
+            source,
+            2,
+        )
+    )
     assert secret not in rendered and "secretRef" in rendered
     (tmp_path / "probe").write_text(f"a control the search must find: {secret}")
     searched = [path for path in tmp_path.rglob("*") if path.is_file()]
     assert any(path.suffix == ".log" for path in searched) and any("history" in path.name for path in searched)
-    assert any(path.suffix == ".db" and "dagster" in path.parts for path in searched)  # the instance's runs and event log
+    assert any(
+        path.suffix == ".db" and "dagster" in path.parts for path in searched
+    )  # the instance's runs and event log
     leaks = [path.name for path in searched if secret.encode() in path.read_bytes()]
     assert leaks == ["probe"], f"the password was written to {leaks}"

@@ -55,20 +55,26 @@ def test_step_in_arrivals_gives_known_lag_curve():
     assert m.rescales == 0 and m.downtime_minutes == 0
 
 
-@pytest.mark.parametrize("interval_s, latency_s, expected_lags", [
-    (0.0, 0.0, [0.0, 0.0, 0.0, 0.0]),
-    # Committed every 2 minutes: the oldest uncommitted sample is 60 s old at the end of
-    # a minute without a commit, and none is left right after one.
-    (120.0, 0.0, [60.0, 0.0, 60.0, 0.0]),
-    (0.0, 30.0, [30.0, 30.0, 30.0, 30.0]),  # the trainer's own latency, while samples flow
-    (120.0, 30.0, [90.0, 30.0, 90.0, 30.0]),
-    (0.0, (10.0, 20.0), [30.0, 30.0, 30.0, 30.0]),  # 10 s + 20 s per worker, one worker
-])
+@pytest.mark.parametrize(
+    "interval_s, latency_s, expected_lags",
+    [
+        (0.0, 0.0, [0.0, 0.0, 0.0, 0.0]),
+        # Committed every 2 minutes: the oldest uncommitted sample is 60 s old at the end of
+        # a minute without a commit, and none is left right after one.
+        (120.0, 0.0, [60.0, 0.0, 60.0, 0.0]),
+        (0.0, 30.0, [30.0, 30.0, 30.0, 30.0]),  # the trainer's own latency, while samples flow
+        (120.0, 30.0, [90.0, 30.0, 90.0, 30.0]),
+        (0.0, (10.0, 20.0), [30.0, 30.0, 30.0, 30.0]),  # 10 s + 20 s per worker, one worker
+    ],
+)
 def test_lag_counts_from_committed_offsets_and_the_trainer_latency(interval_s, latency_s, expected_lags):
-    """What telemetry reads: commits at checkpoints trail consumption by up to the interval, plus the trainer's latency."""
+    """What telemetry reads: commits at checkpoints trail consumption by up to the interval, plus the trainer's
+    latency."""
     rates = np.full(4, 100.0)  # one worker keeps up exactly
     fixed, per_worker = latency_s if isinstance(latency_s, tuple) else (latency_s, 0.0)
-    cfg = SimConfig(restart_s=0, commit_interval_s=interval_s, pipeline_latency_s=fixed, pipeline_latency_per_worker_s=per_worker)
+    cfg = SimConfig(
+        restart_s=0, commit_interval_s=interval_s, pipeline_latency_s=fixed, pipeline_latency_per_worker_s=per_worker
+    )
     res = simulate(rates, _times(4), StaticPolicy(1), LINEAR, cfg)
     assert res.timeline["lag_s"].to_numpy() == pytest.approx(expected_lags, abs=1e-6)
     assert res.timeline["consumed"].sum() == pytest.approx(4 * 6000)  # consumption itself is unchanged
@@ -98,7 +104,13 @@ def test_utilization_spans_the_workers_metrics_window(window_s, expected):
     """2 workers (200/s) fed 150/s then 50/s, read every 2 minutes: since the last sync they were half busy; the
     latest 1-minute metrics window, what a trainer reporting in such windows shows, says a quarter."""
     seen = []
-    simulate(np.tile([150.0, 50.0], 3), _times(6), _UtilizationRecorder(2, seen, sync_period_s=120.0), LINEAR, SimConfig(restart_s=0, metrics_window_s=window_s))
+    simulate(
+        np.tile([150.0, 50.0], 3),
+        _times(6),
+        _UtilizationRecorder(2, seen, sync_period_s=120.0),
+        LINEAR,
+        SimConfig(restart_s=0, metrics_window_s=window_s),
+    )
     assert seen[1:] == pytest.approx([expected] * (len(seen) - 1))
 
 
@@ -139,7 +151,13 @@ def test_a_decision_acts_after_the_act_latency_and_nothing_else_acts_meanwhile()
     """Decided at minute 5; with a 2-minute act latency the restart starts at minute 7: the 2 workers keep
     consuming until then, the policy is told a rescale is under way from the decision on, and it is recorded once."""
     told = []
-    res = simulate(np.full(20, 150.0), _times(20), OneChange(told), LINEAR, SimConfig(restart_s=240, act_latency_s=120, restart_jitter=0))
+    res = simulate(
+        np.full(20, 150.0),
+        _times(20),
+        OneChange(told),
+        LINEAR,
+        SimConfig(restart_s=240, act_latency_s=120, restart_jitter=0),
+    )
     workers = res.timeline["workers"].to_numpy()
     assert list(workers[4:9]) == [2, 2, 2, 3, 3] and res.metrics.rescales == 1
     assert res.decisions[0][0] == _times(1)[0].timestamp() + 420  # the restart's start, not the decision's time
@@ -149,10 +167,17 @@ def test_a_decision_acts_after_the_act_latency_and_nothing_else_acts_meanwhile()
 
 @pytest.mark.parametrize("window_s, blind_syncs", [(0.0, 3), (60.0, 4), (120.0, 5)])
 def test_a_restarted_group_reports_after_one_metrics_window(window_s, blind_syncs):
-    """A 4-minute restart decided at minute 5 blinds the syncs at minutes 6-8, and one metrics window more (HPA ignores unready pods)."""
+    """A 4-minute restart decided at minute 5 blinds the syncs at minutes 6-8, and one metrics window more (HPA ignores
+    unready pods)."""
     told = []
-    res = simulate(np.full(20, 150.0), _times(20), OneChange(told), LINEAR, SimConfig(restart_s=240, metrics_window_s=window_s, restart_jitter=0))
-    assert sum(told) == blind_syncs and told[6:6 + blind_syncs] == [True] * blind_syncs
+    res = simulate(
+        np.full(20, 150.0),
+        _times(20),
+        OneChange(told),
+        LINEAR,
+        SimConfig(restart_s=240, metrics_window_s=window_s, restart_jitter=0),
+    )
+    assert sum(told) == blind_syncs and told[6 : 6 + blind_syncs] == [True] * blind_syncs
     assert res.metrics.downtime_minutes == pytest.approx(4)  # reporting late is not downtime
 
 
@@ -167,7 +192,9 @@ def test_warmup_is_not_scored():
 
 
 def test_trace_is_resampled_and_scaled_to_peak_workers():
-    hist = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=3, freq="30min", tz="UTC"), "rate": [1.0, 4.0, 2.0]})
+    hist = pd.DataFrame(
+        {"timestamp": pd.date_range("2026-01-01", periods=3, freq="30min", tz="UTC"), "rate": [1.0, 4.0, 2.0]}
+    )
     rates, times = minute_rates(hist)
     assert len(rates) == 90 and list(rates[[0, 29, 30, 89]]) == [1.0, 1.0, 4.0, 2.0]
     scaled = scale_to_peak(rates, LINEAR, peak_workers=8)
@@ -184,7 +211,12 @@ def test_settings_errors_name_the_field():
 
 def test_dominating_baselines():
     kale = {"gpu_hours": 100, "accumulated_lag_minutes": 50}
-    sweeps = {"static": [{"setting": {"workers": 4}, "gpu_hours": 90, "accumulated_lag_minutes": 40}, {"setting": {"workers": 8}, "gpu_hours": 120, "accumulated_lag_minutes": 0}]}
+    sweeps = {
+        "static": [
+            {"setting": {"workers": 4}, "gpu_hours": 90, "accumulated_lag_minutes": 40},
+            {"setting": {"workers": 8}, "gpu_hours": 120, "accumulated_lag_minutes": 0},
+        ]
+    }
     assert dominating_baselines(kale, sweeps) == ["static {'workers': 4}"]
 
 
@@ -199,7 +231,9 @@ def test_kale_beats_default_hpa_on_a_diurnal_day():
 
 
 def _kale(*args):
-    return subprocess.run([sys.executable, "-m", "kale_dagster.cli", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.parametrize(
@@ -220,12 +254,33 @@ def test_cli_errors(args, message):
 
 def test_cli_json_and_plot(tmp_path):
     png = tmp_path / "bt.png"
-    proc = _kale("backtest", "--trace", str(FIXTURES / "diurnal_3d_10min.csv"), "--policies", "hpa,static", "--json", "--plot", str(png), "--warmup-days", "1")
+    proc = _kale(
+        "backtest",
+        "--trace",
+        str(FIXTURES / "diurnal_3d_10min.csv"),
+        "--policies",
+        "hpa,static",
+        "--json",
+        "--plot",
+        str(png),
+        "--warmup-days",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    keys = {"accumulated_lag_minutes", "slo_violation_rate", "downtime_minutes", "gpu_hours", "rescales", "max_lag_minutes"}
+    keys = {
+        "accumulated_lag_minutes",
+        "slo_violation_rate",
+        "downtime_minutes",
+        "gpu_hours",
+        "rescales",
+        "max_lag_minutes",
+    }
     assert set(out["policies"]) == {"hpa", "static"} and set(out["policies"]["hpa"]) == keys
-    grid = {(r["setting"]["target_utilization_pct"], r["setting"]["scale_down_window_s"], r["setting"]["rate_policies"]) for r in out["sweeps"]["hpa"]}
+    grid = {
+        (r["setting"]["target_utilization_pct"], r["setting"]["scale_down_window_s"], r["setting"]["rate_policies"])
+        for r in out["sweeps"]["hpa"]
+    }
     assert len(grid) == len(out["sweeps"]["hpa"]) == 30  # target x scale-down window x rate policies
     frontier = out["frontiers"]["hpa"]
     assert frontier and all(r in out["sweeps"]["hpa"] for r in frontier)
@@ -237,7 +292,8 @@ def test_cli_json_and_plot(tmp_path):
 
 @pytest.fixture
 def stepper():
-    """A registered policy that plans with the estimates: 1, 2, 3, 4 workers, 30 minutes each; records each build's sizing."""
+    """A registered policy that plans with the estimates: 1, 2, 3, 4 workers, 30 minutes each; records each build's
+    sizing."""
     from kale_dagster import Decision
     from kale_dagster.policies import POLICIES, PolicySpec
 
@@ -265,7 +321,7 @@ def stepper():
 
 
 def _stepped(config, prior):
-    from kale_dagster.control.controller import ControlSettings, Controller
+    from kale_dagster.control.controller import Controller, ControlSettings
 
     controller = Controller(ControlSettings(policy="stepper", min_workers=1, max_workers=8, slo_s=1200, restart_s=240))
     # Arrivals far above capacity: every minute the workers run is saturated, so each yields a measurement.
@@ -296,13 +352,16 @@ def test_oracle_plans_with_the_truth_and_noise_is_seeded(stepper):
     assert fitted_first.predict(4) == pytest.approx(LINEAR.predict(4), rel=0.15)
 
 
-@pytest.mark.parametrize("rows, frontier", [
-    # (GPU hours, lag) per setting -> the settings on the frontier, by GPU hours
-    ([(10, 100), (20, 50), (30, 10)], [(10, 100), (20, 50), (30, 10)]),  # each trades GPUs for lag: all on it
-    ([(10, 100), (20, 100), (30, 10)], [(10, 100), (30, 10)]),  # more GPUs, no less lag: dominated
-    ([(10, 100), (10, 100), (5, 200)], [(5, 200), (10, 100), (10, 100)]),  # ties do not dominate each other
-    ([(40, 0), (10, 0)], [(10, 0)]),
-])
+@pytest.mark.parametrize(
+    "rows, frontier",
+    [
+        # (GPU hours, lag) per setting -> the settings on the frontier, by GPU hours
+        ([(10, 100), (20, 50), (30, 10)], [(10, 100), (20, 50), (30, 10)]),  # each trades GPUs for lag: all on it
+        ([(10, 100), (20, 100), (30, 10)], [(10, 100), (30, 10)]),  # more GPUs, no less lag: dominated
+        ([(10, 100), (10, 100), (5, 200)], [(5, 200), (10, 100), (10, 100)]),  # ties do not dominate each other
+        ([(40, 0), (10, 0)], [(10, 0)]),
+    ],
+)
 def test_pareto_frontier(rows, frontier):
     from kale_dagster.sim.backtest import pareto_frontier
 
@@ -310,15 +369,21 @@ def test_pareto_frontier(rows, frontier):
     assert [(r["gpu_hours"], r["accumulated_lag_minutes"]) for r in got] == frontier
 
 
-@pytest.mark.parametrize("rows, best", [
-    ([(90, 10), (100, 40), (120, 30)], (120, 30)),  # least lag among those with >= Kale's 100 GPU h
-    ([(100, 40), (150, 40)], (100, 40)),  # equal lag: the cheaper one
-    ([(50, 0), (99, 1)], None),  # none uses as many GPU hours as Kale
-])
+@pytest.mark.parametrize(
+    "rows, best",
+    [
+        ([(90, 10), (100, 40), (120, 30)], (120, 30)),  # least lag among those with >= Kale's 100 GPU h
+        ([(100, 40), (150, 40)], (100, 40)),  # equal lag: the cheaper one
+        ([(50, 0), (99, 1)], None),  # none uses as many GPU hours as Kale
+    ],
+)
 def test_best_setting_at_kales_gpu_hours(rows, best):
     from kale_dagster.sim.backtest import best_at_kales_gpu_hours
 
-    got = best_at_kales_gpu_hours({"gpu_hours": 100, "accumulated_lag_minutes": 20}, [{"gpu_hours": g, "accumulated_lag_minutes": lag} for g, lag in rows])
+    got = best_at_kales_gpu_hours(
+        {"gpu_hours": 100, "accumulated_lag_minutes": 20},
+        [{"gpu_hours": g, "accumulated_lag_minutes": lag} for g, lag in rows],
+    )
     assert (None if got is None else (got["gpu_hours"], got["accumulated_lag_minutes"])) == best
 
 
@@ -326,7 +391,20 @@ def test_best_setting_at_kales_gpu_hours(rows, best):
 def test_cli_report_names_the_frontier_the_optimum_and_the_costs(capsys):
     from kale_dagster.cli import main
 
-    assert main(["backtest", "--trace", str(FIXTURES / "diurnal_3d_10min.csv"), "--policies", "hpa,static", "--warmup-days", "1"]) == 0
+    assert (
+        main(
+            [
+                "backtest",
+                "--trace",
+                str(FIXTURES / "diurnal_3d_10min.csv"),
+                "--policies",
+                "hpa,static",
+                "--warmup-days",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "hpa: Pareto frontier of 30 settings" in out and "static: Pareto frontier of 6 settings" in out
     optimum = next(line for line in out.splitlines() if line.startswith("offline optimum"))
@@ -360,7 +438,9 @@ def test_forecasts_recorded_period_by_period_are_the_live_feed():
 
 
 def test_a_backtest_in_parallel_processes_gives_what_one_process_gives():
-    history = pd.DataFrame({"timestamp": _times(3 * 1440), "rate": 50 + 40 * np.sin(np.arange(3 * 1440) * 2 * np.pi / 1440)})
+    history = pd.DataFrame(
+        {"timestamp": _times(3 * 1440), "rate": 50 + 40 * np.sin(np.arange(3 * 1440) * 2 * np.pi / 1440)}
+    )
     settings = BacktestSettings(peak_workers=8, max_workers=8, warmup_days=1, forecaster="ewma")
 
     runs = [Run("kale"), Run("hpa"), Run("kale", perfect_forecast=True)]
@@ -377,5 +457,5 @@ def test_windowed_means_are_numpys_mean_of_each_window(window):
     from kale_dagster.sim.simulate import windowed_means
 
     rates = np.random.default_rng(window).lognormal(3, 2, 400)
-    expected = [rates[0]] + [np.mean(rates[max(m - window, 0):m]) for m in range(1, len(rates))]
+    expected = [rates[0]] + [np.mean(rates[max(m - window, 0) : m]) for m in range(1, len(rates))]
     assert windowed_means(rates, window).tolist() == [float(x) for x in expected]

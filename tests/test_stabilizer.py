@@ -64,7 +64,7 @@ def test_never_lowers_capacity_and_removes_short_levels(plan, tau, rho):
     assert all(o >= p for o, p in zip(out, plan))
     # Every inner level that is a dip below both neighbours lasts at least tau.
     runs = []
-    for i, v in enumerate(out):
+    for v in out:
         if runs and runs[-1][0] == v:
             runs[-1][1] += 1
         else:

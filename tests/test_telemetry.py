@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from kale_dagster import KaleConfigError
 from dagster import SensorResult, SkipReason, build_sensor_context, instance_for_test
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata
 
+from kale_dagster import KaleConfigError
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.model.types import PartitionOffsets
 from kale_dagster.stream.broker import start_broker
@@ -95,7 +94,9 @@ def test_packed_records_are_counted_in_samples(kafka_broker):
     trace = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 400.0})
     sent = replay(servers, trace, ReplaySettings(topic=TOPIC, partitions=2, samples_per_record=4), max_wall_s=1.5)
     assert sent > 0 and sent % 4 == 0
-    packed = KafkaStreamResource(bootstrap_servers=servers, topics=[TOPIC], group_id=GROUP, samples_per_record=4).snapshot()
+    packed = KafkaStreamResource(
+        bootstrap_servers=servers, topics=[TOPIC], group_id=GROUP, samples_per_record=4
+    ).snapshot()
     assert packed.sample_lag == sent
     assert _resource(servers).snapshot().sample_lag == sent // 4  # the same stream read as one sample per record
 
@@ -147,17 +148,44 @@ SOURCE_ROWS = [
     (dict(bootstrap_servers="localhost:9092", topics=("",), group_id="g"), "topics"),
     (dict(bootstrap_servers="localhost:9092", topics="clicks", group_id="g"), "topics"),
     (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id=" "), "group_id"),
-    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", security_protocol="TLS"), "security_protocol"),
-    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", security_protocol="SASL_SSL"), "sasl_mechanism"),
-    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", security_protocol="SASL_SSL", sasl_mechanism="PLAIN"), "sasl_username"),
-    (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", security_protocol="sasl_ssl", sasl_mechanism="PLAIN",
-          sasl_username="u", sasl_password_env="PW"), None),
+    (
+        dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", security_protocol="TLS"),
+        "security_protocol",
+    ),
+    (
+        dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", security_protocol="SASL_SSL"),
+        "sasl_mechanism",
+    ),
+    (
+        dict(
+            bootstrap_servers="localhost:9092",
+            topics=("t",),
+            group_id="g",
+            security_protocol="SASL_SSL",
+            sasl_mechanism="PLAIN",
+        ),
+        "sasl_username",
+    ),
+    (
+        dict(
+            bootstrap_servers="localhost:9092",
+            topics=("t",),
+            group_id="g",
+            security_protocol="sasl_ssl",
+            sasl_mechanism="PLAIN",
+            sasl_username="u",
+            sasl_password_env="PW",
+        ),
+        None,
+    ),
     (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", samples_per_record=0), "samples_per_record"),
     (dict(bootstrap_servers="localhost:9092", topics=("t",), group_id="g", request_timeout_ms=5), "request_timeout_ms"),
 ]
 
 
-@pytest.mark.parametrize("kwargs, field", SOURCE_ROWS, ids=[f"row{i}-{f or 'ok'}" for i, (_, f) in enumerate(SOURCE_ROWS)])
+@pytest.mark.parametrize(
+    "kwargs, field", SOURCE_ROWS, ids=[f"row{i}-{f or 'ok'}" for i, (_, f) in enumerate(SOURCE_ROWS)]
+)
 def test_source_and_resource_validate_alike(kwargs, field):
     from pydantic import ValidationError
 
@@ -186,8 +214,15 @@ def test_workers_get_the_sources_security_settings_through_the_environment(monke
     from kale_dagster.launchers.local import TrainerSettings
     from kale_dagster.stream.source import KafkaSource
 
-    source = KafkaSource("k:9093", ("clicks",), "ctr", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
-                         sasl_username="kale", sasl_password_env="CTR_PW")
+    source = KafkaSource(
+        "k:9093",
+        ("clicks",),
+        "ctr",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="kale",
+        sasl_password_env="CTR_PW",
+    )
     settings = TrainerSettings(source, "/tmp/ckpt")
     argv = settings.argv()
     assert argv[argv.index("--bootstrap-servers") + 1] == "k:9093" and argv[argv.index("--topic") + 1] == "clicks"
@@ -196,8 +231,12 @@ def test_workers_get_the_sources_security_settings_through_the_environment(monke
         settings.env()
     monkeypatch.setenv("CTR_PW", "s3cret")
     env = settings.env()
-    assert (env["KAFKA_SECURITY_PROTOCOL"], env["KAFKA_SASL_MECHANISM"], env["KAFKA_SASL_USERNAME"], env["KAFKA_SASL_PASSWORD"]) == (
-        "SASL_SSL", "SCRAM-SHA-512", "kale", "s3cret")
+    assert (
+        env["KAFKA_SECURITY_PROTOCOL"],
+        env["KAFKA_SASL_MECHANISM"],
+        env["KAFKA_SASL_USERNAME"],
+        env["KAFKA_SASL_PASSWORD"],
+    ) == ("SASL_SSL", "SCRAM-SHA-512", "kale", "s3cret")
     with pytest.raises(KaleConfigError, match="consumes one topic") as err:
         TrainerSettings(KafkaSource("k:9093", ("clicks", "impressions"), "ctr"), "/tmp/ckpt")
     assert err.value.field == "topics"
@@ -213,7 +252,9 @@ def test_sensor_records_in_pipeline_time_skips_on_outage_and_resumes(tmp_path):
     try:
         servers = broker.bootstrap_servers
         _setup(servers, partitions=2)
-        sensor = build_stream_metrics_sensor(name="demo_stream_metrics", pipeline="demo", history=history, clock=clock, tick_timeout_s=8)
+        sensor = build_stream_metrics_sensor(
+            name="demo_stream_metrics", pipeline="demo", history=history, clock=clock, tick_timeout_s=8
+        )
         resources = {"kale_stream": _resource(servers)}
         with instance_for_test() as instance:
             ctx = build_sensor_context(instance=instance, resources=resources)
@@ -230,7 +271,9 @@ def test_sensor_records_in_pipeline_time_skips_on_outage_and_resumes(tmp_path):
             lag = second.asset_events[0].metadata["time_lag_s"].value
             assert 12.0 <= lag < 60.0
             rows = history.stream("demo")
-            assert rows["ts"].iloc[-1] == pytest.approx(clock.now(), abs=30) and rows["time_lag_s"].iloc[-1] == pytest.approx(lag)
+            assert rows["ts"].iloc[-1] == pytest.approx(clock.now(), abs=30) and rows["time_lag_s"].iloc[
+                -1
+            ] == pytest.approx(lag)
 
             broker.stop()
             started = time.monotonic()
@@ -314,9 +357,15 @@ def test_any_cursor_text_reads_as_a_cursor_the_sensor_can_use():
     from kale_dagster.definitions.control import ControlCursor
 
     scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=3))
-    values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)), max_leaves=8)
+    values = st.recursive(
+        scalars,
+        lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+        max_leaves=8,
+    )
     keys = st.sampled_from(["time", "offsets", "control", "warned_partitions", "other"])
-    texts = st.one_of(st.text(max_size=30), st.dictionaries(keys, values, max_size=4).map(json.dumps), values.map(json.dumps))
+    texts = st.one_of(
+        st.text(max_size=30), st.dictionaries(keys, values, max_size=4).map(json.dumps), values.map(json.dumps)
+    )
     raw = RawOffsets(100.0, (PartitionOffsets(0, 5, 5),), ("t",), (None,))
 
     @settings(max_examples=150, deadline=None)
@@ -328,5 +377,7 @@ def test_any_cursor_text_reads_as_a_cursor_the_sensor_can_use():
         ControlCursor(**cursor.control)
 
     check()
-    good = StreamMetricsCursor(time=50.0, offsets={"t": {"0": [3, None]}}, control={"predictions": [[1.0, 2.0]], "plotted_at": None})
+    good = StreamMetricsCursor(
+        time=50.0, offsets={"t": {"0": [3, None]}}, control={"predictions": [[1.0, 2.0]], "plotted_at": None}
+    )
     assert StreamMetricsCursor.from_json(good.to_json()) == good  # what this version writes reads back as written

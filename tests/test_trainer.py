@@ -10,17 +10,17 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from support import committed_offsets, end_offsets, trained_samples
 
 from kale_dagster import KaleConfigError
-from kale_dagster.stream.source import KafkaSource
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.stream.producer import ReplaySettings, ensure_topic, replay
 from kale_dagster.stream.samples import RECORD_SIZE, GroundTruth, decode, encode, partition_weights
+from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
 from kale_dagster.trainer.checkpoint import CheckpointWriteError, list_checkpoints, load_latest, save_atomic
 from kale_dagster.trainer.model import RollingAUC
 from kale_dagster.trainer.ordering import ArrivalOrder
+from support import committed_offsets, end_offsets, trained_samples
 
 
 def test_checkpoint_is_atomic_and_pruned(tmp_path):
@@ -108,18 +108,42 @@ def test_forwarding_plan(own, total, accepting, high, expected_moved):
     [
         pytest.param([({0: 10_000, 1: 1_000}, {0, 1}, 0.0)], {0}, id="ahead by more than the lead: held"),
         pytest.param([({0: 1_900, 1: 1_000}, {0, 1}, 0.0)], set(), id="within the lead: free"),
-        pytest.param([({0: 10_000, 1: 1_000}, {0}, 0.0)], set(), id="the one behind has caught up: it holds nothing back"),
-        pytest.param([({0: 5_000}, {0, 1}, 0.0)], {0}, id="a backlogged partition that delivered nothing yet is the furthest behind"),
-        pytest.param([({0: 5_000}, {0, 1}, 0.0), ({1: 4_500}, {0, 1}, 0.1)], set(), id="the laggard caught up to within the lead: resumed"),
-        pytest.param([({0: 5_000, 1: 1_000, 2: 9_000}, {0, 1, 2}, 0.0), ({1: 4_200}, {0, 1, 2}, 0.1)], {2},
-                     id="the frontier moves with the laggard: one still ahead stays held"),
-        pytest.param([({0: 5_000}, {0, 1}, 0.0), ({}, {0, 1}, 1.0), ({}, {0, 1}, 3.0)], set(),
-                     id="a laggard that delivers nothing for the stall time stops holding the rank back"),
-        pytest.param([({0: 5_000}, {0, 1}, 0.0), ({}, {0, 1}, 1.0), ({}, {0, 1}, 3.0), ({1: 1_000}, {0, 1}, 3.5)], {0},
-                     id="a stalled laggard that delivers again counts again"),
-        pytest.param([({0: 5_000}, {0, 1}, 0.0), ({}, {0, 1}, 1.0), ({}, {0, 1}, 2.9)], {0}, id="a short wait is no stall"),
-        pytest.param([({0: 5_000, 1: 1_000}, {0, 1}, 0.0), ({0: 4_000}, {0, 1}, 0.1)], {0},
-                     id="an out-of-order timestamp never moves a partition back"),
+        pytest.param(
+            [({0: 10_000, 1: 1_000}, {0}, 0.0)], set(), id="the one behind has caught up: it holds nothing back"
+        ),
+        pytest.param(
+            [({0: 5_000}, {0, 1}, 0.0)],
+            {0},
+            id="a backlogged partition that delivered nothing yet is the furthest behind",
+        ),
+        pytest.param(
+            [({0: 5_000}, {0, 1}, 0.0), ({1: 4_500}, {0, 1}, 0.1)],
+            set(),
+            id="the laggard caught up to within the lead: resumed",
+        ),
+        pytest.param(
+            [({0: 5_000, 1: 1_000, 2: 9_000}, {0, 1, 2}, 0.0), ({1: 4_200}, {0, 1, 2}, 0.1)],
+            {2},
+            id="the frontier moves with the laggard: one still ahead stays held",
+        ),
+        pytest.param(
+            [({0: 5_000}, {0, 1}, 0.0), ({}, {0, 1}, 1.0), ({}, {0, 1}, 3.0)],
+            set(),
+            id="a laggard that delivers nothing for the stall time stops holding the rank back",
+        ),
+        pytest.param(
+            [({0: 5_000}, {0, 1}, 0.0), ({}, {0, 1}, 1.0), ({}, {0, 1}, 3.0), ({1: 1_000}, {0, 1}, 3.5)],
+            {0},
+            id="a stalled laggard that delivers again counts again",
+        ),
+        pytest.param(
+            [({0: 5_000}, {0, 1}, 0.0), ({}, {0, 1}, 1.0), ({}, {0, 1}, 2.9)], {0}, id="a short wait is no stall"
+        ),
+        pytest.param(
+            [({0: 5_000, 1: 1_000}, {0, 1}, 0.0), ({0: 4_000}, {0, 1}, 0.1)],
+            {0},
+            id="an out-of-order timestamp never moves a partition back",
+        ),
     ],
 )
 def test_arrival_order_holds_back_the_partitions_ahead(polls, held):
@@ -153,7 +177,9 @@ def test_samples_round_trip_and_learnable_labels():
     nan["dense"][0, 3] = np.nan
     label = records[1:2].copy()
     label["label"] = 7
-    samples, counts = decode([b"short", values[0], nan.tobytes(), label.tobytes(), b"", None, packed[0]])  # None: a tombstone
+    samples, counts = decode(
+        [b"short", values[0], nan.tobytes(), label.tobytes(), b"", None, packed[0]]
+    )  # None: a tombstone
     assert list(counts) == [0, 1, 0, 0, 0, 0, 16] and (samples == np.concatenate([records[:1], records[:16]])).all()
     assert np.allclose(partition_weights(4, 0.5), [0.5, 1 / 6, 1 / 6, 1 / 6])
 
@@ -176,12 +202,26 @@ def _train_through(kafka_broker, tmp_path, scenario, produce_s: float):
     logs.mkdir()
     history = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 250.0})
     stop = threading.Event()
-    producer = threading.Thread(target=replay, args=(servers, history, ReplaySettings(topic=topic, partitions=partitions, hot_share=0.4, samples_per_record=per_record)),
-                                kwargs=dict(stop=stop, max_wall_s=produce_s))
+    producer = threading.Thread(
+        target=replay,
+        args=(
+            servers,
+            history,
+            ReplaySettings(topic=topic, partitions=partitions, hot_share=0.4, samples_per_record=per_record),
+        ),
+        kwargs=dict(stop=stop, max_wall_s=produce_s),
+    )
     producer.start()
     time.sleep(1.0)
-    settings = TrainerSettings(KafkaSource(servers, (topic,), "trainer"), str(tmp_path / "ckpt"), batch_size=64, emulate_gpu_rate=150,
-                               checkpoint_every_s=2.0, trained_log=str(logs), collective_timeout_s=15)
+    settings = TrainerSettings(
+        KafkaSource(servers, (topic,), "trainer"),
+        str(tmp_path / "ckpt"),
+        batch_size=64,
+        emulate_gpu_rate=150,
+        checkpoint_every_s=2.0,
+        trained_log=str(logs),
+        collective_timeout_s=15,
+    )
     launcher = LocalLauncher(settings, pool_size=3)
     try:
         launcher.start(2)
@@ -202,7 +242,9 @@ def _train_through(kafka_broker, tmp_path, scenario, produce_s: float):
     assert not missing, f"{len(missing)} produced records never trained, e.g. {missing[:5]}"
     produced = sum(ends.values()) * per_record  # sequence numbers 0 .. produced-1, one per sample
     seqs = np.unique(trained[:, 2])
-    assert len(seqs) == produced and seqs[0] == 0 and seqs[-1] == produced - 1, f"{produced - len(seqs)} produced samples never trained"
+    assert len(seqs) == produced and seqs[0] == 0 and seqs[-1] == produced - 1, (
+        f"{produced - len(seqs)} produced samples never trained"
+    )
     assert all(r.downtime_s < 30 for r in launcher.records)
     return trained, produced, launcher.records
 
@@ -216,7 +258,9 @@ def _rescale_every(launcher, seconds: float, *targets: int) -> None:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_planned_rescales_lose_nothing_and_repeat_nothing(kafka_broker, tmp_path):
-    trained, produced, records = _train_through(kafka_broker, tmp_path, lambda launcher: _rescale_every(launcher, 2.5, 3, 1, 2), produce_s=12)
+    trained, produced, records = _train_through(
+        kafka_broker, tmp_path, lambda launcher: _rescale_every(launcher, 2.5, 3, 1, 2), produce_s=12
+    )
     assert len(records) == 4  # start and 3 rescales
     print(f"produced {produced}, trained {len(trained)}")
     assert len(trained) == produced  # every sample exactly once
@@ -243,7 +287,10 @@ def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
     # Planned rescales repeat nothing (the test above); the crash repeats at most what its group (2 workers
     # at 150 samples/s) trained since the last checkpoint: one interval and a step, plus a record's rest per partition.
     bound = 2 * 150 * (2.0 + 64 / 150) + 4 * 3
-    print(f"produced {produced}, trained {len(trained)}, duplicates {duplicates} ({duplicates / produced:.1%}), bound {bound:.0f}")
+    print(
+        f"produced {produced}, trained {len(trained)}, duplicates {duplicates} ({duplicates / produced:.1%}), bound "
+        f"{bound:.0f}"
+    )
     assert duplicates <= bound
 
 
@@ -258,11 +305,34 @@ def test_worker_runs_under_torchrun_and_stops_cleanly_on_sigterm(kafka_broker, t
     from kale_dagster.trainer.checkpoint import load_latest
 
     servers = kafka_broker.bootstrap_servers
-    replay(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 300.0}),
-           ReplaySettings(topic="tr", partitions=2), max_wall_s=2)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", f"--master-port={free_loopback_port()}",
-           "-m", "kale_dagster.trainer.worker", "--bootstrap-servers", servers, "--topic", "tr", "--group-id", "g",
-           "--checkpoint-dir", str(tmp_path), "--emulate-gpu-rate", "200", "--checkpoint-every-s", "1"]
+    replay(
+        servers,
+        pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 300.0}),
+        ReplaySettings(topic="tr", partitions=2),
+        max_wall_s=2,
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        f"--master-port={free_loopback_port()}",
+        "-m",
+        "kale_dagster.trainer.worker",
+        "--bootstrap-servers",
+        servers,
+        "--topic",
+        "tr",
+        "--group-id",
+        "g",
+        "--checkpoint-dir",
+        str(tmp_path),
+        "--emulate-gpu-rate",
+        "200",
+        "--checkpoint-every-s",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
@@ -286,9 +356,19 @@ def test_stopped_workers_return_to_the_pool_and_are_reused(kafka_broker, tmp_pat
     """A rescale reuses the stopped processes (no torch import, no teardown on the critical path);
     the pool keeps at most pool_size standbys, and stop() leaves no process behind."""
     servers = kafka_broker.bootstrap_servers
-    replay(servers, pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 200.0}),
-           ReplaySettings(topic="reuse", partitions=2), max_wall_s=1)
-    settings = TrainerSettings(KafkaSource(servers, ("reuse",), "g"), str(tmp_path / "ckpt"), batch_size=32, emulate_gpu_rate=500, emulate_restore_s=0.5)
+    replay(
+        servers,
+        pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 200.0}),
+        ReplaySettings(topic="reuse", partitions=2),
+        max_wall_s=1,
+    )
+    settings = TrainerSettings(
+        KafkaSource(servers, ("reuse",), "g"),
+        str(tmp_path / "ckpt"),
+        batch_size=32,
+        emulate_gpu_rate=500,
+        emulate_restore_s=0.5,
+    )
     launcher = LocalLauncher(settings, pool_size=1)
     seen = set()
     try:
@@ -309,8 +389,16 @@ def test_stopped_workers_return_to_the_pool_and_are_reused(kafka_broker, tmp_pat
         w.proc.wait(15)  # released extras and the final group all exit
 
 
-@pytest.mark.parametrize("field, value", [("batch_size", 0), ("emulate_gpu_rate", -1.0), ("emulate_restore_s", -1.0), ("balance", "random"),
-                                          ("order_lead_s", -1.0)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("batch_size", 0),
+        ("emulate_gpu_rate", -1.0),
+        ("emulate_restore_s", -1.0),
+        ("balance", "random"),
+        ("order_lead_s", -1.0),
+    ],
+)
 def test_trainer_settings_errors_name_the_field(field, value):
     with pytest.raises(KaleConfigError, match=field):
         TrainerSettings(KafkaSource("127.0.0.1:9092", ("t",), "g"), "/tmp/ckpt", **{field: value})
@@ -321,7 +409,9 @@ def test_standbys_cover_a_scale_up_to_max_workers_and_no_more(kafka_broker, tmp_
     """With max_workers, group + standbys never exceed it: a scale-up takes warm standbys and
     starts no process (one importing torch would slow the new group); a scale-in keeps the stopped ones."""
     ensure_topic(kafka_broker.bootstrap_servers, "capped", 2)
-    settings = TrainerSettings(KafkaSource(kafka_broker.bootstrap_servers, ("capped",), "g"), str(tmp_path / "ckpt"), batch_size=32)
+    settings = TrainerSettings(
+        KafkaSource(kafka_broker.bootstrap_servers, ("capped",), "g"), str(tmp_path / "ckpt"), batch_size=32
+    )
     launcher = LocalLauncher(settings, pool_size=3, max_workers=3)
     try:
         launcher.wait_warm()
@@ -374,8 +464,14 @@ def test_a_backlog_over_several_partitions_is_trained_oldest_first(kafka_broker,
     logs.mkdir()
     history = pd.DataFrame({"timestamp": pd.date_range("2026-01-01", periods=2, freq="1min", tz="UTC"), "rate": 600.0})
     produced = replay(servers, history, ReplaySettings(topic=topic, partitions=4), max_wall_s=5.0)
-    settings = TrainerSettings(KafkaSource(servers, (topic,), "ordered"), str(tmp_path / "ckpt"), batch_size=64, emulate_gpu_rate=1500,
-                               trained_log=str(logs), order_lead_s=0.1)
+    settings = TrainerSettings(
+        KafkaSource(servers, (topic,), "ordered"),
+        str(tmp_path / "ckpt"),
+        batch_size=64,
+        emulate_gpu_rate=1500,
+        trained_log=str(logs),
+        order_lead_s=0.1,
+    )
     launcher = LocalLauncher(settings, pool_size=1)
     try:
         launcher.start(1)

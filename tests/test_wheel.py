@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120
 
 def run(cmd: list, cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
@@ -36,7 +38,9 @@ def venv(tmp_path_factory) -> dict:
     """A fresh virtual environment with only the built wheel (and its declared dependencies) installed."""
     tmp = tmp_path_factory.mktemp("wheel")
     # Build from what git would commit, in a copy: the wheel must not depend on build leftovers here.
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     source = tmp / "source"
     for name in files:
         if (ROOT / name).is_file():
@@ -57,7 +61,9 @@ def venv(tmp_path_factory) -> dict:
 
     work = tmp / "work"  # not the repository: nothing of the checkout is importable from here
     work.mkdir()
-    env = dict(env, PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", DAGSTER_HOME=str(tmp / "home"), HOME=str(tmp / "user"))
+    env = dict(
+        env, PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", DAGSTER_HOME=str(tmp / "home"), HOME=str(tmp / "user")
+    )
     (tmp / "home").mkdir()
     (tmp / "user").mkdir()
     return {"bin": venv / "bin", "work": work, "env": env}
@@ -66,7 +72,15 @@ def venv(tmp_path_factory) -> dict:
 def test_the_wheel_installs_its_commands_and_code_locations(venv):
     bin_, work, env = venv["bin"], venv["work"], venv["env"]
     assert run([bin_ / "kale", "--version"], work, env).stdout.split()[-1] == __version__
-    where = run([bin_ / "python", "-c", "import kale_dagster, pipelines, sensors; print(kale_dagster.__file__, sensors.__file__)"], work, env).stdout
+    where = run(
+        [
+            bin_ / "python",
+            "-c",
+            "import kale_dagster, pipelines, sensors; print(kale_dagster.__file__, sensors.__file__)",
+        ],
+        work,
+        env,
+    ).stdout
     assert all(str(bin_.parent) in path for path in where.split()), where
     assert str(ROOT) not in where
 
@@ -79,18 +93,51 @@ def test_the_wheel_installs_its_commands_and_code_locations(venv):
 def test_forecast_and_backtest_run_from_the_wheel(venv):
     bin_, work, env = venv["bin"], venv["work"], venv["env"]
     run([bin_ / "kale", "trace", "synth", "--days", "5", "--step-seconds", "600", "--out", "t.csv"], work, env)
-    forecast = json.loads(run([bin_ / "kale", "forecast", "--trace", "t.csv", "--horizon", "120", "--eval-days", "1", "--json"], work, env).stdout)
+    forecast = json.loads(
+        run(
+            [bin_ / "kale", "forecast", "--trace", "t.csv", "--horizon", "120", "--eval-days", "1", "--json"], work, env
+        ).stdout
+    )
     assert forecast["model"] == "prophet" and forecast["relative_mae"] > 0  # Prophet's Stan backend ships in the venv
-    backtest = json.loads(run([bin_ / "kale", "backtest", "--trace", "t.csv", "--warmup-days", "3", "--no-sweeps",
-                               "--no-variants", "--no-optimum", "--json"], work, env).stdout)
+    backtest = json.loads(
+        run(
+            [
+                bin_ / "kale",
+                "backtest",
+                "--trace",
+                "t.csv",
+                "--warmup-days",
+                "3",
+                "--no-sweeps",
+                "--no-variants",
+                "--no-optimum",
+                "--json",
+            ],
+            work,
+            env,
+        ).stdout
+    )
     assert set(backtest["policies"]) == {"kale", "hpa", "keda", "static"}
     assert backtest["policies"]["kale"]["gpu_hours"] > 0
 
 
 def test_the_demo_runs_from_the_wheel(venv):
     bin_, work, env = venv["bin"], venv["work"], venv["env"]
-    out = run([bin_ / "kale", "demo", "--max-minutes", "1", "--port", free_loopback_port(), "--ui-port", free_loopback_port()],
-              work, env, timeout=600).stdout
+    out = run(
+        [
+            bin_ / "kale",
+            "demo",
+            "--max-minutes",
+            "1",
+            "--port",
+            free_loopback_port(),
+            "--ui-port",
+            free_loopback_port(),
+        ],
+        work,
+        env,
+        timeout=600,
+    ).stdout
     assert "Dagster decided:" in out, out[-3000:]
     summary = json.loads(out.split("summary: ", 1)[1].splitlines()[0].replace("'", '"'))
     assert summary["failed_runs"] == 0, summary

@@ -25,10 +25,13 @@ def register(subparsers) -> None:
         help="replay a trace through Kale, HPA, KEDA and static allocation; print the paper's metrics",
         description="Trace-driven backtest with the production policy code. The trace is scaled so its peak "
         "equals the throughput of --peak-workers workers; the first --warmup-days only warm up the forecaster.",
-        epilog="example: kale trace synth --days 14 --out t.csv && kale backtest --trace t.csv --warmup-days 7 --no-sweeps",
+        epilog="example: kale trace synth --days 14 --out t.csv && kale backtest --trace t.csv --warmup-days 7 "
+        "--no-sweeps",
     )
     parser.add_argument("--trace", required=True, help="CSV timestamp,value (arrivals per interval)")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ",".join(POLICIES))
+    parser.add_argument(
+        "--policies", default=",".join(POLICIES), help="comma-separated subset of " + ",".join(POLICIES)
+    )
     parser.add_argument("--peak-workers", type=int, default=28)
     parser.add_argument("--max-workers", type=int, default=32)
     parser.add_argument("--restart-minutes", type=float, default=10.0)
@@ -38,10 +41,16 @@ def register(subparsers) -> None:
     parser.add_argument("--forecaster", default="prophet", help="Kale's forecaster")
     parser.add_argument("--refit-minutes", type=float, default=1440.0, help="forecaster refit cadence")
     parser.add_argument("--no-sweeps", action="store_true", help="skip the baseline sweeps")
-    parser.add_argument("--no-variants", action="store_true",
-                        help="skip Kale's variants: planning with the true F(w) and restart time, a perfect forecast, the paper's stabilizer, "
-                             "scale-in judged over the forecast's outlook")
-    parser.add_argument("--no-optimum", action="store_true", help="skip the offline optimum (perfect foresight, dynamic program)")
+    parser.add_argument(
+        "--no-variants",
+        action="store_true",
+        help="skip Kale's variants: planning with the true F(w) and restart time, a perfect forecast, the paper's "
+        "stabilizer, "
+        "scale-in judged over the forecast's outlook",
+    )
+    parser.add_argument(
+        "--no-optimum", action="store_true", help="skip the offline optimum (perfect foresight, dynamic program)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="PNG", help="write arrivals, capacity and lag per policy to this PNG")
     parser.set_defaults(handler=run)
@@ -61,7 +70,14 @@ def run(args) -> int:
     )
     backtest = Backtest(read_trace_csv(args.trace), settings)
     bar = ProgressBar("backtest", enabled=not args.json)
-    report = compare(backtest, names, sweeps=not args.no_sweeps, variants=() if args.no_variants else tuple(KALE_VARIANTS), optimum=not args.no_optimum, done=bar.update)
+    report = compare(
+        backtest,
+        names,
+        sweeps=not args.no_sweeps,
+        variants=() if args.no_variants else tuple(KALE_VARIANTS),
+        optimum=not args.no_optimum,
+        done=bar.update,
+    )
     bar.close()
     if args.plot:
         from kale_dagster.definitions.plots import plot_backtest
@@ -77,22 +93,37 @@ def run(args) -> int:
     _print_table(rows, "policy (defaults)")
     for name, frontier in report["frontiers"].items():
         print()
-        _print_table({_label(row["setting"]): row for row in frontier}, f"{name}: Pareto frontier of {len(report['sweeps'][name])} settings")
+        _print_table(
+            {_label(row["setting"]): row for row in frontier},
+            f"{name}: Pareto frontier of {len(report['sweeps'][name])} settings",
+        )
     if report["headline"]:
         print()
         for name, h in report["headline"].items():
             best = h["best_at_kales_gpu_hours"]
             line = f"Kale vs {name}: lag {_times(h['lag_ratio_vs_default'])} of the default's"
-            line += (f"; {_times(h['lag_ratio_vs_best'])} of the best setting with >= Kale's GPU hours ({_label(best['setting'])}, "
-                     f"{best['gpu_hours']:,.0f} GPU h)" if best else "; no setting uses as many GPU hours as Kale")
+            line += (
+                f"; {_times(h['lag_ratio_vs_best'])} of the best setting with >= Kale's GPU hours "
+                f"({_label(best['setting'])}, "
+                f"{best['gpu_hours']:,.0f} GPU h)"
+                if best
+                else "; no setting uses as many GPU hours as Kale"
+            )
             print(line)
         beaten = report["kale_dominated_by"]
-        print("swept settings with <= Kale's GPU hours and lower accumulated lag: " + (", ".join(beaten) if beaten else "none"))
+        print(
+            "swept settings with <= Kale's GPU hours and lower accumulated lag: "
+            + (", ".join(beaten) if beaten else "none")
+        )
     if "cost_over_optimum" in report:
         print()
-        print("cost (GPU-min + 8 x lag-min + 100 x violation-min) over the offline optimum's: "
-              + ", ".join(f"{VARIANT_LABELS.get(k, k)} {r:.3g}x" for k, r in report["cost_over_optimum"].items() if k != "optimum")
-              + (f" (best baseline: {report['best_baseline_by_cost']})" if "best_baseline_by_cost" in report else ""))
+        print(
+            "cost (GPU-min + 8 x lag-min + 100 x violation-min) over the offline optimum's: "
+            + ", ".join(
+                f"{VARIANT_LABELS.get(k, k)} {r:.3g}x" for k, r in report["cost_over_optimum"].items() if k != "optimum"
+            )
+            + (f" (best baseline: {report['best_baseline_by_cost']})" if "best_baseline_by_cost" in report else "")
+        )
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0

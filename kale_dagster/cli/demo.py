@@ -12,7 +12,8 @@ from kale_dagster.demo.run import DemoSettings, run_demo
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="live demo: embedded broker, compressed diurnal day, torch trainer on emulated GPUs kept sized by Kale through Dagster",
+        help="live demo: embedded broker, compressed diurnal day, torch trainer on emulated GPUs kept sized by Kale "
+        "through Dagster",
         description="Starts the embedded broker, a producer replaying one synthetic day of CTR samples compressed into "
         "--day-minutes, torch trainer workers each EMULATING one GPU, and `dagster dev` on 127.0.0.1:3000, whose "
         "sensors, assets and rescale runs keep the workers sized. Ctrl-C stops every process.",

@@ -52,14 +52,24 @@ def run(args) -> int:
         return 0
     ratio = result.smape / result.baseline_smape if result.baseline_smape else float("nan")
     print(f"model {result.model}, horizon {result.horizon_minutes:g} min, {result.folds} folds, {result.refits} refits")
-    print(f"  sMAPE {result.smape:.4f}  MAPE {result.mape:.4f}  MAE {result.mae:.4g}/s  band coverage {result.coverage:.1%}")
+    print(
+        f"  sMAPE {result.smape:.4f}  MAPE {result.mape:.4f}  MAE {result.mae:.4g}/s  band coverage "
+        f"{result.coverage:.1%}"
+    )
     print(f"  baseline {result.baseline}: sMAPE {result.baseline_smape:.4f}  (model/baseline {ratio:.2f}x)")
     print(f"  best seasonal naive MAE {result.baseline_mae:.4g}/s  (relative MAE {result.relative_mae:.2f}x)")
     simple, simple_mae = result.best_simple
     print(f"  best simple baseline {simple}: MAE {simple_mae:.4g}/s  (model/it {result.mae / simple_mae:.2f}x)")
-    gap = f"{result.gap_closed:.0%} of the gap to it closed" if result.gap_closed == result.gap_closed else "no gap: the floor is not below the baseline"
+    gap = (
+        f"{result.gap_closed:.0%} of the gap to it closed"
+        if result.gap_closed == result.gap_closed
+        else "no gap: the floor is not below the baseline"
+    )
     print(f"  noise floor MAE {result.floor_mae:.4g}/s  ({gap})")
-    print(f"  on the rate averaged over the plan step: MAE {result.plan_step_mae:.4g}/s, seasonal naive {result.plan_step_baseline_mae:.4g}/s")
+    print(
+        f"  on the rate averaged over the plan step: MAE {result.plan_step_mae:.4g}/s, seasonal naive "
+        f"{result.plan_step_baseline_mae:.4g}/s"
+    )
     if result.fallbacks:
         print(f"  note: {result.fallbacks} folds used the short-history fallback", file=sys.stderr)
     return 0

@@ -11,12 +11,19 @@ from kale_dagster.errors import CommandError
 def register(subparsers) -> None:
     parser = subparsers.add_parser("k8s", help="Kubernetes helpers (render manifests for review and GitOps)")
     sub = parser.add_subparsers(dest="k8s_command", metavar="ACTION", required=True)
-    render = sub.add_parser("render", help="print the Service and Job manifests for a pipeline at N workers",
-                            epilog="example: kale k8s render --pipeline ctr_production --workers 8 --validate 1.37.0")
+    render = sub.add_parser(
+        "render",
+        help="print the Service and Job manifests for a pipeline at N workers",
+        epilog="example: kale k8s render --pipeline ctr_production --workers 8 --validate 1.37.0",
+    )
     render.add_argument("--pipeline", required=True, help="pipeline name")
     render.add_argument("--workers", type=int, required=True)
     render.add_argument("--module", default="pipelines.definitions", help="module declaring the pipelines")
-    render.add_argument("--validate", metavar="K8S_VERSION", help="also validate offline against this Kubernetes version's schema, e.g. 1.37.0")
+    render.add_argument(
+        "--validate",
+        metavar="K8S_VERSION",
+        help="also validate offline against this Kubernetes version's schema, e.g. 1.37.0",
+    )
     render.set_defaults(handler=run_render)
 
 
@@ -38,7 +45,9 @@ def run_render(args) -> int:
 
     pipeline = find_pipeline(args.module, args.pipeline)
     if not isinstance(pipeline.launcher, KubernetesLauncherConfig):
-        raise CommandError(f"pipeline {args.pipeline!r} runs its workers locally; give it launcher=KubernetesLauncherConfig(...)")
+        raise CommandError(
+            f"pipeline {args.pipeline!r} runs its workers locally; give it launcher=KubernetesLauncherConfig(...)"
+        )
     manifests = render(pipeline.name, pipeline.launcher, pipeline.source, args.workers)
     if args.validate:
         import kubernetes_validate

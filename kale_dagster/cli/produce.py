@@ -24,17 +24,35 @@ def register(subparsers) -> None:
     parser.add_argument("--speedup", type=float, default=1.0, help="trace seconds per wall second")
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's rates")
     parser.add_argument("--partitions", type=int, default=8, help="partitions when the topic is created")
-    parser.add_argument("--hot-share", "--skew", dest="hot_share", type=float, default=0.0, help="traffic share of partition 0, e.g. 0.5")
+    parser.add_argument(
+        "--hot-share",
+        "--skew",
+        dest="hot_share",
+        type=float,
+        default=0.0,
+        help="traffic share of partition 0, e.g. 0.5",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--samples-per-record", type=int, default=1,
-                        help="pack this many samples in each Kafka record (set the same on the pipeline's KafkaSource)")
+    parser.add_argument(
+        "--samples-per-record",
+        type=int,
+        default=1,
+        help="pack this many samples in each Kafka record (set the same on the pipeline's KafkaSource)",
+    )
     parser.add_argument("--max-seconds", type=float, default=None, help="stop after this many wall seconds")
     parser.set_defaults(handler=run)
 
 
 def run(args) -> int:
-    settings = ReplaySettings(topic=args.topic, speedup=args.speedup, rate_scale=args.rate_scale, partitions=args.partitions, hot_share=args.hot_share, seed=args.seed,
-                              samples_per_record=args.samples_per_record)
+    settings = ReplaySettings(
+        topic=args.topic,
+        speedup=args.speedup,
+        rate_scale=args.rate_scale,
+        partitions=args.partitions,
+        hot_share=args.hot_share,
+        seed=args.seed,
+        samples_per_record=args.samples_per_record,
+    )
     history = read_trace_csv(args.trace)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -18,7 +18,8 @@ def register(subparsers) -> None:
         "serve",
         help="start N local workers and serve the rescale API that <pipeline>_rescale runs call",
         description="Owns the local workers (warm standbys, crash supervision) and serves GET /status and "
-        "POST /rescale on 127.0.0.1:--port until Ctrl-C, which checkpoints and stops every worker. Every request needs the "
+        "POST /rescale on 127.0.0.1:--port until Ctrl-C, which checkpoints and stops every worker. Every request needs "
+        "the "
         "bearer token written at start-up to --token-file (mode 0600; by default in your runtime directory, where a "
         "pipeline's LocalLauncherConfig looks for it).",
         epilog="example: kale trainer serve --topic samples --group-id ctr --checkpoint-dir ./ckpt --workers 2",
@@ -29,20 +30,33 @@ def register(subparsers) -> None:
     serve.add_argument("--checkpoint-dir", required=True)
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--batch-size", type=int, default=256)
-    serve.add_argument("--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap each worker at this many samples/s")
-    serve.add_argument("--trained-log", help="directory for per-worker logs of every trained (partition, offset, sample seq): "
-                                             "end-to-end accounting for tests and benchmarks")
+    serve.add_argument(
+        "--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap each worker at this many samples/s"
+    )
+    serve.add_argument(
+        "--trained-log",
+        help="directory for per-worker logs of every trained (partition, offset, sample seq): "
+        "end-to-end accounting for tests and benchmarks",
+    )
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind; loopback only (127.0.0.1 or localhost)")
-    serve.add_argument("--token-file", help="where to write the access token (default: $XDG_RUNTIME_DIR/kale/trainer-PORT.token, "
-                                            "else a directory of yours under the temp directory)")
+    serve.add_argument(
+        "--token-file",
+        help="where to write the access token (default: $XDG_RUNTIME_DIR/kale/trainer-PORT.token, "
+        "else a directory of yours under the temp directory)",
+    )
     serve.set_defaults(handler=run_serve)
 
 
 def run_serve(args) -> int:
     source = KafkaSource(args.bootstrap_servers, (args.topic,), args.group_id)
-    settings = TrainerSettings(source, args.checkpoint_dir, batch_size=args.batch_size, emulate_gpu_rate=args.emulate_gpu_rate,
-                               trained_log=args.trained_log)
+    settings = TrainerSettings(
+        source,
+        args.checkpoint_dir,
+        batch_size=args.batch_size,
+        emulate_gpu_rate=args.emulate_gpu_rate,
+        trained_log=args.trained_log,
+    )
     launcher = LocalLauncher(settings)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -53,8 +67,12 @@ def run_serve(args) -> int:
             record = launcher.start(args.workers)
         except (RuntimeError, TimeoutError) as exc:  # the worker's own reason, in one line, instead of a traceback
             raise CommandError(f"could not start {args.workers} workers: {exc}") from None
-        print(f"{args.workers} workers training (first step after {record.downtime_s:.1f} s); rescale API at {service.url}, "
-              f"token in {service.token_file}", flush=True)
+        print(
+            f"{args.workers} workers training (first step after {record.downtime_s:.1f} s); rescale API at "
+            f"{service.url}, "
+            f"token in {service.token_file}",
+            flush=True,
+        )
         while not stop.wait(2.0):
             launcher.supervise_once()
     finally:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 from kale_dagster.errors import KaleConfigError
+
 
 @dataclass(frozen=True)
 class PipelineClock:
@@ -27,14 +27,18 @@ class PipelineClock:
     when pipeline time reads ``pipeline_start`` (default: the same instant)."""
 
     time_scale: float = 1.0
-    wall_start: Optional[float] = None
-    pipeline_start: Optional[float] = None
+    wall_start: float | None = None
+    pipeline_start: float | None = None
 
     def __post_init__(self):
         if not 1.0 <= self.time_scale <= 1000.0:
-            raise KaleConfigError("time_scale", f"must be in [1, 1000] pipeline seconds per wall second, got {self.time_scale}")
+            raise KaleConfigError(
+                "time_scale", f"must be in [1, 1000] pipeline seconds per wall second, got {self.time_scale}"
+            )
         if self.time_scale != 1.0 and self.wall_start is None:
-            raise KaleConfigError("wall_start", "a compressed clock needs the wall time its run started (epoch seconds)")
+            raise KaleConfigError(
+                "wall_start", "a compressed clock needs the wall time its run started (epoch seconds)"
+            )
 
     @property
     def _origin(self) -> tuple[float, float]:

@@ -25,8 +25,8 @@ Pure: no Dagster, no I/O.  ``definitions.control`` gathers the inputs.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Optional, Sequence, Union
 
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape
@@ -50,8 +50,8 @@ class ControlSettings:
     advisory: bool = False
     rate_window_s: float = 300.0  # arrival and consumption rates are averaged over this window
     error_window_s: float = 3600.0  # the forecast's recent error is measured over this window
-    adequate_workers: Optional[int] = None  # the static baseline's fixed allocation (Sizing.adequate_workers)
-    partitions: Optional[int] = None  # for policies that need it when readings carry no per-partition offsets
+    adequate_workers: int | None = None  # the static baseline's fixed allocation (Sizing.adequate_workers)
+    partitions: int | None = None  # for policies that need it when readings carry no per-partition offsets
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,12 @@ class StreamReading:
     """
 
     time: float
-    arrival_rate: Optional[float]
-    consumption_rate: Optional[float]
+    arrival_rate: float | None
+    consumption_rate: float | None
     backlog: float
     time_lag_s: float
     partitions: tuple[PartitionOffsets, ...] = ()
-    latest_arrival_rate: Optional[float] = None
+    latest_arrival_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,12 @@ class ControlStep:
     """What one step decided and why, and what to do about it."""
 
     decision: Decision
-    observation: Optional[Observation]  # None when the controller held without observing
+    observation: Observation | None  # None when the controller held without observing
     restart_s: float
     restart_source: str
-    rescale_to: Optional[int] = None
+    rescale_to: int | None = None
     held: str = ""  # why the policy was not asked, when it was not
-    state: Union[dict, Callable[[], dict]] = field(default_factory=dict, repr=False, compare=False)
+    state: dict | Callable[[], dict] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def policy_state(self) -> dict:
@@ -98,7 +98,9 @@ def restart_estimate(downtimes_s: Sequence[float], declared_s: float) -> tuple[f
     return declared_s, "declared (no restart measured yet)"
 
 
-def recent_forecast_error(times: Sequence[float], predicted: Sequence[float], actual: Sequence[float], now: float, window_s: float) -> Optional[float]:
+def recent_forecast_error(
+    times: Sequence[float], predicted: Sequence[float], actual: Sequence[float], now: float, window_s: float
+) -> float | None:
     """sMAPE of earlier one-step predictions against the rates that then arrived, over the last ``window_s``.
 
     ``actual`` is NaN where nothing was measured.  None until the measured
@@ -124,7 +126,7 @@ class Controller:
     what it was built with.
     """
 
-    def __init__(self, settings: ControlSettings, build: Optional[Callable[[Sizing], ScalingPolicy]] = None):
+    def __init__(self, settings: ControlSettings, build: Callable[[Sizing], ScalingPolicy] | None = None):
         self.settings = settings
         learns = False
         if build is None:
@@ -133,20 +135,20 @@ class Controller:
             learns = spec.uses_estimates
         self._build = build
         self._learns = learns  # rebuilt when the estimates change; the others keep the settings they were built with
-        self._built: Optional[tuple[Sizing, ScalingPolicy]] = None
-        self._restart: Optional[tuple] = None  # (downtimes, time scale) -> restart_estimate, for the last ones seen
+        self._built: tuple[Sizing, ScalingPolicy] | None = None
+        self._restart: tuple | None = None  # (downtimes, time scale) -> restart_estimate, for the last ones seen
 
     @classmethod
-    def fixed(cls, policy: ScalingPolicy, settings: ControlSettings) -> "Controller":
+    def fixed(cls, policy: ScalingPolicy, settings: ControlSettings) -> Controller:
         """A controller around a policy already built: it plans with what it was built with, whatever is measured."""
         return cls(settings, build=lambda sizing: policy)
 
     @property
-    def policy_in_use(self) -> Optional[ScalingPolicy]:
+    def policy_in_use(self) -> ScalingPolicy | None:
         """The policy the last step decided with (None before the first)."""
         return self._built[1] if self._built is not None else None
 
-    def policy(self, sizing: Sizing, state: Optional[dict] = None) -> ScalingPolicy:
+    def policy(self, sizing: Sizing, state: dict | None = None) -> ScalingPolicy:
         """The policy for this knowledge; ``state`` (a previous decision's) replaces what it remembers."""
         if self._built is None or (self._learns and self._built[0] != sizing):
             previous = self._built[1] if self._built is not None else None
@@ -159,8 +161,15 @@ class Controller:
             policy.load_state(state)
         return policy
 
-    def observe(self, reading: StreamReading, status: LauncherStatus, model: ThroughputModel, forecast: Optional[Forecast],
-                forecast_error: Optional[float], rescale_in_flight: bool) -> Observation:
+    def observe(
+        self,
+        reading: StreamReading,
+        status: LauncherStatus,
+        model: ThroughputModel,
+        forecast: Forecast | None,
+        forecast_error: float | None,
+        rescale_in_flight: bool,
+    ) -> Observation:
         """The policy's view, built as the simulator builds it."""
         workers = status.workers
         # A group that has not reported since it started is still starting: no utilization, no action
@@ -185,15 +194,15 @@ class Controller:
     def step(
         self,
         reading: StreamReading,
-        status: Optional[LauncherStatus],
+        status: LauncherStatus | None,
         model: ThroughputModel,
-        forecast: Optional[Forecast] = None,
-        forecast_error: Optional[float] = None,
-        policy_state: Optional[dict] = None,
+        forecast: Forecast | None = None,
+        forecast_error: float | None = None,
+        policy_state: dict | None = None,
         rescale_in_flight: bool = False,
         time_scale: float = 1.0,
         launcher_error: str = "",
-        last_workers: Optional[int] = None,
+        last_workers: int | None = None,
     ) -> ControlStep:
         """One decision.  ``time_scale`` converts the launcher's wall-second downtimes to pipeline seconds;
         ``last_workers`` is what the controller last knew runs, for a hold without a launcher;
@@ -207,25 +216,45 @@ class Controller:
             held = f"the launcher did not answer ({launcher_error or 'no status'})"
             return self._hold(last_workers or s.min_workers, held, policy_state, restart_s, restart_source)
         if reading.arrival_rate is None:
-            return self._hold(status.workers, "no arrival rate yet (first reading, or a telemetry gap)", policy_state, restart_s, restart_source)
+            return self._hold(
+                status.workers,
+                "no arrival rate yet (first reading, or a telemetry gap)",
+                policy_state,
+                restart_s,
+                restart_source,
+            )
         obs = self.observe(reading, status, model, forecast, forecast_error, rescale_in_flight)
         if self._built is not None and not self._learns:  # built once and never rebuilt: no knowledge to hand it
             policy = self.policy(self._built[0], policy_state)
         else:
-            policy = self.policy(Sizing(min_workers=s.min_workers, max_workers=s.max_workers, slo_s=s.slo_s, restart_s=restart_s, model=model,
-                                        adequate_workers=s.adequate_workers, partitions=len(reading.partitions) or s.partitions), policy_state)
+            policy = self.policy(
+                Sizing(
+                    min_workers=s.min_workers,
+                    max_workers=s.max_workers,
+                    slo_s=s.slo_s,
+                    restart_s=restart_s,
+                    model=model,
+                    adequate_workers=s.adequate_workers,
+                    partitions=len(reading.partitions) or s.partitions,
+                ),
+                policy_state,
+            )
         decision = policy.decide(obs)
         failed = bool(status.failed) and not obs.restarting
         if failed:
             # Nothing else restarts a failed group: restart it, at the size the policy wants now.
-            decision = replace(decision, reason=f"the running group failed ({status.failed}); restarting it at {decision.workers} "
-                                                f"from the last checkpoint; {decision.reason}")
+            decision = replace(
+                decision,
+                reason=f"the running group failed ({status.failed}); restarting it at {decision.workers} "
+                f"from the last checkpoint; {decision.reason}",
+            )
         act = (decision.workers != obs.workers or failed) and not obs.restarting and not s.advisory
-        return ControlStep(decision, obs, restart_s, restart_source, rescale_to=decision.workers if act else None, state=policy.state)
+        return ControlStep(
+            decision, obs, restart_s, restart_source, rescale_to=decision.workers if act else None, state=policy.state
+        )
 
-    def _hold(self, workers: int, why: str, state: Optional[dict], restart_s: float, restart_source: str) -> ControlStep:
+    def _hold(self, workers: int, why: str, state: dict | None, restart_s: float, restart_source: str) -> ControlStep:
         if state is None:
             state = self._built[1].state() if self._built is not None else {}
         decision = Decision(workers, f"{self.settings.policy}/hold", f"hold at {workers}: {why}")
         return ControlStep(decision, None, restart_s, restart_source, held=why, state=dict(state))
-

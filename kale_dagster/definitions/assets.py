@@ -14,7 +14,6 @@ more, the same way.  The rescale job (``jobs``) applies it.  Times are the
 pipeline's (``control.clock``).
 """
 
-
 import time
 
 import numpy as np
@@ -44,7 +43,9 @@ def plot_path(context: AssetExecutionContext, p: OnlineTrainingPipeline, what: s
 def stream_metrics_spec(p: OnlineTrainingPipeline) -> AssetSpec:
     return AssetSpec(
         AssetKey(p.key("stream_metrics")),
-        description="Kafka lag, arrival and consumption rates and time lag of the trainer's group, observed each minute by the metrics sensor.",
+        description="Kafka lag, arrival and consumption rates and time lag of the trainer's group, observed each "
+        "minute "
+        "by the metrics sensor.",
         group_name=p.name,
         kinds={"kafka"},
     )
@@ -67,9 +68,13 @@ def forecast_figures(history: pd.DataFrame, fc: Forecast, step_s: float) -> dict
 
 
 def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
-    @asset(key=p.key("traffic_forecast"), deps=[AssetKey(p.key("stream_metrics"))], group_name=p.name,
-           kinds={"prophet"} if p.forecaster.startswith("prophet") else None,
-           description=f"Forecast of sample arrivals over the next {p.forecast_horizon_minutes:g} min ({p.forecaster}).")
+    @asset(
+        key=p.key("traffic_forecast"),
+        deps=[AssetKey(p.key("stream_metrics"))],
+        group_name=p.name,
+        kinds={"prophet"} if p.forecaster.startswith("prophet") else None,
+        description=f"Forecast of sample arrivals over the next {p.forecast_horizon_minutes:g} min ({p.forecaster}).",
+    )
     def traffic_forecast(context: AssetExecutionContext) -> Output:
         from kale_dagster.definitions.plots import plot_forecast
 
@@ -77,14 +82,18 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
         recorded = store.stream(p.name)
         history = store.arrival_history(p.name)
         if len(history) < 2:
-            raise RuntimeError(f"no arrival-rate history for pipeline {p.name!r} yet: is the {p.name}_stream_metrics sensor running?")
+            raise RuntimeError(
+                f"no arrival-rate history for pipeline {p.name!r} yet: is the {p.name}_stream_metrics sensor running?"
+            )
         started, fitted_at = time.perf_counter(), p.clock.now()
         clean = prepare_history(history)
         step_s = infer_step_s(clean["timestamp"])
         steps = max(1, int(round(p.forecast_horizon_minutes * 60 / step_s)))
         # How the previous fit's forecast fared against what then arrived (the check reads these).
         previous = store.latest_forecaster(p.name)
-        realised = realised_error(previous[1]["model"].predict(previous[1]["steps"]), clean) if previous is not None else None
+        realised = (
+            realised_error(previous[1]["model"].predict(previous[1]["steps"]), clean) if previous is not None else None
+        )
         model = make_forecaster(p.forecaster, horizon_s=p.forecast_horizon_minutes * 60).fit(clean)
         fc = model.predict(steps)
         # The controller re-anchors this fit on fresh metrics at every reading until the next refit.
@@ -93,7 +102,9 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             fc.extras["holdout_smape"] = model.holdout_smape
         fit_s = time.perf_counter() - started
         figures = forecast_figures(clean, fc, step_s)
-        png = plot_forecast(history, fc.to_frame(), plot_path(context, p, "forecast"), title=f"{p.name}: traffic forecast ({fc.model})")
+        png = plot_forecast(
+            history, fc.to_frame(), plot_path(context, p, "forecast"), title=f"{p.name}: traffic forecast ({fc.model})"
+        )
         metadata = {
             "model": fc.model,
             "fallback": fc.fallback or "none",
@@ -113,12 +124,21 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
 
 
 def throughput_model_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
-    @asset(key=p.key("throughput_model"), group_name=p.name,
-           description="Resource-throughput model F(w) fitted by NNLS on measured worker throughput; the configured prior until enough worker counts were measured.")
+    @asset(
+        key=p.key("throughput_model"),
+        group_name=p.name,
+        description="Resource-throughput model F(w) fitted by NNLS on measured worker throughput; the configured prior "
+        "until enough worker counts were measured.",
+    )
     def throughput_model(context: AssetExecutionContext) -> Output:
         measured = p.history().throughput(p.name, start=p.clock.now() - FIT_WINDOW_S)
-        model, source = estimate_throughput(measured["workers"], measured["samples_per_s"], p.throughput_prior,
-                                            form="sync" if p.global_batch else "async", global_batch=p.global_batch)
+        model, source = estimate_throughput(
+            measured["workers"],
+            measured["samples_per_s"],
+            p.throughput_prior,
+            form="sync" if p.global_batch else "async",
+            global_batch=p.global_batch,
+        )
         metadata = {
             "source": source,
             "model": MetadataValue.json(model.to_dict()),
@@ -138,15 +158,25 @@ def throughput_model_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
 
 
 def gpu_allocation_asset(p: OnlineTrainingPipeline, control: PipelineControl) -> AssetsDefinition:
-    @asset(key=p.key("gpu_allocation"), group_name=p.name,
-           deps=[AssetKey(p.key(k)) for k in ("stream_metrics", "traffic_forecast", "throughput_model")],
-           description="Workers to run now, the stabilized plan, the policy that acted and why. "
-           "The metrics sensor decides at every reading; materializing it decides once more from the latest metrics.")
+    @asset(
+        key=p.key("gpu_allocation"),
+        group_name=p.name,
+        deps=[AssetKey(p.key(k)) for k in ("stream_metrics", "traffic_forecast", "throughput_model")],
+        description="Workers to run now, the stabilized plan, the policy that acted and why. "
+        "The metrics sensor decides at every reading; materializing it decides once more from the latest metrics.",
+    )
     def gpu_allocation(context: AssetExecutionContext) -> Output:
         step, metadata = control.decide(context.instance, latest_reading(p, control.controller.settings.rate_window_s))
         decision = step.decision
-        value = {"workers": decision.workers, "plan": list(decision.plan), "plan_step_s": decision.plan_step_s,
-                 "policy": decision.policy, "reason": decision.reason, "advisory": p.advisory, "time": metadata["time"]}
+        value = {
+            "workers": decision.workers,
+            "plan": list(decision.plan),
+            "plan_step_s": decision.plan_step_s,
+            "policy": decision.policy,
+            "reason": decision.reason,
+            "advisory": p.advisory,
+            "time": metadata["time"],
+        }
         return Output(value, metadata=metadata)
 
     return gpu_allocation
@@ -157,46 +187,83 @@ def latest_reading(p: OnlineTrainingPipeline, rate_window_s: float) -> StreamRea
     now = p.clock.now()
     latest = p.history().stream(p.name, start=now - max(STALE_METRICS_S, rate_window_s))
     if latest.empty:
-        raise RuntimeError(f"no stream metrics for {p.name!r} in the last {STALE_METRICS_S / 60:.0f} min; is the {p.name}_stream_metrics sensor running?")
+        raise RuntimeError(
+            f"no stream metrics for {p.name!r} in the last {STALE_METRICS_S / 60:.0f} min; is the "
+            f"{p.name}_stream_metrics sensor running?"
+        )
     row = latest.iloc[-1]
     window = latest[latest["ts"] >= row["ts"] - rate_window_s]
     arrival = float(window["arrival_rate"].dropna().mean()) if window["arrival_rate"].notna().any() else None
     consumption = float(window["consumption_rate"].dropna().mean()) if window["consumption_rate"].notna().any() else 0.0
     last_interval = float(row["arrival_rate"]) if pd.notna(row["arrival_rate"]) else None
-    return StreamReading(float(row["ts"]), arrival, consumption, float(row["sample_lag"] or 0), float(row["time_lag_s"] or 0.0),
-                         latest_arrival_rate=last_interval)
+    return StreamReading(
+        float(row["ts"]),
+        arrival,
+        consumption,
+        float(row["sample_lag"] or 0),
+        float(row["time_lag_s"] or 0.0),
+        latest_arrival_rate=last_interval,
+    )
 
 
 def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
-    @asset(key=p.key("policy_backtest"), group_name=p.name, ins={"model": AssetIn(key=AssetKey(p.key("throughput_model")))},
-           description="What-if: every registered policy replayed on this pipeline's own recorded arrivals (last 14 days).")
+    @asset(
+        key=p.key("policy_backtest"),
+        group_name=p.name,
+        ins={"model": AssetIn(key=AssetKey(p.key("throughput_model")))},
+        description="What-if: every registered policy replayed on this pipeline's own recorded arrivals (last 14 "
+        "days).",
+    )
     def policy_backtest(context: AssetExecutionContext, model: ThroughputModel) -> Output:
         from kale_dagster.definitions.plots import plot_backtest
         from kale_dagster.sim.backtest import Backtest, BacktestSettings, Run
 
         history = p.history().arrival_history(p.name, start=p.clock.now() - 14 * DAY_S)
         if len(history) < 60:
-            raise RuntimeError(f"only {len(history)} recorded points for {p.name!r}; a backtest needs at least an hour of stream metrics")
+            raise RuntimeError(
+                f"only {len(history)} recorded points for {p.name!r}; a backtest needs at least an hour of stream "
+                "metrics"
+            )
         span_days = (history["timestamp"].iloc[-1] - history["timestamp"].iloc[0]).total_seconds() / DAY_S
         settings = BacktestSettings(
-            peak_workers=min(model.peak_workers(p.max_workers), p.max_workers), max_workers=p.max_workers,
-            min_workers=p.min_workers, restart_minutes=p.restart_minutes, slo_minutes=p.slo_minutes,
-            warmup_days=min(2.0, span_days / 2), forecaster=p.forecaster, model=model, scale_trace=False,
+            peak_workers=min(model.peak_workers(p.max_workers), p.max_workers),
+            max_workers=p.max_workers,
+            min_workers=p.min_workers,
+            restart_minutes=p.restart_minutes,
+            slo_minutes=p.slo_minutes,
+            warmup_days=min(2.0, span_days / 2),
+            forecaster=p.forecaster,
+            model=model,
+            scale_trace=False,
         )
         bt = Backtest(history, settings)
         runs = dict(zip(POLICIES, bt.run_many([Run(name) for name in POLICIES])[0]))
         value = {name: r.metrics.to_json() for name, r in runs.items()}
-        png = plot_backtest({name: r.timeline for name, r in runs.items()}, p.slo_minutes, plot_path(context, p, "backtest"))
-        return Output(value, metadata={"days_replayed": round(span_days, 2), "results": MetadataValue.md(backtest_table(value)), "plot": png_markdown(png)})
+        png = plot_backtest(
+            {name: r.timeline for name, r in runs.items()}, p.slo_minutes, plot_path(context, p, "backtest")
+        )
+        return Output(
+            value,
+            metadata={
+                "days_replayed": round(span_days, 2),
+                "results": MetadataValue.md(backtest_table(value)),
+                "plot": png_markdown(png),
+            },
+        )
 
     return policy_backtest
 
 
 def backtest_table(results: dict) -> str:
     """The paper's metrics per policy as a Markdown table."""
-    head = "| policy | acc. lag (min) | SLO violation | downtime (min) | GPU h | rescales | max lag (min) |\n|---|---|---|---|---|---|---|\n"
+    head = (
+        "| policy | acc. lag (min) | SLO violation | downtime (min) | GPU h | rescales | max lag (min) |\n"
+        "|---|---|---|---|---|---|---|\n"
+    )
     rows = "".join(
-        f"| {name} | {m['accumulated_lag_minutes']:,.0f} | {m['slo_violation_rate']:.2%} | {m['downtime_minutes']:,.0f} | "
+        f"| {name} | {m['accumulated_lag_minutes']:,.0f} | {m['slo_violation_rate']:.2%} | "
+        f"{m['downtime_minutes']:,.0f} "
+        "| "
         f"{m['gpu_hours']:,.1f} | {m['rescales']} | {m['max_lag_minutes']:.1f} |\n"
         for name, m in results.items()
     )
@@ -204,4 +271,10 @@ def backtest_table(results: dict) -> str:
 
 
 def pipeline_assets(p: OnlineTrainingPipeline, control: PipelineControl) -> list:
-    return [stream_metrics_spec(p), traffic_forecast_asset(p), throughput_model_asset(p), gpu_allocation_asset(p, control), policy_backtest_asset(p)]
+    return [
+        stream_metrics_spec(p),
+        traffic_forecast_asset(p),
+        throughput_model_asset(p),
+        gpu_allocation_asset(p, control),
+        policy_backtest_asset(p),
+    ]

@@ -22,7 +22,9 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
     jobs["backfill"] = backfill_job(p, stream_key)
     if not p.advisory:
         jobs["rescale"] = rescale_job(p)
-    control = PipelineControl(p, rescale_job=jobs["rescale"].name if "rescale" in jobs else None, refit_job=jobs["refit"].name)
+    control = PipelineControl(
+        p, rescale_job=jobs["rescale"].name if "rescale" in jobs else None, refit_job=jobs["refit"].name
+    )
     status = DefaultSensorStatus.RUNNING if p.autostart else DefaultSensorStatus.STOPPED
     sensors = [
         build_stream_metrics_sensor(
@@ -39,8 +41,13 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
             plot_dir=lambda context: f"{context.instance.storage_directory()}/kale",
             default_status=status,
         ),
-        build_run_failure_sensor(name=f"{p.name}_run_failure", pipeline=p.name, allocation_key=allocation_key,
-                                 monitored_jobs=list(jobs.values()), default_status=status),
+        build_run_failure_sensor(
+            name=f"{p.name}_run_failure",
+            pipeline=p.name,
+            allocation_key=allocation_key,
+            monitored_jobs=list(jobs.values()),
+            default_status=status,
+        ),
     ]
     return Definitions(
         assets=pipeline_assets(p, control),

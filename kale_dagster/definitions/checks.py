@@ -1,6 +1,5 @@
 """Asset checks of one pipeline: quality gates an operator sees next to the assets."""
 
-
 from dagster import AssetCheckResult, AssetChecksDefinition, AssetCheckSeverity, AssetKey, asset_check
 
 from kale_dagster.definitions.assets import STALE_METRICS_S
@@ -12,9 +11,13 @@ from kale_dagster.forecast.naive import DAY_S
 def forecast_accuracy_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
     forecast_key = AssetKey(p.key("traffic_forecast"))
 
-    @asset_check(asset=forecast_key, name="forecast_beats_seasonal_naive",
-                 description="Warns when the forecasts of the last day fared worse, against what arrived, than repeating the rate "
-                             "a day earlier (held-out error until forecasts have been realised).")
+    @asset_check(
+        asset=forecast_key,
+        name="forecast_beats_seasonal_naive",
+        description="Warns when the forecasts of the last day fared worse, against what arrived, than repeating the "
+        "rate "
+        "a day earlier (held-out error until forecasts have been realised).",
+    )
     def forecast_accuracy(context) -> AssetCheckResult:
         since = p.clock.now() - DAY_S
         records = context.instance.fetch_materializations(forecast_key, limit=500).records
@@ -24,26 +27,51 @@ def forecast_accuracy_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
             points = sum(m["realised_points"] for m in fits)
             model = sum(m["realised_smape"] * m["realised_points"] for m in fits) / points
             base = sum(m["realised_baseline_smape"] * m["realised_points"] for m in fits) / points
-            return AssetCheckResult(passed=bool(model <= base), severity=AssetCheckSeverity.WARN, metadata={
-                "realised_smape": model, "realised_baseline_smape": base, "realised_points": points, "fits": len(fits)})
+            return AssetCheckResult(
+                passed=bool(model <= base),
+                severity=AssetCheckSeverity.WARN,
+                metadata={
+                    "realised_smape": model,
+                    "realised_baseline_smape": base,
+                    "realised_points": points,
+                    "fits": len(fits),
+                },
+            )
         meta = latest_metadata(context.instance, forecast_key)
         model, base = meta.get("holdout_smape"), meta.get("baseline_smape")
         if model is None or base is None:
-            return AssetCheckResult(passed=True, severity=AssetCheckSeverity.WARN, metadata={"note": "not enough history to compare yet"})
-        return AssetCheckResult(passed=bool(model <= base), severity=AssetCheckSeverity.WARN, metadata={
-            "holdout_smape": model, "baseline_smape": base, "note": "held-out error: no forecast of the last day realised yet"})
+            return AssetCheckResult(
+                passed=True, severity=AssetCheckSeverity.WARN, metadata={"note": "not enough history to compare yet"}
+            )
+        return AssetCheckResult(
+            passed=bool(model <= base),
+            severity=AssetCheckSeverity.WARN,
+            metadata={
+                "holdout_smape": model,
+                "baseline_smape": base,
+                "note": "held-out error: no forecast of the last day realised yet",
+            },
+        )
 
     return forecast_accuracy
 
 
 def lag_slo_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
-    @asset_check(asset=AssetKey(p.key("gpu_allocation")), name="lag_within_slo", description=f"Measured time lag is within the {p.slo_minutes:g}-minute SLO.")
+    @asset_check(
+        asset=AssetKey(p.key("gpu_allocation")),
+        name="lag_within_slo",
+        description=f"Measured time lag is within the {p.slo_minutes:g}-minute SLO.",
+    )
     def lag_slo(context) -> AssetCheckResult:
         latest = p.history().stream(p.name, start=p.clock.now() - STALE_METRICS_S)
         if latest.empty:
-            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN, metadata={"note": "no recent stream metrics"})
+            return AssetCheckResult(
+                passed=False, severity=AssetCheckSeverity.WARN, metadata={"note": "no recent stream metrics"}
+            )
         lag = float(latest["time_lag_s"].iloc[-1])
-        return AssetCheckResult(passed=lag <= p.slo_minutes * 60, metadata={"time_lag_s": lag, "slo_s": p.slo_minutes * 60})
+        return AssetCheckResult(
+            passed=lag <= p.slo_minutes * 60, metadata={"time_lag_s": lag, "slo_s": p.slo_minutes * 60}
+        )
 
     return lag_slo
 

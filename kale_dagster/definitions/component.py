@@ -24,7 +24,8 @@ fails the schema.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Callable, Literal, Optional, TypeVar, Union
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 from dagster import Component, ComponentLoadContext, Definitions, Model, Scaffolder, ScaffoldRequest, scaffold_with
 from pydantic import ConfigDict, Field, model_validator
@@ -69,15 +70,19 @@ class KafkaSourceModel(_Attributes):
 
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the Kafka brokers")
     topics: list[str] = Field(min_length=1, description="the topics the trainer consumes")
-    group_id: str = Field(min_length=1, description="the trainer's consumer group: its committed offsets are where training resumes")
+    group_id: str = Field(
+        min_length=1, description="the trainer's consumer group: its committed offsets are where training resumes"
+    )
     security_protocol: Literal[SECURITY_PROTOCOLS] = _default(KafkaSource, "security_protocol")  # type: ignore[valid-type]
     # Not Optional[...]: a nullable schema reports "not valid under any of the given schemas" instead of the choices.
     sasl_mechanism: Literal[SASL_MECHANISMS] = _default(KafkaSource, "sasl_mechanism")  # type: ignore[valid-type]
-    sasl_username: Optional[str] = _default(KafkaSource, "sasl_username")
+    sasl_username: str | None = _default(KafkaSource, "sasl_username")
     sasl_password_env: str = Field(
-        default=_default(KafkaSource, "sasl_password_env"), pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-        description="the NAME of the environment variable that holds the SASL password (never the password itself)")
-    ssl_cafile: Optional[str] = _default(KafkaSource, "ssl_cafile")
+        default=_default(KafkaSource, "sasl_password_env"),
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the NAME of the environment variable that holds the SASL password (never the password itself)",
+    )
+    ssl_cafile: str | None = _default(KafkaSource, "ssl_cafile")
     samples_per_record: int = Field(default=_default(KafkaSource, "samples_per_record"), ge=1)
     request_timeout_ms: int = Field(default=_default(KafkaSource, "request_timeout_ms"), ge=1)
 
@@ -85,8 +90,10 @@ class KafkaSourceModel(_Attributes):
     @classmethod
     def _no_literal_password(cls, data: Any) -> Any:
         if isinstance(data, dict) and "sasl_password" in data:
-            raise ValueError("attributes.source.sasl_password: a password is never written in YAML; put it in an "
-                             "environment variable and name that variable in sasl_password_env")
+            raise ValueError(
+                "attributes.source.sasl_password: a password is never written in YAML; put it in an "
+                "environment variable and name that variable in sasl_password_env"
+            )
         return data
 
     def build(self) -> KafkaSource:
@@ -99,15 +106,17 @@ class ThroughputPriorModel(_Attributes):
     or the paper's curve, ``form: sync`` (global_batch and 4 coefficients) or ``form: async`` (3)."""
 
     form: Literal["linear", "sync", "async"] = "linear"
-    per_worker_rate: Optional[float] = Field(default=None, gt=0, description="samples/s of one worker (form: linear)")
-    theta: Optional[list[float]] = Field(default=None, description="the curve's coefficients (form: sync or async)")
-    global_batch: Optional[float] = Field(default=None, gt=0, description="the global batch size M (form: sync)")
+    per_worker_rate: float | None = Field(default=None, gt=0, description="samples/s of one worker (form: linear)")
+    theta: list[float] | None = Field(default=None, description="the curve's coefficients (form: sync or async)")
+    global_batch: float | None = Field(default=None, gt=0, description="the global batch size M (form: sync)")
 
     def build(self) -> ThroughputModel:
         path = "attributes.throughput_prior"
         if self.form == "linear":
             if self.per_worker_rate is None:
-                raise KaleConfigError(f"{path}.per_worker_rate", "form linear needs per_worker_rate (samples/s of one worker)")
+                raise KaleConfigError(
+                    f"{path}.per_worker_rate", "form linear needs per_worker_rate (samples/s of one worker)"
+                )
             return _at(path, ThroughputModel.linear, per_worker_rate=self.per_worker_rate)
         if self.theta is None:
             raise KaleConfigError(f"{path}.theta", f"form {self.form} needs theta, the curve's coefficients")
@@ -119,7 +128,7 @@ class LocalLauncherModel(_Attributes):
 
     kind: Literal["local"] = "local"
     trainer_url: str = _default(LocalLauncherConfig, "trainer_url")
-    token_file: Optional[str] = _default(LocalLauncherConfig, "token_file")
+    token_file: str | None = _default(LocalLauncherConfig, "token_file")
 
     def build(self) -> LocalLauncherConfig:
         return _at("attributes.launcher", LocalLauncherConfig, **self.model_dump(exclude={"kind"}))
@@ -130,20 +139,28 @@ class KubernetesLauncherModel(_Attributes):
 
     kind: Literal["kubernetes"]
     image: str = Field(min_length=1)
-    checkpoint_pvc: str = Field(min_length=1, description="a ReadWriteMany PersistentVolumeClaim every worker pod mounts")
+    checkpoint_pvc: str = Field(
+        min_length=1, description="a ReadWriteMany PersistentVolumeClaim every worker pod mounts"
+    )
     namespace: str = _default(KubernetesLauncherConfig, "namespace")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = _default(KubernetesLauncherConfig, "image_pull_policy")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = _default(
+        KubernetesLauncherConfig, "image_pull_policy"
+    )
     image_pull_secrets: list[str] = list(_default(KubernetesLauncherConfig, "image_pull_secrets"))
-    service_account: Optional[str] = _default(KubernetesLauncherConfig, "service_account")
+    service_account: str | None = _default(KubernetesLauncherConfig, "service_account")
     gpus_per_worker: int = Field(default=_default(KubernetesLauncherConfig, "gpus_per_worker"), ge=0)
     cpu: str = _default(KubernetesLauncherConfig, "cpu")
     memory: str = _default(KubernetesLauncherConfig, "memory")
     node_selector: dict[str, str] = _default(KubernetesLauncherConfig, "node_selector")
     tolerations: list[dict[str, Any]] = list(_default(KubernetesLauncherConfig, "tolerations"))
-    kafka_secret: Optional[str] = Field(default=_default(KubernetesLauncherConfig, "kafka_secret"),
-                                        description="a Secret whose keys become the workers' environment (e.g. KAFKA_SASL_PASSWORD)")
+    kafka_secret: str | None = Field(
+        default=_default(KubernetesLauncherConfig, "kafka_secret"),
+        description="a Secret whose keys become the workers' environment (e.g. KAFKA_SASL_PASSWORD)",
+    )
     trainer_args: list[str] = list(_default(KubernetesLauncherConfig, "trainer_args"))
-    termination_grace_period_s: int = Field(default=_default(KubernetesLauncherConfig, "termination_grace_period_s"), ge=10)
+    termination_grace_period_s: int = Field(
+        default=_default(KubernetesLauncherConfig, "termination_grace_period_s"), ge=10
+    )
     rdzv_port: int = _default(KubernetesLauncherConfig, "rdzv_port")
     ready_timeout_s: float = _default(KubernetesLauncherConfig, "ready_timeout_s")
     stop_timeout_s: float = _default(KubernetesLauncherConfig, "stop_timeout_s")
@@ -173,9 +190,17 @@ def _launcher_by_kind(schema: dict) -> None:
     launcher = schema["properties"]["launcher"]
     by_kind = launcher.pop("discriminator")["mapping"]
     del launcher["oneOf"]
-    launcher.update(type="object", properties={"kind": {"enum": list(by_kind)}}, allOf=[
-        {"if": {"properties": {"kind": {"const": kind}}, **({} if kind == "local" else {"required": ["kind"]})}, "then": {"$ref": ref}}
-        for kind, ref in by_kind.items()])
+    launcher.update(
+        type="object",
+        properties={"kind": {"enum": list(by_kind)}},
+        allOf=[
+            {
+                "if": {"properties": {"kind": {"const": kind}}, **({} if kind == "local" else {"required": ["kind"]})},
+                "then": {"$ref": ref},
+            }
+            for kind, ref in by_kind.items()
+        ],
+    )
 
 
 class OnlineTrainingPipelineAttributes(_Attributes):
@@ -186,29 +211,51 @@ class OnlineTrainingPipelineAttributes(_Attributes):
 
     model_config = ConfigDict(json_schema_extra=_launcher_by_kind)
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$", description="lowercase letters, digits and _; prefixes asset keys, jobs, sensors")
+    name: str = Field(
+        pattern=r"^[a-z][a-z0-9_]{0,62}$",
+        description="lowercase letters, digits and _; prefixes asset keys, jobs, sensors",
+    )
     source: KafkaSourceModel
     min_workers: int = Field(default=_pipeline_default("min_workers"), ge=1)
     max_workers: int = Field(default=_pipeline_default("max_workers"), ge=1)
-    slo_minutes: float = Field(default=_pipeline_default("slo_minutes"), gt=0, description="the lag (minutes of arrivals) training may fall behind")
-    restart_minutes: float = Field(default=_pipeline_default("restart_minutes"), ge=0,
-                                   description="declared restart time of a rescale; replaced by the measured one once rescales are recorded")
+    slo_minutes: float = Field(
+        default=_pipeline_default("slo_minutes"),
+        gt=0,
+        description="the lag (minutes of arrivals) training may fall behind",
+    )
+    restart_minutes: float = Field(
+        default=_pipeline_default("restart_minutes"),
+        ge=0,
+        description="declared restart time of a rescale; replaced by the measured one once rescales are recorded",
+    )
     forecaster: Literal[tuple(FORECASTERS)] = _pipeline_default("forecaster")  # type: ignore[valid-type]
     forecast_horizon_minutes: float = Field(default=_pipeline_default("forecast_horizon_minutes"), gt=0)
     forecast_refit_minutes: float = Field(default=_pipeline_default("forecast_refit_minutes"), gt=0)
     backtest_cron: str = _pipeline_default("backtest_cron")
     metrics_interval_seconds: float = Field(default=_pipeline_default("metrics_interval_seconds"), ge=5)
     policy: Literal[tuple(POLICIES)] = _pipeline_default("policy")  # type: ignore[valid-type]
-    policy_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the policy's build (e.g. an HPA's target_utilization)")
-    throughput_prior: Optional[ThroughputPriorModel] = Field(default=None, description="default: 1000 samples/s per worker, scaling linearly")
-    global_batch: Optional[float] = Field(default=_pipeline_default("global_batch"), gt=0)
+    policy_options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword options of the policy's build (e.g. an HPA's target_utilization)"
+    )
+    throughput_prior: ThroughputPriorModel | None = Field(
+        default=None, description="default: 1000 samples/s per worker, scaling linearly"
+    )
+    global_batch: float | None = Field(default=_pipeline_default("global_batch"), gt=0)
     advisory: bool = Field(default=_pipeline_default("advisory"), description="record every decision, never rescale")
-    history_url: Optional[str] = Field(default=_pipeline_default("history_url"), description="SQLAlchemy URL of the metrics history; default SQLite under DAGSTER_HOME")
-    launcher: Annotated[Union[LocalLauncherModel, KubernetesLauncherModel], Field(discriminator="kind")] = Field(default_factory=LocalLauncherModel)
-    autostart: bool = Field(default=_pipeline_default("autostart"), description="false: sensors and schedules wait for an operator in the UI")
+    history_url: str | None = Field(
+        default=_pipeline_default("history_url"),
+        description="SQLAlchemy URL of the metrics history; default SQLite under DAGSTER_HOME",
+    )
+    launcher: Annotated[LocalLauncherModel | KubernetesLauncherModel, Field(discriminator="kind")] = Field(
+        default_factory=LocalLauncherModel
+    )
+    autostart: bool = Field(
+        default=_pipeline_default("autostart"),
+        description="false: sensors and schedules wait for an operator in the UI",
+    )
 
     @model_validator(mode="after")
-    def _valid_pipeline(self) -> "OnlineTrainingPipelineAttributes":
+    def _valid_pipeline(self) -> OnlineTrainingPipelineAttributes:
         # The dataclasses' own checks (one validation path), when the YAML loads: dg check defs and dg dev
         # report them with the file and line.
         self.pipeline()
@@ -217,7 +264,14 @@ class OnlineTrainingPipelineAttributes(_Attributes):
     def pipeline(self) -> OnlineTrainingPipeline:
         fields = self.model_dump(exclude={"source", "launcher", "throughput_prior"})
         extra = {"throughput_prior": self.throughput_prior.build()} if self.throughput_prior else {}
-        return _at("attributes", OnlineTrainingPipeline, **fields, **extra, source=self.source.build(), launcher=self.launcher.build())
+        return _at(
+            "attributes",
+            OnlineTrainingPipeline,
+            **fields,
+            **extra,
+            source=self.source.build(),
+            launcher=self.launcher.build(),
+        )
 
 
 @scaffold_with(_Scaffolder)
@@ -238,9 +292,13 @@ class OnlineTrainingPipelineComponent(Component):
         return OnlineTrainingPipelineAttributes
 
     @classmethod
-    def load(cls, attributes: Optional[OnlineTrainingPipelineAttributes], context: ComponentLoadContext) -> "OnlineTrainingPipelineComponent":
+    def load(
+        cls, attributes: OnlineTrainingPipelineAttributes | None, context: ComponentLoadContext
+    ) -> OnlineTrainingPipelineComponent:
         if attributes is None:
-            raise KaleConfigError("attributes", "declare at least the pipeline's name and source (dg scaffold defs writes an example)")
+            raise KaleConfigError(
+                "attributes", "declare at least the pipeline's name and source (dg scaffold defs writes an example)"
+            )
         return cls(attributes.pipeline())
 
     def build_defs(self, context: ComponentLoadContext) -> Definitions:

@@ -21,13 +21,18 @@ asset runs ``decide`` when an operator materializes it.
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional
 
 import numpy as np
 import pandas as pd
 from dagster import AssetKey, AssetMaterialization, DagsterRunStatus, MetadataValue, RunRequest, RunsFilter
 
-from kale_dagster.control.controller import ControlSettings, ControlStep, Controller, StreamReading, recent_forecast_error
+from kale_dagster.control.controller import (
+    Controller,
+    ControlSettings,
+    ControlStep,
+    StreamReading,
+    recent_forecast_error,
+)
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.launchers.base import LauncherStatus
@@ -53,7 +58,7 @@ class ControlCursor:
     """What control ticks hand on: the one-step predictions made, for the forecast's recent error."""
 
     predictions: list = field(default_factory=list)  # [pipeline time, predicted rate]
-    plotted_at: Optional[float] = None  # when the decision plot was last drawn (pipeline time)
+    plotted_at: float | None = None  # when the decision plot was last drawn (pipeline time)
 
 
 @dataclass
@@ -67,16 +72,23 @@ class TickResult:
 class PipelineControl:
     """Runs one pipeline's controller against Dagster, the metrics history and the launcher."""
 
-    def __init__(self, p: OnlineTrainingPipeline, rescale_job: Optional[str], refit_job: str):
+    def __init__(self, p: OnlineTrainingPipeline, rescale_job: str | None, refit_job: str):
         self.p = p
         self.rescale_job, self.refit_job = rescale_job, refit_job
         self.allocation_key = AssetKey(p.key("gpu_allocation"))
-        self.controller = Controller(ControlSettings(
-            policy=p.policy, min_workers=p.min_workers, max_workers=p.max_workers, slo_s=p.slo_minutes * 60,
-            restart_s=p.restart_minutes * 60, policy_options=p.policy_options, advisory=p.advisory,
-        ))
-        self._forecaster: Optional[tuple] = None  # (fitted_at, model, steps): loaded once per fit
-        self._last_forecast: Optional[Forecast] = None
+        self.controller = Controller(
+            ControlSettings(
+                policy=p.policy,
+                min_workers=p.min_workers,
+                max_workers=p.max_workers,
+                slo_s=p.slo_minutes * 60,
+                restart_s=p.restart_minutes * 60,
+                policy_options=p.policy_options,
+                advisory=p.advisory,
+            )
+        )
+        self._forecaster: tuple | None = None  # (fitted_at, model, steps): loaded once per fit
+        self._last_forecast: Forecast | None = None
         self._history = None
 
     @property
@@ -88,7 +100,7 @@ class PipelineControl:
 
     # --- inputs -----------------------------------------------------------------------
 
-    def launcher_status(self) -> tuple[Optional[LauncherStatus], str]:
+    def launcher_status(self) -> tuple[LauncherStatus | None, str]:
         try:
             return self.p.launcher.build(self.p.name, self.p.source).status(), ""
         except Exception as exc:  # unreachable service, API error: the controller holds and says why
@@ -100,7 +112,7 @@ class PipelineControl:
             return ThroughputModel.from_dict(meta["model"]), str(meta.get("source", "fitted"))
         return self.p.throughput_prior, "prior"
 
-    def forecast(self) -> Optional[Forecast]:
+    def forecast(self) -> Forecast | None:
         """The latest fitted forecaster, re-anchored on the rates measured since it was fitted."""
         history = self.history
         latest = history.latest_forecaster(self.p.name, after=self._forecaster[0] if self._forecaster else None)
@@ -116,7 +128,7 @@ class PipelineControl:
             self._last_forecast = None
         return self._last_forecast
 
-    def _runs(self, instance, job: Optional[str], statuses=None, limit: int = 1) -> list:
+    def _runs(self, instance, job: str | None, statuses=None, limit: int = 1) -> list:
         if job is None:
             return []
         return list(instance.get_run_records(RunsFilter(job_name=job, statuses=statuses), limit=limit))
@@ -131,14 +143,18 @@ class PipelineControl:
                 live = True
                 continue
             run = record.dagster_run
-            stale = (f"rescale run {run.run_id[:8]} was in flight for {age:.0f} s, longer than a rescale through "
-                     f"{self.p.launcher.describe()} takes ({limit:.0f} s): its process is gone; marked failed")
+            stale = (
+                f"rescale run {run.run_id[:8]} was in flight for {age:.0f} s, longer than a rescale through "
+                f"{self.p.launcher.describe()} takes ({limit:.0f} s): its process is gone; marked failed"
+            )
             instance.report_run_failed(run, stale)
         return live, stale
 
     # --- the step ------------------------------------------------------------------------
 
-    def decide(self, instance, reading: StreamReading, cursor: ControlCursor = ControlCursor()) -> tuple[ControlStep, dict]:
+    def decide(
+        self, instance, reading: StreamReading, cursor: ControlCursor = ControlCursor()
+    ) -> tuple[ControlStep, dict]:
         """One decision from everything the pipeline knows now; returns it and its metadata."""
         p = self.p
         history = self.history
@@ -149,8 +165,15 @@ class PipelineControl:
         error = self._forecast_error(history, cursor, reading.time)
         in_flight, stale = self._rescale_in_flight(instance)
         step = self.controller.step(
-            reading, status, model, forecast=forecast, forecast_error=error, policy_state=previous.get("policy_state"),
-            rescale_in_flight=in_flight, time_scale=p.clock.time_scale, launcher_error=launcher_error,
+            reading,
+            status,
+            model,
+            forecast=forecast,
+            forecast_error=error,
+            policy_state=previous.get("policy_state"),
+            rescale_in_flight=in_flight,
+            time_scale=p.clock.time_scale,
+            launcher_error=launcher_error,
             last_workers=previous.get("running_workers"),
         )
         note = ""
@@ -162,30 +185,47 @@ class PipelineControl:
             # F(w) is what the workers deliver while they never wait for data (the paper's profiling); a group
             # that waited delivered the arrival rate, not its capacity.  A backlog is no sign of saturation:
             # offsets committed at checkpoints keep one while the workers idle.
-            history.append_throughput(p.name, reading.time, status.workers, p.clock.rate(status.samples_per_s), emulated=status.emulated)
+            history.append_throughput(
+                p.name, reading.time, status.workers, p.clock.rate(status.samples_per_s), emulated=status.emulated
+            )
         obs = step.observation
-        action = (f"rescale to {step.rescale_to} requested" if step.rescale_to is not None
-                  else "advisory: nothing applied" if p.advisory and step.decision.workers != (status.workers if status else None)
-                  else note or "none")
+        action = (
+            f"rescale to {step.rescale_to} requested"
+            if step.rescale_to is not None
+            else "advisory: nothing applied"
+            if p.advisory and step.decision.workers != (status.workers if status else None)
+            else note or "none"
+        )
         metadata = {
             "workers": step.decision.workers,
             "running_workers": status.workers if status is not None else previous.get("running_workers", p.min_workers),
             "policy": step.decision.policy,
             "reason": MetadataValue.text(step.decision.reason),
             "action": action,
-            "plan": MetadataValue.json({"step_minutes": step.decision.plan_step_s / 60, "workers": list(step.decision.plan)}),
+            "plan": MetadataValue.json(
+                {"step_minutes": step.decision.plan_step_s / 60, "workers": list(step.decision.plan)}
+            ),
             "policy_state": MetadataValue.json(step.policy_state),
             "restart_s": round(step.restart_s, 1),
             "restart_estimate": step.restart_source,
             "throughput_model": model_source,
-            "forecast": "none" if forecast is None else forecast.model + (f" (fallback: {forecast.fallback})" if forecast.fallback else ""),
+            "forecast": "none"
+            if forecast is None
+            else forecast.model + (f" (fallback: {forecast.fallback})" if forecast.fallback else ""),
             "time": reading.time,
             "time_scale": p.clock.time_scale,
             "advisory": p.advisory,
         }
         if obs is not None:
-            metadata.update({"arrival_rate": obs.arrival_rate, "time_lag_s": obs.time_lag_s, "backlog": obs.backlog,
-                             "utilization": round(obs.utilization, 4), "restarting": obs.restarting})
+            metadata.update(
+                {
+                    "arrival_rate": obs.arrival_rate,
+                    "time_lag_s": obs.time_lag_s,
+                    "backlog": obs.backlog,
+                    "utilization": round(obs.utilization, 4),
+                    "restarting": obs.restarting,
+                }
+            )
             if obs.latest_arrival_rate is not None:
                 metadata["latest_arrival_rate"] = obs.latest_arrival_rate
         if error is not None:
@@ -202,16 +242,25 @@ class PipelineControl:
             metadata["checkpoint_error"] = status.checkpoint_error
         return step, metadata
 
-    def tick(self, instance, reading: StreamReading, cursor: ControlCursor, plot_dir: Optional[str] = None) -> TickResult:
+    def tick(self, instance, reading: StreamReading, cursor: ControlCursor, plot_dir: str | None = None) -> TickResult:
         """``decide``, then the events and run requests of the sensor tick."""
         step, metadata = self.decide(instance, reading, cursor)
         requests = []
         if step.rescale_to is not None:
             # The wall time of the decision, so a run's start and its rescale's end say how long acting took.
-            requests.append(RunRequest(job_name=self.rescale_job, run_key=f"{self.p.name}-rescale-{reading.time:.0f}-{step.rescale_to}",
-                                       tags={"kale/pipeline": self.p.name, TARGET_TAG: str(step.rescale_to), DECIDED_TAG: f"{time.time():.3f}",
-                                             # Dagster's run monitoring, where enabled, fails it past this too.
-                                             "dagster/max_runtime": str(int(self.p.launcher.rescale_timeout_s))}))
+            requests.append(
+                RunRequest(
+                    job_name=self.rescale_job,
+                    run_key=f"{self.p.name}-rescale-{reading.time:.0f}-{step.rescale_to}",
+                    tags={
+                        "kale/pipeline": self.p.name,
+                        TARGET_TAG: str(step.rescale_to),
+                        DECIDED_TAG: f"{time.time():.3f}",
+                        # Dagster's run monitoring, where enabled, fails it past this too.
+                        "dagster/max_runtime": str(int(self.p.launcher.rescale_timeout_s)),
+                    },
+                )
+            )
         refit = self._refit_request(instance, reading.time)
         if refit is not None:
             requests.append(refit)
@@ -240,17 +289,25 @@ class PipelineControl:
         ended = runs[0].end_time or runs[0].create_timestamp.timestamp()
         remaining = ended + delay - time.time()
         if remaining > 0:
-            return True, f"the last {failures} rescale run(s) failed (see run {runs[0].dagster_run.run_id[:8]}); retrying in {remaining:.0f} s"
+            return (
+                True,
+                f"the last {failures} rescale run(s) failed (see run {runs[0].dagster_run.run_id[:8]}); retrying in "
+                f"{remaining:.0f} s",
+            )
         return False, f"retrying after {failures} failed rescale run(s)"
 
-    def _refit_request(self, instance, now: float) -> Optional[RunRequest]:
+    def _refit_request(self, instance, now: float) -> RunRequest | None:
         fitted_at = latest_metadata(instance, AssetKey(self.p.key("traffic_forecast"))).get("fitted_at")
         refit_s = self.p.forecast_refit_minutes * 60
         if fitted_at is not None and now - fitted_at < refit_s:
             return None
         if self._runs(instance, self.refit_job, IN_FLIGHT):
             return None
-        return RunRequest(job_name=self.refit_job, run_key=f"{self.p.name}-refit-{int(now // refit_s)}", tags={"kale/pipeline": self.p.name})
+        return RunRequest(
+            job_name=self.refit_job,
+            run_key=f"{self.p.name}-refit-{int(now // refit_s)}",
+            tags={"kale/pipeline": self.p.name},
+        )
 
     def _remember_prediction(self, cursor: ControlCursor, now: float) -> list:
         keep = [pair for pair in cursor.predictions if now - pair[0] <= self.controller.settings.error_window_s]
@@ -258,7 +315,7 @@ class PipelineControl:
             keep.append([float(self._last_forecast.start), float(self._last_forecast.point[0])])
         return keep
 
-    def _forecast_error(self, history, cursor: ControlCursor, now: float) -> Optional[float]:
+    def _forecast_error(self, history, cursor: ControlCursor, now: float) -> float | None:
         if not cursor.predictions:
             return None
         times = np.array([t for t, _ in cursor.predictions])
@@ -268,14 +325,26 @@ class PipelineControl:
             return None
         # The rate measured at the first reading at or after each predicted instant.
         idx = np.searchsorted(measured["ts"].to_numpy(), times)
-        actual = np.where(idx < len(measured), measured["arrival_rate"].to_numpy()[np.minimum(idx, len(measured) - 1)], np.nan)
-        return recent_forecast_error(times, [v for _, v in cursor.predictions], actual, now, self.controller.settings.error_window_s)
+        actual = np.where(
+            idx < len(measured), measured["arrival_rate"].to_numpy()[np.minimum(idx, len(measured) - 1)], np.nan
+        )
+        return recent_forecast_error(
+            times, [v for _, v in cursor.predictions], actual, now, self.controller.settings.error_window_s
+        )
 
     def _plot(self, step: ControlStep, now: float, plot_dir: str) -> MetadataValue:
         from kale_dagster.definitions.plots import plot_allocation, png_markdown
 
         recent = self.history.stream(self.p.name, start=now - 2 * 86_400)
-        plan_times = pd.to_datetime(now + step.decision.plan_step_s * np.arange(len(step.decision.plan)), unit="s", utc=True)
-        png = plot_allocation(recent, plan_times, list(step.decision.plan), self.p.slo_minutes, f"{plot_dir}/{self.p.name}_allocation.png",
-                              title=f"{self.p.name}: {step.decision.workers} workers ({step.decision.policy})")
+        plan_times = pd.to_datetime(
+            now + step.decision.plan_step_s * np.arange(len(step.decision.plan)), unit="s", utc=True
+        )
+        png = plot_allocation(
+            recent,
+            plan_times,
+            list(step.decision.plan),
+            self.p.slo_minutes,
+            f"{plot_dir}/{self.p.name}_allocation.png",
+            title=f"{self.p.name}: {step.decision.workers} workers ({step.decision.policy})",
+        )
         return png_markdown(png)

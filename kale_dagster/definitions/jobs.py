@@ -14,7 +14,6 @@
   an observation of ``gpu_allocation``.
 """
 
-
 from dagster import (
     AssetKey,
     AssetObservation,
@@ -36,40 +35,84 @@ from kale_dagster.launchers.base import RescaleFailed, RescaleRecord
 
 def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, JobDefinition]:
     """refit, decide and backtest, keyed by role."""
-    forecast, model, allocation = (AssetKey(p.key(a)) for a in ("traffic_forecast", "throughput_model", "gpu_allocation"))
+    forecast, model, allocation = (
+        AssetKey(p.key(a)) for a in ("traffic_forecast", "throughput_model", "gpu_allocation")
+    )
     tags = {"kale/pipeline": p.name}
     return {
-        "refit": define_asset_job(f"{p.name}_refit", selection=[forecast, model], tags=tags, executor_def=in_process_executor,
-                                  description="Refit the forecaster and the throughput model."),
-        "decide": define_asset_job(f"{p.name}_decide", selection=[allocation], tags=tags, executor_def=in_process_executor,
-                                   description="Decide the allocation once more from the latest metrics."),
-        "backtest": define_asset_job(f"{p.name}_backtest", selection=[AssetKey(p.key("policy_backtest"))], tags=tags,
-                                     description="Replay recorded traffic through every policy."),
+        "refit": define_asset_job(
+            f"{p.name}_refit",
+            selection=[forecast, model],
+            tags=tags,
+            executor_def=in_process_executor,
+            description="Refit the forecaster and the throughput model.",
+        ),
+        "decide": define_asset_job(
+            f"{p.name}_decide",
+            selection=[allocation],
+            tags=tags,
+            executor_def=in_process_executor,
+            description="Decide the allocation once more from the latest metrics.",
+        ),
+        "backtest": define_asset_job(
+            f"{p.name}_backtest",
+            selection=[AssetKey(p.key("policy_backtest"))],
+            tags=tags,
+            description="Replay recorded traffic through every policy.",
+        ),
     }
 
 
 def schedules(p: OnlineTrainingPipeline, jobs: dict[str, JobDefinition]) -> list[ScheduleDefinition]:
     status = DefaultScheduleStatus.RUNNING if p.autostart else DefaultScheduleStatus.STOPPED
-    return [ScheduleDefinition(name=f"{p.name}_backtest_schedule", cron_schedule=p.backtest_cron, job=jobs["backtest"], default_status=status)]
+    return [
+        ScheduleDefinition(
+            name=f"{p.name}_backtest_schedule",
+            cron_schedule=p.backtest_cron,
+            job=jobs["backtest"],
+            default_status=status,
+        )
+    ]
 
 
 def backfill_job(p: OnlineTrainingPipeline, stream_key: str) -> JobDefinition:
     """``<name>_backfill``: seed the metrics history from the topics' retained records (``days``, default 7)."""
     from kale_dagster.definitions.backfill import backfill_pipeline
 
-    @op(name=f"{p.name}_backfill_history", required_resource_keys={stream_key}, tags={"kale/pipeline": p.name},
-        config_schema={"days": Field(float, default_value=7.0, description="how far back to rebuild, at most what Kafka retains")})
+    @op(
+        name=f"{p.name}_backfill_history",
+        required_resource_keys={stream_key},
+        tags={"kale/pipeline": p.name},
+        config_schema={
+            "days": Field(float, default_value=7.0, description="how far back to rebuild, at most what Kafka retains")
+        },
+    )
     def backfill_history(context) -> None:
         try:
             result = backfill_pipeline(p, context.op_config["days"], stream=getattr(context.resources, stream_key))
         except (LookupError, TimeoutError, ValueError) as exc:
             raise Failure(f"backfill of {p.name!r} from {p.source.bootstrap_servers} failed: {exc}") from exc
-        context.log_event(AssetObservation(asset_key=AssetKey(p.key("stream_metrics")), metadata={
-            "backfilled_buckets": len(result.rows), "backfilled_records": int(result.rows["records"].sum()) if len(result.rows) else 0,
-            "method": result.method, "requests": result.requests, "from": result.start, "to": result.end, "note": result.note or "complete"}))
+        context.log_event(
+            AssetObservation(
+                asset_key=AssetKey(p.key("stream_metrics")),
+                metadata={
+                    "backfilled_buckets": len(result.rows),
+                    "backfilled_records": int(result.rows["records"].sum()) if len(result.rows) else 0,
+                    "method": result.method,
+                    "requests": result.requests,
+                    "from": result.start,
+                    "to": result.end,
+                    "note": result.note or "complete",
+                },
+            )
+        )
 
-    @job(name=f"{p.name}_backfill", tags={"kale/pipeline": p.name}, executor_def=in_process_executor,
-         description="Rebuild the arrival history from the records Kafka retains (a warm start for the forecaster).")
+    @job(
+        name=f"{p.name}_backfill",
+        tags={"kale/pipeline": p.name},
+        executor_def=in_process_executor,
+        description="Rebuild the arrival history from the records Kafka retains (a warm start for the forecaster).",
+    )
     def backfill():
         backfill_history()
 
@@ -93,14 +136,21 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
         except RescaleFailed as exc:
             raise Failure(str(exc), metadata={"target_workers": target, "restored_workers": exc.restored or 0}) from exc
         except RuntimeError as exc:  # the launcher cannot be reached or refused
-            raise Failure(f"rescale to {target} workers through {p.launcher.describe()} failed: {exc}", metadata={"target_workers": target}) from exc
+            raise Failure(
+                f"rescale to {target} workers through {p.launcher.describe()} failed: {exc}",
+                metadata={"target_workers": target},
+            ) from exc
         if record is None:
             context.log.info(f"already running {target} workers; nothing to do")
         context.log_event(rescale_observation(allocation_key, target, record))
 
     # In process: a rescale is one op, and a step subprocess would only delay it.
-    @job(name=f"{p.name}_rescale", tags={"kale/rescale": p.name}, executor_def=in_process_executor,
-         description="Restart the workers at the decided allocation.")
+    @job(
+        name=f"{p.name}_rescale",
+        tags={"kale/rescale": p.name},
+        executor_def=in_process_executor,
+        description="Restart the workers at the decided allocation.",
+    )
     def rescale():
         rescale_workers()
 
@@ -110,5 +160,7 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
 def rescale_observation(allocation_key: AssetKey, workers: int, record: "RescaleRecord | None") -> AssetObservation:
     meta = {"workers": workers, "changed": record is not None}
     if record is not None:
-        meta.update({"from_workers": record.from_workers, "downtime_s": round(record.downtime_s, 3), "reason": record.reason})
+        meta.update(
+            {"from_workers": record.from_workers, "downtime_s": round(record.downtime_s, 3), "reason": record.reason}
+        )
     return AssetObservation(asset_key=allocation_key, metadata=meta)

@@ -18,8 +18,8 @@ into definitions.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
 
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.errors import KaleConfigError
@@ -71,9 +71,9 @@ class OnlineTrainingPipeline:
     policy: str = "kale"
     policy_options: Mapping = field(default_factory=dict)
     throughput_prior: ThroughputModel = field(default_factory=lambda: ThroughputModel.linear(1000.0))
-    global_batch: Optional[float] = None  # set for the synchronous model form
+    global_batch: float | None = None  # set for the synchronous model form
     advisory: bool = False
-    history_url: Optional[str] = None  # SQLAlchemy URL; default SQLite under DAGSTER_HOME
+    history_url: str | None = None  # SQLAlchemy URL; default SQLite under DAGSTER_HOME
     launcher: LauncherConfig = field(default_factory=LocalLauncherConfig)
     clock: PipelineClock = field(default_factory=PipelineClock)
     autostart: bool = True
@@ -83,19 +83,53 @@ class OnlineTrainingPipeline:
             if not ok:
                 raise KaleConfigError(name, problem)
 
-        need(bool(_NAME.match(self.name)), "name", f"{self.name!r} must be lowercase letters, digits and _, starting with a letter (it prefixes asset keys and job names)")
+        need(
+            bool(_NAME.match(self.name)),
+            "name",
+            f"{self.name!r} must be lowercase letters, digits and _, starting with a letter (it prefixes asset keys "
+            "and "
+            "job names)",
+        )
         need(isinstance(self.source, KafkaSource), "source", f"must be a KafkaSource, got {type(self.source).__name__}")
-        need(1 <= self.min_workers <= self.max_workers, "min_workers", f"need 1 <= min_workers <= max_workers, got {self.min_workers} and {self.max_workers}")
+        need(
+            1 <= self.min_workers <= self.max_workers,
+            "min_workers",
+            f"need 1 <= min_workers <= max_workers, got {self.min_workers} and {self.max_workers}",
+        )
         need(self.slo_minutes > 0, "slo_minutes", f"must be > 0, got {self.slo_minutes}")
         need(self.restart_minutes >= 0, "restart_minutes", f"must be >= 0, got {self.restart_minutes}")
-        need(self.forecaster in FORECASTERS, "forecaster", f"unknown {self.forecaster!r}; choose one of {', '.join(FORECASTERS)}")
-        need(self.forecast_horizon_minutes > 0, "forecast_horizon_minutes", f"must be > 0, got {self.forecast_horizon_minutes}")
-        need(self.forecast_refit_minutes > 0, "forecast_refit_minutes", f"must be > 0, got {self.forecast_refit_minutes}")
-        need(self.metrics_interval_seconds >= 5, "metrics_interval_seconds", f"must be >= 5, got {self.metrics_interval_seconds}")
-        need(isinstance(self.launcher, LauncherConfig), "launcher", f"must be LocalLauncherConfig(...) or KubernetesLauncherConfig(...), got {type(self.launcher).__name__}")
-        need(isinstance(self.clock, PipelineClock), "clock", f"must be a PipelineClock, got {type(self.clock).__name__}")
+        need(
+            self.forecaster in FORECASTERS,
+            "forecaster",
+            f"unknown {self.forecaster!r}; choose one of {', '.join(FORECASTERS)}",
+        )
+        need(
+            self.forecast_horizon_minutes > 0,
+            "forecast_horizon_minutes",
+            f"must be > 0, got {self.forecast_horizon_minutes}",
+        )
+        need(
+            self.forecast_refit_minutes > 0, "forecast_refit_minutes", f"must be > 0, got {self.forecast_refit_minutes}"
+        )
+        need(
+            self.metrics_interval_seconds >= 5,
+            "metrics_interval_seconds",
+            f"must be >= 5, got {self.metrics_interval_seconds}",
+        )
+        need(
+            isinstance(self.launcher, LauncherConfig),
+            "launcher",
+            f"must be LocalLauncherConfig(...) or KubernetesLauncherConfig(...), got {type(self.launcher).__name__}",
+        )
+        need(
+            isinstance(self.clock, PipelineClock), "clock", f"must be a PipelineClock, got {type(self.clock).__name__}"
+        )
         need(self.policy in POLICIES, "policy", f"unknown {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        need(isinstance(self.policy_options, Mapping), "policy_options", f"must be a dict of the policy's options, got {type(self.policy_options).__name__}")
+        need(
+            isinstance(self.policy_options, Mapping),
+            "policy_options",
+            f"must be a dict of the policy's options, got {type(self.policy_options).__name__}",
+        )
         try:  # options the policy does not take fail at load, not at the first tick
             POLICIES.build(self.policy, self.sizing(self.throughput_prior), **self.policy_options)
         except (TypeError, ValueError) as exc:
@@ -114,7 +148,13 @@ class OnlineTrainingPipeline:
 
         return MetricsHistory(self.history_url)
 
-    def sizing(self, model: ThroughputModel, partitions: Optional[int] = None) -> Sizing:
+    def sizing(self, model: ThroughputModel, partitions: int | None = None) -> Sizing:
         """What the pipeline's policy is built from (``kale_dagster.policies.Sizing``)."""
-        return Sizing(min_workers=self.min_workers, max_workers=self.max_workers, slo_s=self.slo_minutes * 60,
-                      restart_s=self.restart_minutes * 60, model=model, partitions=partitions)
+        return Sizing(
+            min_workers=self.min_workers,
+            max_workers=self.max_workers,
+            slo_s=self.slo_minutes * 60,
+            restart_s=self.restart_minutes * 60,
+            model=model,
+            partitions=partitions,
+        )

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
-
 import base64
+from pathlib import Path
 
 import matplotlib
 
@@ -31,7 +29,13 @@ def plot_backtest(timelines: dict[str, pd.DataFrame], slo_minutes: float, path) 
     return _save(fig, path)
 
 
-def plot_forecast(history: pd.DataFrame, forecast_frame: pd.DataFrame, path, title: str = "Traffic forecast", lookback: Optional[pd.Timedelta] = pd.Timedelta(days=2)) -> Path:
+def plot_forecast(
+    history: pd.DataFrame,
+    forecast_frame: pd.DataFrame,
+    path,
+    title: str = "Traffic forecast",
+    lookback: pd.Timedelta | None = pd.Timedelta(days=2),
+) -> Path:
     """Recent history, point forecast and band."""
     fig, ax = plt.subplots(figsize=(10, 4))
     hist = history
@@ -39,7 +43,14 @@ def plot_forecast(history: pd.DataFrame, forecast_frame: pd.DataFrame, path, tit
         hist = history[history["timestamp"] >= history["timestamp"].iloc[-1] - lookback]
     ax.plot(hist["timestamp"], hist["rate"], color="black", lw=1, label="measured")
     ax.plot(forecast_frame["timestamp"], forecast_frame["point"], color="tab:blue", lw=1.5, label="forecast")
-    ax.fill_between(forecast_frame["timestamp"], forecast_frame["lower"], forecast_frame["upper"], color="tab:blue", alpha=0.25, label="band")
+    ax.fill_between(
+        forecast_frame["timestamp"],
+        forecast_frame["lower"],
+        forecast_frame["upper"],
+        color="tab:blue",
+        alpha=0.25,
+        label="band",
+    )
     ax.set_ylabel("samples/s")
     ax.set_title(title)
     ax.legend(loc="upper left", fontsize=8)

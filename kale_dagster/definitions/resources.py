@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
 
 from dagster import ConfigurableResource, EnvVar
 from pydantic import Field, model_validator
@@ -25,18 +24,20 @@ class KafkaStreamResource(ConfigurableResource):
     topics: list[str] = Field(description="topics the trainer consumes")
     group_id: str = Field(description="the trainer's consumer group")
     security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: Optional[str] = None
-    sasl_plain_username: Optional[str] = None
-    sasl_plain_password: Optional[str] = None
-    ssl_cafile: Optional[str] = None
-    ssl_certfile: Optional[str] = None
-    ssl_keyfile: Optional[str] = None
-    samples_per_record: int = Field(default=1, description="samples packed in each Kafka record (1 = one sample per record)")
+    sasl_mechanism: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    samples_per_record: int = Field(
+        default=1, description="samples packed in each Kafka record (1 = one sample per record)"
+    )
     request_timeout_ms: int = 10_000
     client_id: str = "kale-telemetry"
 
     @classmethod
-    def from_source(cls, source: KafkaSource) -> "KafkaStreamResource":
+    def from_source(cls, source: KafkaSource) -> KafkaStreamResource:
         return cls(
             bootstrap_servers=source.bootstrap_servers,
             topics=list(source.topics),
@@ -56,12 +57,23 @@ class KafkaStreamResource(ConfigurableResource):
         if not isinstance(data, dict):
             return data
         servers, topics, group, protocol = check_kafka_settings(
-            bootstrap_servers=data.get("bootstrap_servers") or "", topics=data.get("topics") or (), group_id=data.get("group_id") or "",
-            security_protocol=data.get("security_protocol", "PLAINTEXT"), sasl_mechanism=data.get("sasl_mechanism"),
-            sasl_username=data.get("sasl_plain_username"), has_password=data.get("sasl_plain_password") is not None,
-            samples_per_record=data.get("samples_per_record", 1), request_timeout_ms=data.get("request_timeout_ms", 10_000),
+            bootstrap_servers=data.get("bootstrap_servers") or "",
+            topics=data.get("topics") or (),
+            group_id=data.get("group_id") or "",
+            security_protocol=data.get("security_protocol", "PLAINTEXT"),
+            sasl_mechanism=data.get("sasl_mechanism"),
+            sasl_username=data.get("sasl_plain_username"),
+            has_password=data.get("sasl_plain_password") is not None,
+            samples_per_record=data.get("samples_per_record", 1),
+            request_timeout_ms=data.get("request_timeout_ms", 10_000),
         )
-        return {**data, "bootstrap_servers": servers, "topics": list(topics), "group_id": group, "security_protocol": protocol}
+        return {
+            **data,
+            "bootstrap_servers": servers,
+            "topics": list(topics),
+            "group_id": group,
+            "security_protocol": protocol,
+        }
 
     def client_config(self) -> dict:
         """kafka-python keyword arguments shared by every client this resource makes."""
@@ -96,12 +108,16 @@ class KafkaStreamResource(ConfigurableResource):
             with contextlib.suppress(Exception):
                 consumer.close()
 
-    def snapshot(self, previous: Optional[PreviousOffsets] = None, fetch_timeout_s: float = 5.0) -> StreamSnapshot:
+    def snapshot(self, previous: PreviousOffsets | None = None, fetch_timeout_s: float = 5.0) -> StreamSnapshot:
         """Read the stream's offsets now; rates come from ``previous`` when given."""
         from kafka import KafkaAdminClient
 
-        with self.consumer(max_partition_fetch_bytes=1024, fetch_max_wait_ms=50, fetch_min_bytes=1,
-                           connections_max_idle_ms=max(self.request_timeout_ms * 2, 60_000)) as consumer:
+        with self.consumer(
+            max_partition_fetch_bytes=1024,
+            fetch_max_wait_ms=50,
+            fetch_min_bytes=1,
+            connections_max_idle_ms=max(self.request_timeout_ms * 2, 60_000),
+        ) as consumer:
             admin = KafkaAdminClient(**self.client_config())
             try:
                 raw = read_offsets(consumer, admin, self.topics, self.group_id, fetch_timeout_s)

@@ -13,7 +13,6 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Optional
 
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.definitions.build import build_definitions
@@ -31,8 +30,8 @@ class DemoLocation:
     bootstrap_servers: str = "127.0.0.1:9092"
     trainer_url: str = DEFAULT_URL
     time_scale: float = 1.0
-    wall_start: Optional[float] = None
-    pipeline_start: Optional[float] = None
+    wall_start: float | None = None
+    pipeline_start: float | None = None
     worker_rate: float = 200.0  # EMULATED samples per wall second per worker: the throughput prior
     max_workers: int = 5
     slo_minutes: float = 20.0
@@ -50,7 +49,7 @@ class DemoLocation:
         self.path(home).write_text(json.dumps(asdict(self), indent=1))
 
     @classmethod
-    def load(cls, home: Optional[str]) -> "DemoLocation":
+    def load(cls, home: str | None) -> "DemoLocation":
         if not home or not cls.path(home).is_file():
             return cls()
         known = {f.name for f in fields(cls)}
@@ -60,8 +59,13 @@ class DemoLocation:
         clock = PipelineClock(self.time_scale, self.wall_start, self.pipeline_start)
         return OnlineTrainingPipeline(
             name=PIPELINE,
-            source=KafkaSource(bootstrap_servers=self.bootstrap_servers, topics=(TOPIC,), group_id=GROUP, request_timeout_ms=3000,
-                               samples_per_record=self.samples_per_record),
+            source=KafkaSource(
+                bootstrap_servers=self.bootstrap_servers,
+                topics=(TOPIC,),
+                group_id=GROUP,
+                request_timeout_ms=3000,
+                samples_per_record=self.samples_per_record,
+            ),
             min_workers=1,
             max_workers=self.max_workers,
             slo_minutes=self.slo_minutes,

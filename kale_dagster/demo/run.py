@@ -31,7 +31,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -42,7 +41,8 @@ from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.processes import stop_process_group
-from kale_dagster.sim.trace import START as SYNTH_START, synth_trace
+from kale_dagster.sim.trace import START as SYNTH_START
+from kale_dagster.sim.trace import synth_trace
 from kale_dagster.stream.broker import start_broker
 from kale_dagster.stream.history import MetricsHistory
 from kale_dagster.stream.producer import ReplaySettings, ensure_topic, replay_in_background
@@ -84,8 +84,23 @@ def start_dagster_dev(home: Path, ui_port: int, log_name: str = "dagster-dev.log
     write_dagster_yaml(home)
     log = open(home / log_name, "wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-m", "kale_dagster.demo.definitions", "-h", "127.0.0.1", "-p", str(ui_port)],
-        cwd=home, env=dict(os.environ, DAGSTER_HOME=str(home)), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "dagster",
+            "dev",
+            "-m",
+            "kale_dagster.demo.definitions",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(ui_port),
+        ],
+        cwd=home,
+        env=dict(os.environ, DAGSTER_HOME=str(home)),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
 
@@ -104,7 +119,9 @@ def decisions(instance) -> list:
 
     records, cursor = [], None
     while True:
-        page = instance.fetch_materializations(AssetKey([PIPELINE, "gpu_allocation"]), limit=10_000, cursor=cursor, ascending=True)
+        page = instance.fetch_materializations(
+            AssetKey([PIPELINE, "gpu_allocation"]), limit=10_000, cursor=cursor, ascending=True
+        )
         records += page.records
         if not page.has_more:
             return records
@@ -120,52 +137,95 @@ def latest_decision(instance) -> dict:
     return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 
 
-def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max_wall_s: Optional[float] = None, out=sys.stdout) -> dict:
+def run_demo(
+    settings: DemoSettings, stop: threading.Event | None = None, max_wall_s: float | None = None, out=sys.stdout
+) -> dict:
     """Run the demo until the day ends, ``stop`` is set, or ``max_wall_s`` passes; returns a summary."""
     stop = stop or threading.Event()
     k = settings.time_scale
     # Prior days and the live day, in pipeline time (samples per pipeline second).
     first_ts = pd.Timestamp(SYNTH_START) + pd.Timedelta(hours=settings.start_hour)
-    trace = synth_trace(days=settings.prior_days + 1, seed=settings.seed, step_s=60, peak_rate=settings.peak_rate / k, start=str(first_ts))
+    trace = synth_trace(
+        days=settings.prior_days + 1,
+        seed=settings.seed,
+        step_s=60,
+        peak_rate=settings.peak_rate / k,
+        start=str(first_ts),
+    )
     day_start = pd.Timestamp(trace["timestamp"].iloc[-1440], tz="UTC").timestamp()
     live = trace.iloc[-1440:]
-    history_in = pd.DataFrame({"timestamp": pd.to_datetime(live["timestamp"], utc=True), "rate": live["value"].to_numpy(float) / 60.0})
+    history_in = pd.DataFrame(
+        {"timestamp": pd.to_datetime(live["timestamp"], utc=True), "rate": live["value"].to_numpy(float) / 60.0}
+    )
     home = Path(settings.home).resolve()
     shutil.rmtree(home, ignore_errors=True)  # every demo starts from an empty instance and history
     (home / "kale").mkdir(parents=True)
-    history = MetricsHistory(f"sqlite:///{home / 'kale' / 'metrics.db'}")  # what the pipeline's default history opens there
+    history = MetricsHistory(
+        f"sqlite:///{home / 'kale' / 'metrics.db'}"
+    )  # what the pipeline's default history opens there
     broker = start_broker(port=settings.port)
     dagster_proc = launcher = producer = service = instance = None
     summary: dict = {}
     try:
         servers = broker.bootstrap_servers
         source = KafkaSource(servers, (TOPIC,), GROUP, request_timeout_ms=3000)
-        # Offsets are committed at checkpoints: one a pipeline minute, or lag would read up to the interval x time scale.
-        trainer = TrainerSettings(source, str(home / "checkpoints"), batch_size=64, emulate_gpu_rate=settings.worker_rate,
-                                  emulate_restore_s=settings.restore_minutes * 60 / k, checkpoint_every_s=max(60 / k, 0.5), metrics_every_s=2.0)
+        # Offsets are committed at checkpoints: one a pipeline minute, or lag would read up to the interval x time
+        # scale.
+        trainer = TrainerSettings(
+            source,
+            str(home / "checkpoints"),
+            batch_size=64,
+            emulate_gpu_rate=settings.worker_rate,
+            emulate_restore_s=settings.restore_minutes * 60 / k,
+            checkpoint_every_s=max(60 / k, 0.5),
+            metrics_every_s=2.0,
+        )
         # A standby for every worker the policy may add; stopped workers rejoin the pool.
         launcher = LocalLauncher(trainer, pool_size=settings.max_workers, max_workers=settings.max_workers)
         service = LauncherService(launcher, port=0).start()
         prior = ThroughputModel.linear(settings.worker_rate)
         first = prior.min_workers_for(float(history_in["rate"].iloc[0]) * k, settings.max_workers)
-        print(f"broker {servers}; one day in {settings.day_minutes:g} min (time scale {k:g}x: one wall second is {k:g} pipeline seconds); "
-              f"{first} trainer workers to start, each EMULATING one GPU at {settings.worker_rate:g} samples/s and a "
-              f"{settings.restore_minutes:g}-minute model restore", file=out, flush=True)
+        print(
+            f"broker {servers}; one day in {settings.day_minutes:g} min (time scale {k:g}x: one wall second is {k:g} "
+            "pipeline seconds); "
+            f"{first} trainer workers to start, each EMULATING one GPU at {settings.worker_rate:g} samples/s and a "
+            f"{settings.restore_minutes:g}-minute model restore",
+            file=out,
+            flush=True,
+        )
         # Standbys importing torch would slow the first hour into a backlog: the day starts when they are warm.
         launcher.wait_warm()
-        partitions = 2 * settings.max_workers  # two per worker at most: a worker that owns none trains only forwarded samples
+        partitions = (
+            2 * settings.max_workers
+        )  # two per worker at most: a worker that owns none trains only forwarded samples
         ensure_topic(servers, TOPIC, partitions=partitions)  # before the workers look for its partitions
         wall_start = time.time()
-        location = DemoLocation(bootstrap_servers=servers, trainer_url=service.url, time_scale=k, wall_start=wall_start,
-                                pipeline_start=day_start, worker_rate=settings.worker_rate, max_workers=settings.max_workers,
-                                slo_minutes=settings.slo_minutes, restart_minutes=settings.restore_minutes + 2.0)
+        location = DemoLocation(
+            bootstrap_servers=servers,
+            trainer_url=service.url,
+            time_scale=k,
+            wall_start=wall_start,
+            pipeline_start=day_start,
+            worker_rate=settings.worker_rate,
+            max_workers=settings.max_workers,
+            slo_minutes=settings.slo_minutes,
+            restart_minutes=settings.restore_minutes + 2.0,
+        )
         location.save(str(home))
         clock = location.pipeline().clock
         seeded = seed_history(history, trace, day_start)
         dagster_proc = start_dagster_dev(home, settings.ui_port)
-        print(f"Dagster UI: http://127.0.0.1:{settings.ui_port}  (pipeline 'demo'; {seeded} rows of {settings.prior_days} prior days seeded; "
-                  f"log in {home / 'dagster-dev.log'})", file=out, flush=True)
-        replay_settings = ReplaySettings(topic=TOPIC, speedup=k, partitions=partitions, hot_share=0.4, seed=settings.seed)
+        print(
+            f"Dagster UI: http://127.0.0.1:{settings.ui_port}  (pipeline 'demo'; {seeded} rows of "
+            f"{settings.prior_days} "
+            "prior days seeded; "
+            f"log in {home / 'dagster-dev.log'})",
+            file=out,
+            flush=True,
+        )
+        replay_settings = ReplaySettings(
+            topic=TOPIC, speedup=k, partitions=partitions, hot_share=0.4, seed=settings.seed
+        )
         producer = replay_in_background(servers, history_in, replay_settings, stop)
         launcher.start(first, reason="demo start")
         from dagster import DagsterInstance
@@ -182,9 +242,17 @@ def run_demo(settings: DemoSettings, stop: Optional[threading.Event] = None, max
             lags.append(lag_min)
             decision = latest_decision(instance)
             decided = f"{decision.get('workers')} ({str(decision.get('reason', ''))[:70]})" if decision else "none yet"
-            print((f"\rday {pd.Timestamp(clock.now(), unit='s'):%H:%M} ({k:g}x) | lag {lag_min:5.1f} min | workers {status.workers}"
-                   f"{' restarting' if status.rescaling else ''} | training {status.samples_per_s or 0.0:5.0f}/s (emulated GPUs) | Dagster decided: {decided}")[:220].ljust(220),
-                  end="", file=out, flush=True)
+            print(
+                (
+                    f"\rday {pd.Timestamp(clock.now(), unit='s'):%H:%M} ({k:g}x) | lag {lag_min:5.1f} min | workers "
+                    f"{status.workers}"
+                    f"{' restarting' if status.rescaling else ''} | training {status.samples_per_s or 0.0:5.0f}/s "
+                    f"(emulated GPUs) | Dagster decided: {decided}"
+                )[:220].ljust(220),
+                end="",
+                file=out,
+                flush=True,
+            )
             stop.wait(1.0)
         restarts = [r.downtime_s for r in launcher.records[1:]]
         summary = {

@@ -8,7 +8,7 @@ names a forecaster (the pipeline's ``forecaster``, ``kale forecast
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast, Forecaster
@@ -17,11 +17,21 @@ from kale_dagster.forecast.prophet import ProphetForecaster
 
 #: name -> factory(horizon_s, interval_width, **options)
 FORECASTERS: dict[str, Callable[..., Forecaster]] = {
-    "prophet": lambda horizon_s, interval_width, **o: ProphetForecaster(horizon_s=horizon_s, interval_width=interval_width, **o),
-    "prophet-plain": lambda horizon_s, interval_width, **o: ProphetForecaster(horizon_s=horizon_s, interval_width=interval_width, correct=False, **o),
-    "seasonal-naive": lambda horizon_s, interval_width, **o: SeasonalNaiveForecaster(WEEK_S, interval_width=interval_width, **o),
-    "seasonal-naive-day": lambda horizon_s, interval_width, **o: SeasonalNaiveForecaster(DAY_S, interval_width=interval_width, **o),
-    "seasonal-naive-week": lambda horizon_s, interval_width, **o: SeasonalNaiveForecaster(WEEK_S, interval_width=interval_width, **o),
+    "prophet": lambda horizon_s, interval_width, **o: ProphetForecaster(
+        horizon_s=horizon_s, interval_width=interval_width, **o
+    ),
+    "prophet-plain": lambda horizon_s, interval_width, **o: ProphetForecaster(
+        horizon_s=horizon_s, interval_width=interval_width, correct=False, **o
+    ),
+    "seasonal-naive": lambda horizon_s, interval_width, **o: SeasonalNaiveForecaster(
+        WEEK_S, interval_width=interval_width, **o
+    ),
+    "seasonal-naive-day": lambda horizon_s, interval_width, **o: SeasonalNaiveForecaster(
+        DAY_S, interval_width=interval_width, **o
+    ),
+    "seasonal-naive-week": lambda horizon_s, interval_width, **o: SeasonalNaiveForecaster(
+        WEEK_S, interval_width=interval_width, **o
+    ),
     "ewma": lambda horizon_s, interval_width, **o: EwmaForecaster(interval_width=interval_width, **o),
 }
 
@@ -33,4 +43,12 @@ def make_forecaster(name: str, horizon_s: float = 7200.0, interval_width: float 
     return FORECASTERS[name](horizon_s, interval_width, **options)
 
 
-__all__ = ["FORECASTERS", "Forecast", "Forecaster", "EwmaForecaster", "ProphetForecaster", "SeasonalNaiveForecaster", "make_forecaster"]
+__all__ = [
+    "FORECASTERS",
+    "Forecast",
+    "Forecaster",
+    "EwmaForecaster",
+    "ProphetForecaster",
+    "SeasonalNaiveForecaster",
+    "make_forecaster",
+]

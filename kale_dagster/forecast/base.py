@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Optional, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -53,7 +53,7 @@ class Forecast:
     def times(self) -> np.ndarray:
         return self.start + self.step_s * np.arange(len(self.point))
 
-    def level(self, quantile: Optional[float]) -> np.ndarray:
+    def level(self, quantile: float | None) -> np.ndarray:
         """The forecast at a quantile, reading the band as a normal interval; None means the upper band."""
         if quantile is None:
             return self.upper
@@ -63,7 +63,7 @@ class Forecast:
         sigma = np.maximum(self.upper - self.point, 0.0) / z_band
         return np.clip(self.point + NormalDist().inv_cdf(quantile) * sigma, 0.0, None)
 
-    def outlook_level(self, quantile: Optional[float]) -> np.ndarray:
+    def outlook_level(self, quantile: float | None) -> np.ndarray:
         """The outlook at a quantile: scaled by the band's relative width at the horizon's last step."""
         if len(self.outlook) == 0 or len(self.point) == 0:
             return self.outlook
@@ -73,7 +73,12 @@ class Forecast:
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(
-            {"timestamp": pd.to_datetime(self.times, unit="s", utc=True), "point": self.point, "lower": self.lower, "upper": self.upper}
+            {
+                "timestamp": pd.to_datetime(self.times, unit="s", utc=True),
+                "point": self.point,
+                "lower": self.lower,
+                "upper": self.upper,
+            }
         )
 
 
@@ -91,6 +96,6 @@ class Forecaster(Protocol):
 
     name: str
 
-    def fit(self, history: pd.DataFrame) -> "Forecaster": ...
+    def fit(self, history: pd.DataFrame) -> Forecaster: ...
 
-    def predict(self, horizon_steps: int, history: Optional[pd.DataFrame] = None) -> Forecast: ...
+    def predict(self, horizon_steps: int, history: pd.DataFrame | None = None) -> Forecast: ...

@@ -18,8 +18,8 @@ deployed forecaster is judged by.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -65,7 +65,9 @@ class EvaluationResult:
     baseline_mae: float = float("nan")  # the best seasonal naive's MAE on the same folds (the lower of day and week)
     eval_days: float = float("nan")  # the tail actually evaluated
     note: str = ""  # why the tail is shorter than asked, if it is
-    simple_mae: dict = field(default_factory=dict)  # every simple baseline's MAE on the same folds (``simple_baselines``)
+    simple_mae: dict = field(
+        default_factory=dict
+    )  # every simple baseline's MAE on the same folds (``simple_baselines``)
     floor_mae: float = float("nan")  # the noise floor (``noise_floor``)
     plan_step_mae: float = float("nan")  # on the rate averaged over the plan step ending at the horizon
     plan_step_baseline_mae: float = float("nan")  # the seasonal naive's with the lower MAE, averaged the same way
@@ -113,7 +115,7 @@ class EvaluationResult:
         }
 
 
-def realised_error(forecast, history: pd.DataFrame) -> Optional[dict]:
+def realised_error(forecast, history: pd.DataFrame) -> dict | None:
     """sMAPE of ``forecast`` against the ``history`` (``timestamp``, ``rate``) recorded at its instants, and of
     the rate a day before each instant; None until some instant of the forecast has been recorded."""
     if history.empty or not len(forecast):
@@ -134,8 +136,11 @@ def realised_error(forecast, history: pd.DataFrame) -> Optional[dict]:
     ok = np.isfinite(actual) & np.isfinite(day_before) & np.isfinite(forecast.point)
     if not ok.any():
         return None
-    return {"realised_smape": smape(actual[ok], forecast.point[ok]), "realised_baseline_smape": smape(actual[ok], day_before[ok]),
-            "realised_points": int(ok.sum())}
+    return {
+        "realised_smape": smape(actual[ok], forecast.point[ok]),
+        "realised_baseline_smape": smape(actual[ok], day_before[ok]),
+        "realised_points": int(ok.sum()),
+    }
 
 
 def _seasonal_naive(rate: np.ndarray, target: np.ndarray, season: int) -> np.ndarray:
@@ -167,7 +172,9 @@ def noise_floor(rate: np.ndarray, target: np.ndarray, window: int = FLOOR_WINDOW
     return _mae(rate[target], window_means(rate, lo, hi))
 
 
-def simple_baselines(rate: np.ndarray, origins: np.ndarray, horizon: int, step_s: float, held_out: np.ndarray) -> dict[str, np.ndarray]:
+def simple_baselines(
+    rate: np.ndarray, origins: np.ndarray, horizon: int, step_s: float, held_out: np.ndarray
+) -> dict[str, np.ndarray]:
     """Each simple forecaster's guess for ``origins + horizon - 1``: seasonal naive (day, week; only where every
     origin has its season), persistence, and the mean of the last k buckets with k chosen by MAE on the
     ``held_out`` origins (all before the evaluated ones)."""
@@ -198,12 +205,14 @@ def rolling_origin(
     horizon_s: float,
     eval_days: float = 28.0,
     refit_every_s: float = DAY_S,
-    origin_every_s: Optional[float] = None,
+    origin_every_s: float | None = None,
     min_train_s: float = 2 * DAY_S,
-    progress: Optional[Callable[[int, int], None]] = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> EvaluationResult:
     """Evaluate ``factory()`` models over the last ``eval_days`` of ``history`` (clean, regular)."""
-    return rolling_origin_horizons(history, factory, (horizon_s,), eval_days, refit_every_s, origin_every_s, min_train_s, progress)[0]
+    return rolling_origin_horizons(
+        history, factory, (horizon_s,), eval_days, refit_every_s, origin_every_s, min_train_s, progress
+    )[0]
 
 
 def rolling_origin_horizons(
@@ -212,9 +221,9 @@ def rolling_origin_horizons(
     horizons_s: Sequence[float],
     eval_days: float = 28.0,
     refit_every_s: float = DAY_S,
-    origin_every_s: Optional[float] = None,
+    origin_every_s: float | None = None,
     min_train_s: float = 2 * DAY_S,
-    progress: Optional[Callable[[int, int], None]] = None,
+    progress: Callable[[int, int], None] | None = None,
     plan_step_s: float = 600.0,
 ) -> list[EvaluationResult]:
     """One rolling-origin pass scored at several horizons (one fit and one forecast per origin serve all)."""
@@ -235,8 +244,11 @@ def rolling_origin_horizons(
     evaluated_days = (n - start) * step / DAY_S
     note = ""
     if start > n - eval_steps:
-        note = (f"the trace has {n * step / DAY_S:.1f} days; evaluated its last {evaluated_days:.1f} days instead of {eval_days:g}, "
-                f"after the {max(min_train_s, DAY_S) / DAY_S:.0f} days of history the first fit needs")
+        note = (
+            f"the trace has {n * step / DAY_S:.1f} days; evaluated its last {evaluated_days:.1f} days instead of "
+            f"{eval_days:g}, "
+            f"after the {max(min_train_s, DAY_S) / DAY_S:.0f} days of history the first fit needs"
+        )
     every = max(1, int(round((origin_every_s or step) / step)))
     refit_steps = max(1, int(round(refit_every_s / step)))
     origins = np.arange(start, n - longest + 1, every)  # origin = first forecast index
@@ -281,27 +293,31 @@ def rolling_origin_horizons(
         window = origins[:, None] + steps_back[None, :]
         actual_plan = np.nanmean(rate[window], axis=1)
         # The baseline of the plan step is, as baseline_mae is, the season with the lower MAE (here on the step's mean).
-        naive_plan_mae = min(_mae(actual_plan, np.nanmean(rate[np.maximum(window - int(round(SEASONAL_NAIVE[name] / step)), 0)], axis=1))
-                             for name in seasonal)
-        results.append(EvaluationResult(
-            model=getattr(model, "name", type(model).__name__),
-            horizon_minutes=horizon_s / 60,
-            smape=smape(actual[ok], preds[ok]),
-            mape=mape(actual[ok], preds[ok]),
-            mae=float(np.mean(np.abs(preds[ok] - actual[ok]))),
-            coverage=float(np.mean((actual[ok] >= lows[ok, horizon - 1]) & (actual[ok] <= highs[ok, horizon - 1]))),
-            baseline=best,
-            baseline_smape=base[best],
-            folds=int(ok.sum()),
-            refits=refits,
-            fallbacks=fallbacks,
-            baseline_mae=min(simple_mae[name] for name in seasonal),
-            eval_days=evaluated_days,
-            note=note,
-            simple_mae=simple_mae,
-            floor_mae=noise_floor(rate, target[ok]),
-            plan_step_mae=_mae(actual_plan, _plan_step_mean(paths[:, :horizon], width)),
-            plan_step_baseline_mae=naive_plan_mae,
-            fit_seconds=float(np.median(fit_s)),
-        ))
+        naive_plan_mae = min(
+            _mae(actual_plan, np.nanmean(rate[np.maximum(window - int(round(SEASONAL_NAIVE[name] / step)), 0)], axis=1))
+            for name in seasonal
+        )
+        results.append(
+            EvaluationResult(
+                model=getattr(model, "name", type(model).__name__),
+                horizon_minutes=horizon_s / 60,
+                smape=smape(actual[ok], preds[ok]),
+                mape=mape(actual[ok], preds[ok]),
+                mae=float(np.mean(np.abs(preds[ok] - actual[ok]))),
+                coverage=float(np.mean((actual[ok] >= lows[ok, horizon - 1]) & (actual[ok] <= highs[ok, horizon - 1]))),
+                baseline=best,
+                baseline_smape=base[best],
+                folds=int(ok.sum()),
+                refits=refits,
+                fallbacks=fallbacks,
+                baseline_mae=min(simple_mae[name] for name in seasonal),
+                eval_days=evaluated_days,
+                note=note,
+                simple_mae=simple_mae,
+                floor_mae=noise_floor(rate, target[ok]),
+                plan_step_mae=_mae(actual_plan, _plan_step_mean(paths[:, :horizon], width)),
+                plan_step_baseline_mae=naive_plan_mae,
+                fit_seconds=float(np.median(fit_s)),
+            )
+        )
     return results

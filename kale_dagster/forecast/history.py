@@ -16,7 +16,6 @@ What is handled and what is rejected, so models can assume clean input:
 from __future__ import annotations
 
 import warnings
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -33,13 +32,15 @@ def infer_step_s(timestamps: pd.Series) -> float:
     return float(diffs.mode().iloc[0])
 
 
-def prepare_history(history: pd.DataFrame, step_s: Optional[float] = None, max_fill_steps: int = 5) -> pd.DataFrame:
+def prepare_history(history: pd.DataFrame, step_s: float | None = None, max_fill_steps: int = 5) -> pd.DataFrame:
     """Return a clean, regular ``timestamp``/``rate`` frame (see module docstring)."""
     if not isinstance(history, pd.DataFrame):
         raise InputDataError(f"history must be a pandas DataFrame, got {type(history).__name__}")
     missing = {"timestamp", "rate"} - set(history.columns)
     if missing:
-        raise InputDataError(f"history needs columns 'timestamp' and 'rate'; missing {sorted(missing)} (have {list(history.columns)})")
+        raise InputDataError(
+            f"history needs columns 'timestamp' and 'rate'; missing {sorted(missing)} (have {list(history.columns)})"
+        )
     if history.empty:
         raise InputDataError("history is empty")
     ts, rate = history["timestamp"], history["rate"]
@@ -57,7 +58,10 @@ def prepare_history(history: pd.DataFrame, step_s: Optional[float] = None, max_f
     bad = np.isinf(values) | (values < 0)
     if bad.any():
         first = int(np.argmax(bad))
-        raise InputDataError(f"history.rate must be finite and >= 0; {int(bad.sum())} bad values, first at {ts.iloc[first]} ({values[first]})")
+        raise InputDataError(
+            f"history.rate must be finite and >= 0; {int(bad.sum())} bad values, first at {ts.iloc[first]} "
+            f"({values[first]})"
+        )
     if not _is_regular(ts, values, step_s):
         return _regularise(ts, rate, step_s, max_fill_steps)
     if typed and list(history.columns) == ["timestamp", "rate"] and history.index.equals(pd.RangeIndex(len(history))):
@@ -67,22 +71,29 @@ def prepare_history(history: pd.DataFrame, step_s: Optional[float] = None, max_f
     return pd.DataFrame({"timestamp": pd.DatetimeIndex(ts), "rate": np.array(values, dtype=float)})
 
 
-def _regularise(ts: pd.Series, rate: pd.Series, step_s: Optional[float], max_fill_steps: int) -> pd.DataFrame:
+def _regularise(ts: pd.Series, rate: pd.Series, step_s: float | None, max_fill_steps: int) -> pd.DataFrame:
     """Sorted, duplicates averaged, on a regular grid, short gaps filled."""
-    frame = pd.DataFrame({"timestamp": ts.reset_index(drop=True), "rate": rate.reset_index(drop=True)}).groupby("timestamp", as_index=True)["rate"].mean().sort_index()
+    frame = (
+        pd.DataFrame({"timestamp": ts.reset_index(drop=True), "rate": rate.reset_index(drop=True)})
+        .groupby("timestamp", as_index=True)["rate"]
+        .mean()
+        .sort_index()
+    )
     if frame.notna().sum() == 0:
         raise InputDataError("history has no usable (non-NaN) rate values")
     step = step_s or infer_step_s(frame.index.to_series())
     try:
         regular = frame.resample(pd.Timedelta(seconds=step)).mean()
     except (OverflowError, ValueError) as exc:  # a step or span of centuries: pandas cannot build the grid
-        raise InputDataError(f"cannot put the history on a regular {step:g} s grid from {frame.index[0]} to {frame.index[-1]}; "
-                             f"check the timestamps ({exc})") from None
+        raise InputDataError(
+            f"cannot put the history on a regular {step:g} s grid from {frame.index[0]} to {frame.index[-1]}; "
+            f"check the timestamps ({exc})"
+        ) from None
     regular = _fill_short_gaps(regular, max_fill_steps)
     return pd.DataFrame({"timestamp": regular.index, "rate": regular.to_numpy()}).reset_index(drop=True)
 
 
-def _is_regular(ts: pd.Series, rate: np.ndarray, step_s: Optional[float]) -> bool:
+def _is_regular(ts: pd.Series, rate: np.ndarray, step_s: float | None) -> bool:
     """Whether the history is already clean: sorted, one row per step on the step's grid, no gaps (UTC ``ts``)."""
     if len(ts) < 2 or np.isnan(rate).any():
         return False

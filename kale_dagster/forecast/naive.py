@@ -7,8 +7,6 @@ each horizon (empirical quantiles), not from an assumed distribution.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import pandas as pd
 
@@ -38,7 +36,8 @@ def row_nanmedian(values: np.ndarray) -> np.ndarray:
 
 
 def column_nanquantile(errors: np.ndarray, q: float) -> np.ndarray:
-    """``np.nanquantile(errors, q, axis=0)``; columns without NaN in one vectorized call (numpy's goes column by column)."""
+    """``np.nanquantile(errors, q, axis=0)``; columns without NaN in one vectorized call (numpy's goes column by
+    column)."""
     out = np.empty(errors.shape[1])
     full = ~np.isnan(errors).any(axis=0)
     out[full] = np.quantile(errors[:, full], q, axis=0)
@@ -91,7 +90,11 @@ class _FittedSeries:
         """
         if refit or self._offset is None:
             clean = prepare_history(history)
-            self.step_s = float((clean["timestamp"].iloc[1] - clean["timestamp"].iloc[0]).total_seconds()) if len(clean) > 1 else 60.0
+            self.step_s = (
+                float((clean["timestamp"].iloc[1] - clean["timestamp"].iloc[0]).total_seconds())
+                if len(clean) > 1
+                else 60.0
+            )
             self._origin = clean["timestamp"].iloc[0]
         else:
             clean = prepare_history(history, step_s=self.step_s)
@@ -114,15 +117,22 @@ class _FittedSeries:
     def from_log(self, log_values):
         return np.maximum(np.exp(log_values) - self._offset, 0.0)
 
-    def _forecast(self, log_point: np.ndarray, lower_err, upper_err, model: str, width: float, fallback: str = "") -> Forecast:
+    def _forecast(
+        self, log_point: np.ndarray, lower_err, upper_err, model: str, width: float, fallback: str = ""
+    ) -> Forecast:
         h = len(log_point)
         point = self.from_log(log_point)
         lower = self.from_log(log_point + lower_err[:h]) if len(lower_err) >= h else point
         upper = self.from_log(log_point + upper_err[:h]) if len(upper_err) >= h else point
         return Forecast(
-            start=self.end + self.step_s, step_s=self.step_s, point=point,
-            lower=np.minimum(lower, point), upper=np.maximum(upper, point),
-            model=model, interval_width=width, fallback=fallback,
+            start=self.end + self.step_s,
+            step_s=self.step_s,
+            point=point,
+            lower=np.minimum(lower, point),
+            upper=np.maximum(upper, point),
+            model=model,
+            interval_width=width,
+            fallback=fallback,
         )
 
 
@@ -147,20 +157,25 @@ class SeasonalNaiveForecaster(_FittedSeries):
             out[h - 1] = log_rate[src] if src >= 0 else np.nan
         return out
 
-    def fit(self, history: pd.DataFrame) -> "SeasonalNaiveForecaster":
+    def fit(self, history: pd.DataFrame) -> SeasonalNaiveForecaster:
         self._set_history(history)
         season = int(round(self.season_s / self.step_s))
         if len(self.log_rate) <= season:
-            raise InputDataError(f"{self.name} needs more than one season of history ({self.season_s / 3600:.0f} h); got {len(self.log_rate) * self.step_s / 3600:.1f} h")
+            raise InputDataError(
+                f"{self.name} needs more than one season of history ({self.season_s / 3600:.0f} h); got "
+                f"{len(self.log_rate) * self.step_s / 3600:.1f} h"
+            )
         return self
 
-    def predict(self, horizon_steps: int, history: Optional[pd.DataFrame] = None) -> Forecast:
+    def predict(self, horizon_steps: int, history: pd.DataFrame | None = None) -> Forecast:
         if history is not None:
             self.fit(history)
         season = int(round(self.season_s / self.step_s))
         last = len(self.log_rate) - 1
         origins = np.arange(max(season, last - self.band_origins - horizon_steps), last - horizon_steps + 1)
-        errs = horizon_errors(self.log_rate, lambda l: self._predict_log(self.log_rate, l, horizon_steps), origins, horizon_steps)
+        errs = horizon_errors(
+            self.log_rate, lambda last: self._predict_log(self.log_rate, last, horizon_steps), origins, horizon_steps
+        )
         lo, hi = empirical_band(errs, self.interval_width)
         log_point = np.nan_to_num(self._predict_log(self.log_rate, last, horizon_steps), nan=self.log_rate[last])
         return self._forecast(log_point, lo, hi, self.name, self.interval_width)
@@ -176,17 +191,19 @@ class EwmaForecaster(_FittedSeries):
         self.interval_width = interval_width
         self.band_origins = band_origins
 
-    def fit(self, history: pd.DataFrame) -> "EwmaForecaster":
+    def fit(self, history: pd.DataFrame) -> EwmaForecaster:
         self._set_history(history)
         halflife = max(self.halflife_s / self.step_s, 1.0)
         self._level = pd.Series(self.log_rate).ffill().ewm(halflife=halflife).mean().to_numpy()
         return self
 
-    def predict(self, horizon_steps: int, history: Optional[pd.DataFrame] = None) -> Forecast:
+    def predict(self, horizon_steps: int, history: pd.DataFrame | None = None) -> Forecast:
         if history is not None:
             self.fit(history)
         last = len(self.log_rate) - 1
         origins = np.arange(max(0, last - self.band_origins - horizon_steps), max(last - horizon_steps + 1, 0))
-        errs = horizon_errors(self.log_rate, lambda l: np.full(horizon_steps, self._level[l]), origins, horizon_steps)
+        errs = horizon_errors(
+            self.log_rate, lambda last: np.full(horizon_steps, self._level[last]), origins, horizon_steps
+        )
         lo, hi = empirical_band(errs, self.interval_width)
         return self._forecast(np.full(horizon_steps, self._level[last]), lo, hi, self.name, self.interval_width)

@@ -35,14 +35,21 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
 
 import numpy as np
 import pandas as pd
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
-from kale_dagster.forecast.naive import DAY_S, WEEK_S, EwmaForecaster, _FittedSeries, empirical_band, row_nanmedian, window_means
+from kale_dagster.forecast.naive import (
+    DAY_S,
+    WEEK_S,
+    EwmaForecaster,
+    _FittedSeries,
+    empirical_band,
+    row_nanmedian,
+    window_means,
+)
 
 # Candidate blends of (Prophet, seasonal median, recent level): shares in quarters.
 _SIMPLEX = [np.array([a, b, 4 - a - b]) / 4 for a in range(5) for b in range(5 - a)]
@@ -76,7 +83,7 @@ class _Correction:
         windows = sorted({max(1, int(round(w / step_s))) for w in _WINDOWS_S})
         self.windows = windows
         self.horizon = horizon
-        self.coef: Optional[np.ndarray] = None
+        self.coef: np.ndarray | None = None
         self.on = True
 
     def features(self, resid: np.ndarray, lasts: np.ndarray) -> np.ndarray:
@@ -85,7 +92,7 @@ class _Correction:
         cols = [(csum[lasts + 1] - csum[np.maximum(lasts + 1 - w, 0)]) / w for w in self.windows]
         return np.column_stack(cols + [np.ones(len(lasts))])
 
-    def fit(self, resid: np.ndarray, lasts: np.ndarray) -> "_Correction":
+    def fit(self, resid: np.ndarray, lasts: np.ndarray) -> _Correction:
         x = self.features(resid, lasts)
         y = np.stack([resid[np.minimum(lasts + h, len(resid) - 1)] for h in range(1, self.horizon + 1)], axis=1)
         y[lasts[:, None] + np.arange(1, self.horizon + 1)[None, :] >= len(resid)] = np.nan
@@ -103,7 +110,7 @@ class _Correction:
             self.coef[:, enough] = solved.T
         return self
 
-    def off(self) -> "_Correction":
+    def off(self) -> _Correction:
         """No correction, the base as it is: where the held-out days say the correction adds more noise than it
         removes (a base already right at every phase, learned from few origins)."""
         self.coef = np.zeros((len(self.windows) + 1, self.horizon))
@@ -167,7 +174,10 @@ class ProphetForecaster(_FittedSeries):
         # Prophet learns the shape; a coarser grid fits several times faster
         # and the correction recovers the fine level.
         agg_step = max(self.step_s, self.prophet_step_s)
-        coarse = pd.Series(self.to_log(hist.resample(pd.Timedelta(seconds=agg_step)).mean()), index=hist.resample(pd.Timedelta(seconds=agg_step)).mean().index).dropna()
+        coarse = pd.Series(
+            self.to_log(hist.resample(pd.Timedelta(seconds=agg_step)).mean()),
+            index=hist.resample(pd.Timedelta(seconds=agg_step)).mean().index,
+        ).dropna()
         model = Prophet(
             daily_seasonality=True,
             weekly_seasonality=span >= 2 * WEEK_S,
@@ -184,7 +194,12 @@ class ProphetForecaster(_FittedSeries):
     def _prophet_log(self, positions: np.ndarray) -> np.ndarray:
         """Prophet's log forecast at grid positions (0 = first history row), memoised."""
         positions = np.asarray(positions)
-        if len(positions) and positions.dtype.kind in "iu" and 0 <= positions.min() and positions.max() < len(self._prophet_table):
+        if (
+            len(positions)
+            and positions.dtype.kind in "iu"
+            and 0 <= positions.min()
+            and positions.max() < len(self._prophet_table)
+        ):
             return self._prophet_table[positions]
         need = [int(p) for p in positions if int(p) not in self._prophet_cache]
         if need:
@@ -194,7 +209,9 @@ class ProphetForecaster(_FittedSeries):
             self._prophet_cache.update(zip(need, values))
         return np.array([self._prophet_cache[int(p)] for p in positions])
 
-    def _naive_log(self, log_rate: np.ndarray, positions: np.ndarray, season: Optional[tuple[int, int, int]] = None) -> np.ndarray:
+    def _naive_log(
+        self, log_rate: np.ndarray, positions: np.ndarray, season: tuple[int, int, int] | None = None
+    ) -> np.ndarray:
         """Median of the same time over ``count`` seasons from ``first`` periods back, ``season`` being (period,
         first, count) in steps (the chosen one by default): a seasonal base that one odd week cannot move."""
         period, skip, count = season or self._season
@@ -228,7 +245,7 @@ class ProphetForecaster(_FittedSeries):
 
         return [calendar] + [c for c in cycles if error(c) < error(calendar)]
 
-    def fit(self, history: pd.DataFrame) -> "ProphetForecaster":
+    def fit(self, history: pd.DataFrame) -> ProphetForecaster:
         started = time.perf_counter()
         self._set_history(history)
         span = len(self.log_rate) * self.step_s
@@ -253,7 +270,7 @@ class ProphetForecaster(_FittedSeries):
             self._fit_blend(n)
         else:
             lasts = np.arange(max(n - 2 * DAY_S // self.step_s, 0), n - 1).astype(int)
-            errs = self._errors(lambda l: self._prophet_log(l + 1 + np.arange(self.horizon)), lasts)
+            errs = self._errors(lambda last: self._prophet_log(last + 1 + np.arange(self.horizon)), lasts)
             self._band = empirical_band(errs, self.interval_width)
         self.fit_seconds = time.perf_counter() - started
         return self
@@ -308,7 +325,9 @@ class ProphetForecaster(_FittedSeries):
             with np.errstate(invalid="ignore"):  # a step no origin reaches has no error: NaN, as nanmean gives
                 return error.sum(axis=0) / np.count_nonzero(~unknown, axis=0)
 
-        pred_p = self._base_prophet[np.minimum(test[:, None] + steps[None, :], n - 1)] + self._corr_p.predict(resid_p, test)
+        pred_p = self._base_prophet[np.minimum(test[:, None] + steps[None, :], n - 1)] + self._corr_p.predict(
+            resid_p, test
+        )
         # The seasonal base (a cycle's with or without its correction) whose forecasts have the lowest held-out MAE, the
         # calendar's on a tie: judged as the blend will use it, not as a plain median (which on smooth traffic
         # favours any short cycle).
@@ -320,11 +339,13 @@ class ProphetForecaster(_FittedSeries):
             own = train if calendar else np.arange(season[0] * season[1] + max(self._windows_len(), 1), test[0])
             if len(own) < 10 and not calendar:  # the calendar stays, however short the history
                 continue
-            # The seasonal median once per position, history and horizon: the held-out forecasts read each once per step.
+            # The seasonal median once per position, history and horizon: the held-out forecasts read each once per
+            # step.
             naive = self._naive_log(self.log_rate, np.arange(n + self.horizon), season)
             resid = self.log_rate - naive[:n]
             # A cycle's median is hours old at the target, so its correction may only add noise: judged both ways. The
-            # calendar's is a day or a week old, and its correction (the level since then) is what the blend is built on.
+            # calendar's is a day or a week old, and its correction (the level since then) is what the blend is built
+            # on.
             options = (_Correction(self.step_s, self.horizon).fit(resid, own),)
             options += () if calendar else (_Correction(self.step_s, self.horizon).off(),)
             for corr in options:
@@ -335,8 +356,11 @@ class ProphetForecaster(_FittedSeries):
                     best_err, self._season, resid_n, self._corr_n, pred_n = err, season, resid, corr, pred
                     refit_n = np.arange(own[0], n - 1) if corr.on else None
         windows = [k for k in _RECENT_BUCKETS if k * self.step_s <= DAY_S] or [1]
-        levels = {(k, mean): self._recent_log(self.log_rate, test, k, mean)[:, None]  # one level for every step
-                  for k in windows for mean in (("geometric", "arithmetic") if k > 1 else ("geometric",))}
+        levels = {
+            (k, mean): self._recent_log(self.log_rate, test, k, mean)[:, None]  # one level for every step
+            for k in windows
+            for mean in (("geometric", "arithmetic") if k > 1 else ("geometric",))
+        }
         chosen = min(levels, key=lambda km: float(np.nansum(mae(levels[km]))))
         self.recent_k, self.recent_mean = chosen
         pred_r = np.where(np.isnan(levels[chosen]), pred_p, levels[chosen])
@@ -362,7 +386,7 @@ class ProphetForecaster(_FittedSeries):
 
     # --- prediction -----------------------------------------------------------
 
-    def predict(self, horizon_steps: Optional[int] = None, history: Optional[pd.DataFrame] = None) -> Forecast:
+    def predict(self, horizon_steps: int | None = None, history: pd.DataFrame | None = None) -> Forecast:
         """Forecast from the end of the fitted history, or of ``history`` when given.
 
         ``history`` lets a fitted model use observations that arrived after
@@ -371,7 +395,11 @@ class ProphetForecaster(_FittedSeries):
         """
         horizon = horizon_steps or self.horizon
         if horizon > self.horizon and not self.fallback and self.correct:
-            raise KaleConfigError("horizon_steps", f"the model was fitted for at most {self.horizon} steps (horizon_s={self.horizon_s:.0f}); got {horizon}")
+            raise KaleConfigError(
+                "horizon_steps",
+                f"the model was fitted for at most {self.horizon} steps (horizon_s={self.horizon_s:.0f}); got "
+                f"{horizon}",
+            )
         if self.fallback:
             fc = self._ewma.predict(horizon, history=history)
             return _with(fc, fallback=self.fallback, fit_seconds=self.fit_seconds, model=self.name)
@@ -383,7 +411,9 @@ class ProphetForecaster(_FittedSeries):
         base_p = self._prophet_log(future)
         if not self.correct:
             lo, hi = self._band
-            return _with(self._forecast(base_p, lo, hi, "prophet (plain)", self.interval_width), fit_seconds=self.fit_seconds)
+            return _with(
+                self._forecast(base_p, lo, hi, "prophet (plain)", self.interval_width), fit_seconds=self.fit_seconds
+            )
         # The corrections read the residuals of the last few windows only: those, the last at their end.
         positions = np.arange(max(last - self._windows_len() - 1, 0), last + 1)
         resid_p = log_rate[positions] - self._prophet_log(positions)
@@ -405,7 +435,9 @@ class ProphetForecaster(_FittedSeries):
         seasonal = self._naive_log(log_rate, beyond, self._calendar)
         seasonal = seasonal[: np.argmax(np.isnan(seasonal))] if np.isnan(seasonal).any() else seasonal
         outlook = self.from_log(seasonal[1:])
-        return _with(fc, fit_seconds=self.fit_seconds, extras={"blend_weight_prophet": float(np.mean(w[:, 0]))}, outlook=outlook)
+        return _with(
+            fc, fit_seconds=self.fit_seconds, extras={"blend_weight_prophet": float(np.mean(w[:, 0]))}, outlook=outlook
+        )
 
 
 def _with(fc: Forecast, **changes) -> Forecast:

@@ -25,8 +25,9 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING
 
 from kale_dagster.errors import KaleConfigError
 
@@ -70,9 +71,9 @@ class LauncherStatus:
     rescaling: bool = False
     measures: bool = False
     reported: int = 0
-    busy_share: Optional[float] = None
-    samples_per_s: Optional[float] = None
-    saturated: Optional[bool] = None
+    busy_share: float | None = None
+    samples_per_s: float | None = None
+    saturated: bool | None = None
     downtimes_s: tuple[float, ...] = ()
     emulated: bool = False
     failed: str = ""
@@ -83,7 +84,7 @@ class LauncherStatus:
         return {**asdict(self), "downtimes_s": list(self.downtimes_s)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "LauncherStatus":
+    def from_dict(cls, data: dict) -> LauncherStatus:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["downtimes_s"] = tuple(values.get("downtimes_s", ()))
@@ -93,7 +94,7 @@ class LauncherStatus:
 class RescaleFailed(RuntimeError):
     """The new worker group could not start; ``restored`` is the size put back (None if none)."""
 
-    def __init__(self, message: str, restored: Optional[int]):
+    def __init__(self, message: str, restored: int | None):
         super().__init__(message)
         self.restored = restored
 
@@ -102,7 +103,7 @@ class Launcher(ABC):
     """Runs one pipeline's worker group; see the module docstring for what it guarantees."""
 
     #: Called with each record after a restart (e.g. to plan with the measured downtime).
-    on_record: Optional[Callable[[RescaleRecord], None]] = None
+    on_record: Callable[[RescaleRecord], None] | None = None
 
     #: How many recent restarts ``status`` reports.
     recent_restarts = 5
@@ -111,7 +112,7 @@ class Launcher(ABC):
         self.records: list[RescaleRecord] = []
         self._clock = clock
         self._lock = threading.RLock()
-        self._target: Optional[int] = None  # set while a restart is in progress
+        self._target: int | None = None  # set while a restart is in progress
 
     # --- filled in by each launcher ------------------------------------------------
 
@@ -149,16 +150,18 @@ class Launcher(ABC):
         target = self._target
         if target is not None:
             return LauncherStatus(workers=target, rescaling=True, downtimes_s=self._recent_downtimes())
-        return LauncherStatus(workers=self.workers, downtimes_s=self._recent_downtimes(), failed=self._failure(), **self._measurements())
+        return LauncherStatus(
+            workers=self.workers, downtimes_s=self._recent_downtimes(), failed=self._failure(), **self._measurements()
+        )
 
     def _recent_downtimes(self) -> tuple[float, ...]:
         """The latest restarts' downtimes; a start from nothing is not a restart."""
-        return tuple(r.downtime_s for r in self.records if r.from_workers > 0)[-self.recent_restarts:]
+        return tuple(r.downtime_s for r in self.records if r.from_workers > 0)[-self.recent_restarts :]
 
     def start(self, n: int, reason: str = "start") -> RescaleRecord:
         return self._restart(n, reason)
 
-    def rescale(self, m: int, reason: str = "rescale") -> Optional[RescaleRecord]:
+    def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None:
         """Restart the group at ``m`` workers; None when it already runs at ``m`` (idempotent)."""
         with self._lock:
             if self._running_at(m):
@@ -175,7 +178,14 @@ class Launcher(ABC):
                 phases = self._replace_group(n)
             finally:
                 self._target = None
-            record = RescaleRecord(time=time.time(), from_workers=previous, to_workers=n, downtime_s=self._clock() - started, reason=reason, phases=phases)
+            record = RescaleRecord(
+                time=time.time(),
+                from_workers=previous,
+                to_workers=n,
+                downtime_s=self._clock() - started,
+                reason=reason,
+                phases=phases,
+            )
             self.records.append(record)
         if self.on_record is not None:
             self.on_record(record)
@@ -192,7 +202,7 @@ class LauncherConfig(ABC):
     rescale_timeout_s: float = 900.0
 
     @abstractmethod
-    def build(self, pipeline: str, source: "KafkaSource"):
+    def build(self, pipeline: str, source: KafkaSource):
         """The launcher (or a client of one) for ``pipeline``, consuming ``source``."""
 
     @abstractmethod

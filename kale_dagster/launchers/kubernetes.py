@@ -34,8 +34,9 @@ restored, so the pipeline never ends up with nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed
@@ -45,7 +46,13 @@ from kale_dagster.trainer.protocol import WorkerEvent, parse_event
 APP_LABEL = "app.kubernetes.io/name"
 PIPELINE_LABEL = "kale.dev/pipeline"
 WORKERS_LABEL = "kale.dev/workers"
-IMAGE_PULL_FAILURES = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
+IMAGE_PULL_FAILURES = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+}
 
 
 @dataclass(frozen=True)
@@ -56,14 +63,14 @@ class KubernetesLauncherConfig(LauncherConfig):
     namespace: str = "default"
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
-    service_account: Optional[str] = None
+    service_account: str | None = None
     gpus_per_worker: int = 1
     cpu: str = "4"
     memory: str = "16Gi"
     node_selector: dict = field(default_factory=dict)
     tolerations: tuple = ()
     checkpoint_pvc: str = ""
-    kafka_secret: Optional[str] = None  # Secret whose keys become env vars (e.g. KAFKA_SASL_PASSWORD)
+    kafka_secret: str | None = None  # Secret whose keys become env vars (e.g. KAFKA_SASL_PASSWORD)
     trainer_args: tuple[str, ...] = ()
     termination_grace_period_s: int = 120
     rdzv_port: int = 29400
@@ -74,22 +81,29 @@ class KubernetesLauncherConfig(LauncherConfig):
         if not self.image:
             raise KaleConfigError("image", "the trainer image is required (e.g. registry.example.com/ctr-trainer:1.4)")
         if not self.checkpoint_pvc:
-            raise KaleConfigError("checkpoint_pvc", "name the PersistentVolumeClaim (ReadWriteMany: every worker pod mounts it) that holds the checkpoints")
+            raise KaleConfigError(
+                "checkpoint_pvc",
+                "name the PersistentVolumeClaim (ReadWriteMany: every worker pod mounts it) that holds the checkpoints",
+            )
         if self.gpus_per_worker < 0:
             raise KaleConfigError("gpus_per_worker", f"must be >= 0, got {self.gpus_per_worker}")
         if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
-            raise KaleConfigError("image_pull_policy", f"must be Always, IfNotPresent or Never, got {self.image_pull_policy!r}")
+            raise KaleConfigError(
+                "image_pull_policy", f"must be Always, IfNotPresent or Never, got {self.image_pull_policy!r}"
+            )
         if self.termination_grace_period_s < 10:
             raise KaleConfigError("termination_grace_period_s", "must leave time to checkpoint (>= 10 s)")
         for arg in self.trainer_args:
             if "password" in arg.lower() or "secret" in arg.lower():
-                raise KaleConfigError("trainer_args", "credentials must come from kafka_secret, not command-line arguments")
+                raise KaleConfigError(
+                    "trainer_args", "credentials must come from kafka_secret, not command-line arguments"
+                )
 
     @property
     def rescale_timeout_s(self) -> float:  # the old Job's stop, the new one's readiness, and a margin for the API
         return self.stop_timeout_s + self.ready_timeout_s + 120.0
 
-    def build(self, pipeline: str, source: KafkaSource) -> "KubernetesLauncher":
+    def build(self, pipeline: str, source: KafkaSource) -> KubernetesLauncher:
         return KubernetesLauncher(pipeline, self, source)
 
     def describe(self) -> str:
@@ -104,7 +118,9 @@ def job_name(pipeline: str, workers: int, generation: int) -> str:
     return f"kale-{pipeline.replace('_', '-')}-w{workers}-{generation}"
 
 
-def render(pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource, workers: int, generation: int = 1) -> list[dict]:
+def render(
+    pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource, workers: int, generation: int = 1
+) -> list[dict]:
     """The Service and Job manifests for ``workers`` pods, as plain dicts (for review, GitOps, validation)."""
     from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
     from kubernetes.client import ApiClient
@@ -115,12 +131,23 @@ def render(pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource,
     name = job_name(pipeline, workers, generation)
     labels = {APP_LABEL: "kale-trainer", PIPELINE_LABEL: pipeline}
     torchrun = [
-        f"--nnodes={workers}", "--nproc-per-node=1", "--rdzv-backend=c10d",
+        f"--nnodes={workers}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
         f"--rdzv-endpoint={name}-0.{svc}.{config.namespace}.svc.cluster.local:{config.rdzv_port}",
-        f"--rdzv-id={name}", "--max-restarts=0",
-        "-m", "kale_dagster.trainer.worker",
-        "--bootstrap-servers", source.bootstrap_servers, "--topic", source.topic, "--group-id", source.group_id,
-        "--checkpoint-dir", "/checkpoints", *config.trainer_args,
+        f"--rdzv-id={name}",
+        "--max-restarts=0",
+        "-m",
+        "kale_dagster.trainer.worker",
+        "--bootstrap-servers",
+        source.bootstrap_servers,
+        "--topic",
+        source.topic,
+        "--group-id",
+        source.group_id,
+        "--checkpoint-dir",
+        "/checkpoints",
+        *config.trainer_args,
     ]
     job_config = DagsterK8sJobConfig(
         job_image=config.image,
@@ -136,8 +163,12 @@ def render(pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource,
     if config.gpus_per_worker:
         limits["nvidia.com/gpu"] = str(config.gpus_per_worker)
     # Workers never call the API server, so they get no token to lose.
-    pod_spec: dict[str, Any] = {"subdomain": svc, "restartPolicy": "Never", "terminationGracePeriodSeconds": config.termination_grace_period_s,
-                                "automountServiceAccountToken": False}
+    pod_spec: dict[str, Any] = {
+        "subdomain": svc,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": config.termination_grace_period_s,
+        "automountServiceAccountToken": False,
+    }
     if config.node_selector:
         pod_spec["nodeSelector"] = dict(config.node_selector)
     if config.tolerations:
@@ -169,8 +200,12 @@ def render(pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource,
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": svc, "namespace": config.namespace, "labels": dict(labels)},
-        "spec": {"clusterIP": "None", "selector": dict(labels), "publishNotReadyAddresses": True,
-                 "ports": [{"name": "rdzv", "port": config.rdzv_port, "targetPort": config.rdzv_port}]},
+        "spec": {
+            "clusterIP": "None",
+            "selector": dict(labels),
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rdzv", "port": config.rdzv_port, "targetPort": config.rdzv_port}],
+        },
     }
     return [service, job_dict]
 
@@ -219,7 +254,7 @@ class KubernetesLauncher(Launcher):
     def _selector(self) -> str:
         return f"{PIPELINE_LABEL}={self.pipeline}"
 
-    def current_job(self) -> Optional[Any]:
+    def current_job(self) -> Any | None:
         jobs = self.client.batch_api.list_namespaced_job(self.config.namespace, label_selector=self._selector()).items
         live = [j for j in jobs if not (j.metadata.deletion_timestamp)]
         return max(live, key=lambda j: j.metadata.creation_timestamp or 0) if live else None
@@ -277,8 +312,17 @@ class KubernetesLauncher(Launcher):
                     self._create_and_wait(previous, generation + 1)
                     restored = previous
                 except (ApiException, RuntimeError, TimeoutError) as again:
-                    raise RescaleFailed(f"could not start {workers} workers in namespace {self.config.namespace!r} ({why}); restoring {previous} also failed: {again}", None) from exc
-            raise RescaleFailed(f"could not start {workers} workers in namespace {self.config.namespace!r} ({why}); restored {previous} workers", restored) from exc
+                    raise RescaleFailed(
+                        f"could not start {workers} workers in namespace {self.config.namespace!r} ({why}); restoring "
+                        f"{previous} also failed: {again}",
+                        None,
+                    ) from exc
+            raise RescaleFailed(
+                f"could not start {workers} workers in namespace {self.config.namespace!r} ({why}); restored "
+                f"{previous} "
+                "workers",
+                restored,
+            ) from exc
         return {name: round(b - a, 3) for name, a, b in zip(("stop", "pods_ready", "first_step"), marks, marks[1:])}
 
     # --- internals ---------------------------------------------------------------------
@@ -293,12 +337,22 @@ class KubernetesLauncher(Launcher):
         try:
             claim = self.core_api.read_namespaced_persistent_volume_claim(name, ns)
         except ApiException as exc:
-            raise RescaleFailed(f"cannot read the checkpoint PersistentVolumeClaim {name!r} in namespace {ns!r} (API error {exc.status} "
-                                f"{exc.reason}); create it ReadWriteMany, and grant get on persistentvolumeclaims (docs/kubernetes/rbac.yaml)", None) from exc
+            raise RescaleFailed(
+                f"cannot read the checkpoint PersistentVolumeClaim {name!r} in namespace {ns!r} (API error "
+                f"{exc.status} "
+                f"{exc.reason}); create it ReadWriteMany, and grant get on persistentvolumeclaims "
+                "(docs/kubernetes/rbac.yaml)",
+                None,
+            ) from exc
         modes = list(getattr(claim.spec, "access_modes", None) or [])
         if "ReadWriteMany" not in modes:
-            raise RescaleFailed(f"the checkpoint PersistentVolumeClaim {name!r} is {'/'.join(modes) or 'without access modes'}; workers on "
-                                "several nodes share it, so it must be ReadWriteMany (e.g. NFS, CephFS, EFS, Filestore)", None)
+            raise RescaleFailed(
+                f"the checkpoint PersistentVolumeClaim {name!r} is {'/'.join(modes) or 'without access modes'}; "
+                "workers "
+                "on "
+                "several nodes share it, so it must be ReadWriteMany (e.g. NFS, CephFS, EFS, Filestore)",
+                None,
+            )
         self._volume_checked = True
 
     def _ensure_service(self, service: dict) -> None:
@@ -316,7 +370,10 @@ class KubernetesLauncher(Launcher):
         deadline = self._clock() + self.config.stop_timeout_s + self.config.termination_grace_period_s
         while self.client.get_pods_in_job(name, self.config.namespace):
             if self._clock() > deadline:
-                raise TimeoutError(f"pods of job {name} still terminating after {self.config.stop_timeout_s + self.config.termination_grace_period_s:.0f} s")
+                raise TimeoutError(
+                    f"pods of job {name} still terminating after "
+                    f"{self.config.stop_timeout_s + self.config.termination_grace_period_s:.0f} s"
+                )
             self.sleeper(self.poll_s)
 
     def _create_and_wait(self, workers: int, generation: int) -> str:
@@ -340,11 +397,16 @@ class KubernetesLauncher(Launcher):
         deadline = self._clock() + self.config.ready_timeout_s
         pending = {pod.metadata.name for pod in self.client.get_pods_in_job(name, self.config.namespace)}
         while pending:
-            pending = {pod for pod in pending if not _stepped(self.client.retrieve_pod_logs(pod, self.config.namespace))}
+            pending = {
+                pod for pod in pending if not _stepped(self.client.retrieve_pod_logs(pod, self.config.namespace))
+            }
             if not pending:
                 return
             if self._clock() > deadline:
-                raise TimeoutError(f"{len(pending)} pods of job {name} ready but no training step after {self.config.ready_timeout_s:.0f} s")
+                raise TimeoutError(
+                    f"{len(pending)} pods of job {name} ready but no training step after "
+                    f"{self.config.ready_timeout_s:.0f} s"
+                )
             self.sleeper(self.poll_s)
 
     def _cleanup(self, name: str) -> None:

@@ -31,9 +31,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 
@@ -56,12 +56,14 @@ class TrainerSettings:
     checkpoint_every_s: float = 5.0
     metrics_every_s: float = 2.0
     balance: str = "rates"
-    order_lead_s: float = 0.5  # how far (record time) a rank's partition may run ahead of its oldest backlog (trainer.ordering)
-    trained_log: Optional[str] = None
+    order_lead_s: float = (
+        0.5  # how far (record time) a rank's partition may run ahead of its oldest backlog (trainer.ordering)
+    )
+    trained_log: str | None = None
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S
 
     def __post_init__(self):
-        self.source.topic  # the kale trainer consumes one topic: fail here, naming the field
+        _ = self.source.topic  # the kale trainer consumes one topic: fail here, naming the field
         if self.batch_size < 1:
             raise KaleConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
         for name in ("emulate_gpu_rate", "emulate_restore_s", "order_lead_s"):
@@ -73,11 +75,30 @@ class TrainerSettings:
     def argv(self) -> list[str]:
         src = self.source
         args = [
-            "--bootstrap-servers", src.bootstrap_servers, "--topic", src.topic, "--group-id", src.group_id,
-            "--checkpoint-dir", self.checkpoint_dir, "--batch-size", str(self.batch_size),
-            "--emulate-gpu-rate", str(self.emulate_gpu_rate), "--emulate-restore-s", str(self.emulate_restore_s), "--checkpoint-every-s", str(self.checkpoint_every_s),
-            "--metrics-every-s", str(self.metrics_every_s), "--balance", self.balance, "--order-lead-s", str(self.order_lead_s),
-            "--collective-timeout-s", str(self.collective_timeout_s),
+            "--bootstrap-servers",
+            src.bootstrap_servers,
+            "--topic",
+            src.topic,
+            "--group-id",
+            src.group_id,
+            "--checkpoint-dir",
+            self.checkpoint_dir,
+            "--batch-size",
+            str(self.batch_size),
+            "--emulate-gpu-rate",
+            str(self.emulate_gpu_rate),
+            "--emulate-restore-s",
+            str(self.emulate_restore_s),
+            "--checkpoint-every-s",
+            str(self.checkpoint_every_s),
+            "--metrics-every-s",
+            str(self.metrics_every_s),
+            "--balance",
+            self.balance,
+            "--order-lead-s",
+            str(self.order_lead_s),
+            "--collective-timeout-s",
+            str(self.collective_timeout_s),
         ]
         if self.trained_log:
             args += ["--trained-log", self.trained_log]
@@ -96,15 +117,19 @@ class WorkerProcess:
 
     def __init__(self, settings: TrainerSettings, log_dir: Path):
         self.log_path = log_dir / f"worker-{time.time_ns()}.log"
-        self.events: "queue.Queue[tuple[WorkerEvent, dict]]" = queue.Queue()
-        self.latest_metrics: Optional[dict] = None
-        self.rank: Optional[int] = None
+        self.events: queue.Queue[tuple[WorkerEvent, dict]] = queue.Queue()
+        self.latest_metrics: dict | None = None
+        self.rank: int | None = None
         self.released = False
         self.ready = threading.Event()  # torch imported, model built: can join a group at once
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kale_dagster.trainer.worker", *settings.argv(), "--standby"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(self.log_path, "wb"),
-            text=True, env=settings.env(), start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(self.log_path, "wb"),
+            text=True,
+            env=settings.env(),
+            start_new_session=True,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -133,8 +158,10 @@ class WorkerProcess:
                 event, fields = self.events.get(timeout=min(0.2, max(deadline - time.monotonic(), 0.01)))
             except queue.Empty:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"worker exited with code {self.proc.returncode} before '{wanted.value}': {self.last_error()} "
-                                       f"(log: {self.log_path})")
+                    raise RuntimeError(
+                        f"worker exited with code {self.proc.returncode} before '{wanted.value}': {self.last_error()} "
+                        f"(log: {self.log_path})"
+                    ) from None
                 continue
             if event is wanted:
                 return fields
@@ -187,17 +214,22 @@ class LocalLauncher(Launcher):
         self,
         settings: TrainerSettings,
         pool_size: int = 2,
-        max_workers: Optional[int] = None,
+        max_workers: int | None = None,
         reuse_workers: bool = True,
-        log_dir: Optional[str] = None,
+        log_dir: str | None = None,
         stop_timeout_s: float = 60.0,
         ready_timeout_s: float = 120.0,
-        on_record: Optional[Callable[[RescaleRecord], None]] = None,
+        on_record: Callable[[RescaleRecord], None] | None = None,
     ):
         super().__init__()
         if max_workers is not None and max_workers < 1:
             raise KaleConfigError("max_workers", f"must be >= 1 or None, got {max_workers}")
-        self.settings, self.pool_size, self.max_workers, self.reuse_workers = settings, pool_size, max_workers, reuse_workers
+        self.settings, self.pool_size, self.max_workers, self.reuse_workers = (
+            settings,
+            pool_size,
+            max_workers,
+            reuse_workers,
+        )
         self.stop_timeout_s, self.ready_timeout_s, self.on_record = stop_timeout_s, ready_timeout_s, on_record
         self._group: list[WorkerProcess] = []
         self._pool: list[WorkerProcess] = []
@@ -237,7 +269,7 @@ class LocalLauncher(Launcher):
         for w in pool:
             w.wait_ready(max(deadline - time.monotonic(), 0.1))
 
-    def supervise_once(self) -> Optional[RescaleRecord]:
+    def supervise_once(self) -> RescaleRecord | None:
         """Restart the group from its last checkpoint if a worker died; None when all is well."""
         with self._lock:
             dead = [w for w in self._group if not w.alive() and w.proc.returncode != 0]
@@ -248,7 +280,9 @@ class LocalLauncher(Launcher):
             for w in self._group:
                 if w.alive():
                     w.signal(signal.SIGKILL)
-            return self._restart(self.workers, f"crash-restart (worker rank {dead[0].rank} exited {dead[0].proc.returncode})")
+            return self._restart(
+                self.workers, f"crash-restart (worker rank {dead[0].rank} exited {dead[0].proc.returncode})"
+            )
 
     def per_rank_rates(self) -> dict[int, float]:
         """Latest samples/s of each rank that has reported (imbalance shows here)."""

@@ -36,7 +36,6 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Optional
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import LauncherConfig, LauncherStatus, RescaleRecord
@@ -62,8 +61,11 @@ def write_token(path: Path) -> str:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.parent.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise KaleConfigError("token_file", f"{path.parent} must belong to you and be closed to others (chmod 700), "
-                                            f"since the token in it controls the trainer")
+        raise KaleConfigError(
+            "token_file",
+            f"{path.parent} must belong to you and be closed to others (chmod 700), "
+            f"since the token in it controls the trainer",
+        )
     token = secrets.token_urlsafe(32)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -80,10 +82,15 @@ def _url_port(url: str) -> int:
 class LauncherService:
     """Serve a LocalLauncher on 127.0.0.1:``port`` in a background thread, to holders of its token."""
 
-    def __init__(self, launcher: LocalLauncher, port: int = 8765, host: str = "127.0.0.1", token_file: Optional[Path] = None):
+    def __init__(
+        self, launcher: LocalLauncher, port: int = 8765, host: str = "127.0.0.1", token_file: Path | None = None
+    ):
         if host not in LOOPBACK_HOSTS:
-            raise KaleConfigError("host", f"the trainer service binds loopback only ({', '.join(LOOPBACK_HOSTS)}), got {host!r}: "
-                                          "it restarts training on request, so it must not be reachable from other machines")
+            raise KaleConfigError(
+                "host",
+                f"the trainer service binds loopback only ({', '.join(LOOPBACK_HOSTS)}), got {host!r}: "
+                "it restarts training on request, so it must not be reachable from other machines",
+            )
         self.launcher = launcher
         self._busy = threading.Lock()
         service = self
@@ -103,12 +110,26 @@ class LauncherService:
             def _refused(self) -> bool:
                 """Answer and return True unless the request names this service and holds its token."""
                 if self.headers.get("Host", "") not in service.hosts:
-                    self._reply(403, {"error": f"Host {self.headers.get('Host', '')!r} is not this service's address "
-                                               f"({', '.join(service.hosts)}); refused (DNS rebinding protection)"})
+                    self._reply(
+                        403,
+                        {
+                            "error": f"Host {self.headers.get('Host', '')!r} is not this service's address "
+                            f"({', '.join(service.hosts)}); refused (DNS rebinding protection)"
+                        },
+                    )
                     return True
                 given = self.headers.get("Authorization", "")
-                if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip().encode(), service._token.encode())):
-                    self._reply(401, {"error": f"missing or wrong bearer token; it is in {service.token_file}, readable by the service's user only"})
+                if not (
+                    given.startswith("Bearer ")
+                    and hmac.compare_digest(given[7:].strip().encode(), service._token.encode())
+                ):
+                    self._reply(
+                        401,
+                        {
+                            "error": f"missing or wrong bearer token; it is in {service.token_file}, readable by the "
+                            "service's user only"
+                        },
+                    )
                     return True
                 return False
 
@@ -134,16 +155,22 @@ class LauncherService:
                     return self._reply(400, {"error": 'expected JSON {"workers": <int>, "reason": "..."}'})
                 most = getattr(service.launcher, "max_workers", None) or MAX_WORKERS
                 if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= most:
-                    return self._reply(400, {"error": f"workers must be a whole number from 1 to {most}, got {workers!r}"[:300]})
+                    return self._reply(
+                        400, {"error": f"workers must be a whole number from 1 to {most}, got {workers!r}"[:300]}
+                    )
                 if not service._busy.acquire(blocking=False):
                     return self._reply(409, {"error": "another rescale is in progress"})
                 try:
                     record = service.launcher.rescale(workers, reason=str(body.get("reason", "rescale"))[:500])
                 except Exception as exc:  # reported to the caller, who fails its run with it
-                    return self._reply(500, {"error": f"{type(exc).__name__}: {exc}", "workers": service.launcher.workers})
+                    return self._reply(
+                        500, {"error": f"{type(exc).__name__}: {exc}", "workers": service.launcher.workers}
+                    )
                 finally:
                     service._busy.release()
-                self._reply(200, {"changed": record is not None, **(asdict(record) if record else {"to_workers": workers})})
+                self._reply(
+                    200, {"changed": record is not None, **(asdict(record) if record else {"to_workers": workers})}
+                )
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
@@ -156,7 +183,7 @@ class LauncherService:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "LauncherService":
+    def start(self) -> LauncherService:
         self._thread.start()
         return self
 
@@ -178,7 +205,7 @@ class LocalTrainerClient:
 
     The token is read at every call, so a restarted service (with a new token) is followed."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0, token_file: Optional[Path] = None):
+    def __init__(self, url: str, timeout_s: float = 600.0, token_file: Path | None = None):
         self.url = check_loopback_url(url)
         self.timeout_s = timeout_s
         self.token_file = Path(token_file) if token_file else default_token_file(_url_port(self.url))
@@ -187,12 +214,16 @@ class LocalTrainerClient:
         try:
             return self.token_file.read_text().strip()
         except FileNotFoundError:
-            raise RuntimeError(f"no trainer service at {self.url} (no token at {self.token_file}); start it with `kale demo` or "
-                               "`kale trainer serve` as this user, or point the launcher's token_file at its token") from None
+            raise RuntimeError(
+                f"no trainer service at {self.url} (no token at {self.token_file}); start it with `kale demo` or "
+                "`kale trainer serve` as this user, or point the launcher's token_file at its token"
+            ) from None
         except PermissionError:
-            raise RuntimeError(f"cannot read the trainer service's token at {self.token_file}: run as the user who started it") from None
+            raise RuntimeError(
+                f"cannot read the trainer service's token at {self.token_file}: run as the user who started it"
+            ) from None
 
-    def _call(self, method: str, path: str, body: Optional[dict] = None) -> dict:
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self._token()}"}
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
@@ -203,7 +234,9 @@ class LocalTrainerClient:
             detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
             raise RuntimeError(f"trainer service at {self.url} answered {exc.code}: {detail}") from exc
         except urllib.error.URLError as exc:
-            raise RuntimeError(f"no trainer service at {self.url} ({exc.reason}); start it with `kale demo` or `kale trainer serve`") from exc
+            raise RuntimeError(
+                f"no trainer service at {self.url} ({exc.reason}); start it with `kale demo` or `kale trainer serve`"
+            ) from exc
 
     @property
     def workers(self) -> int:
@@ -212,7 +245,7 @@ class LocalTrainerClient:
     def status(self) -> LauncherStatus:
         return LauncherStatus.from_dict(self._call("GET", "/status"))
 
-    def rescale(self, m: int, reason: str = "rescale") -> Optional[RescaleRecord]:
+    def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None:
         answer = self._call("POST", "/rescale", {"workers": m, "reason": reason})
         if not answer.pop("changed"):
             return None
@@ -226,7 +259,7 @@ class LocalLauncherConfig(LauncherConfig):
     ``token_file``: where that service wrote its token; by default where it writes it for its port."""
 
     trainer_url: str = DEFAULT_URL
-    token_file: Optional[str] = None
+    token_file: str | None = None
 
     def __post_init__(self):
         check_loopback_url(self.trainer_url)

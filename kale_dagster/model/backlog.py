@@ -77,7 +77,7 @@ class FifoBacklog:
         return [(c.oldest_arrival(), c.end, c.remaining) for c in self._cohorts]
 
     @classmethod
-    def from_observation(cls, now: float, backlog: float, time_lag_s: float) -> "FifoBacklog":
+    def from_observation(cls, now: float, backlog: float, time_lag_s: float) -> FifoBacklog:
         """A backlog of ``backlog`` samples whose oldest arrived ``time_lag_s`` ago, spread evenly."""
         model = cls(now)
         if backlog > 0:

@@ -14,8 +14,9 @@ decisions per backtest, so the tick loop is not written in Python.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,8 +39,9 @@ class Option(NamedTuple):
     downtime_s: float = 0.0
 
 
-def project_options(start: FifoBacklog, rates: np.ndarray, step_s: float, options: Sequence[Option], slo_s: float,
-                    tick_s: float = 60.0) -> list[Projection]:
+def project_options(
+    start: FifoBacklog, rates: np.ndarray, step_s: float, options: Sequence[Option], slo_s: float, tick_s: float = 60.0
+) -> list[Projection]:
     """Play ``rates`` (samples/s per ``step_s``) from ``start`` under each option, all in one pass.
 
     The same figures as stepping a copy of ``start`` by ``tick_s`` (``FifoBacklog.step``) and reading its time
@@ -83,7 +85,10 @@ def project_options(start: FifoBacklog, rates: np.ndarray, step_s: float, option
     lag = np.where(waiting_now, np.maximum((now + tick_s) + t - oldest, 0.0), 0.0)
     acc = np.sum(lag, axis=1) / 60.0 * (tick_s / 60.0)
     violation = np.count_nonzero(lag > slo_s, axis=1) * tick_s / 60.0
-    return [Projection(float(a), float(m), float(v), g) for a, m, v, g in zip(acc, np.max(lag, axis=1), violation, gpu_minutes)]
+    return [
+        Projection(float(a), float(m), float(v), g)
+        for a, m, v, g in zip(acc, np.max(lag, axis=1), violation, gpu_minutes)
+    ]
 
 
 @functools.lru_cache(maxsize=64)

@@ -23,7 +23,8 @@ by its visible length.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence, get_args
+from collections.abc import Sequence
+from typing import Literal, get_args
 
 from kale_dagster.errors import KaleConfigError
 
@@ -41,7 +42,9 @@ def _runs(plan: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def stabilize(plan: Sequence[int], step_minutes: float, rho: int = 1, tau_minutes: float = 10, mode: Mode = "kale") -> list[int]:
+def stabilize(
+    plan: Sequence[int], step_minutes: float, rho: int = 1, tau_minutes: float = 10, mode: Mode = "kale"
+) -> list[int]:
     """Return the stabilized plan; the input is not modified.
 
     >>> stabilize([4, 4, 5, 6, 6, 6], step_minutes=10, tau_minutes=15)

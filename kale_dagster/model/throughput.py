@@ -19,8 +19,9 @@ never returns more workers than the peak.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Sequence
+from typing import Literal
 
 import numpy as np
 from scipy.optimize import nnls
@@ -56,9 +57,9 @@ class ThroughputModel:
 
     form: Form
     theta: tuple[float, ...]
-    global_batch: Optional[float] = None
-    fit_mape: Optional[float] = None
-    holdout_mape: Optional[float] = None
+    global_batch: float | None = None
+    fit_mape: float | None = None
+    holdout_mape: float | None = None
     samples: int = 0
     # Per instance, computed once: policies ask for F(w) at the same few counts thousands of times per decision.
     _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
@@ -67,7 +68,9 @@ class ThroughputModel:
         if self.form not in _PARAMS:
             raise KaleConfigError("form", f"must be 'sync' or 'async', got {self.form!r}")
         if len(self.theta) != _PARAMS[self.form]:
-            raise KaleConfigError("theta", f"the {self.form} form takes {_PARAMS[self.form]} coefficients, got {len(self.theta)}")
+            raise KaleConfigError(
+                "theta", f"the {self.form} form takes {_PARAMS[self.form]} coefficients, got {len(self.theta)}"
+            )
         if any(not math.isfinite(t) or t < 0 for t in self.theta):
             raise KaleConfigError("theta", f"coefficients must be finite and non-negative, got {self.theta}")
         if self.form == "sync" and not (self.global_batch and self.global_batch > 0):
@@ -78,15 +81,15 @@ class ThroughputModel:
     # --- constructors -------------------------------------------------------
 
     @classmethod
-    def sync(cls, global_batch: float, theta: Sequence[float]) -> "ThroughputModel":
+    def sync(cls, global_batch: float, theta: Sequence[float]) -> ThroughputModel:
         return cls("sync", tuple(float(t) for t in theta), global_batch=float(global_batch))
 
     @classmethod
-    def asynchronous(cls, theta: Sequence[float]) -> "ThroughputModel":
+    def asynchronous(cls, theta: Sequence[float]) -> ThroughputModel:
         return cls("async", tuple(float(t) for t in theta))
 
     @classmethod
-    def linear(cls, per_worker_rate: float) -> "ThroughputModel":
+    def linear(cls, per_worker_rate: float) -> ThroughputModel:
         """Perfect scaling, F(w) = rate * w: the asynchronous form with only t0."""
         if per_worker_rate <= 0:
             raise KaleConfigError("per_worker_rate", f"must be > 0, got {per_worker_rate}")
@@ -98,8 +101,8 @@ class ThroughputModel:
         workers: Sequence[float],
         rates: Sequence[float],
         form: Form = "sync",
-        global_batch: Optional[float] = None,
-    ) -> "ThroughputModel":
+        global_batch: float | None = None,
+    ) -> ThroughputModel:
         """Fit theta by non-negative least squares on measured (workers, samples/s) pairs.
 
         Needs at least as many distinct worker counts as the form has
@@ -141,7 +144,9 @@ class ThroughputModel:
                 sub = cls(form, solve(mask), global_batch=model.global_batch)
                 errors.append(np.abs(sub.predict(w[~mask]) - r[~mask]) / r[~mask])
             holdout = float(np.mean(np.concatenate(errors)) * 100.0)
-        return cls(form, theta, global_batch=model.global_batch, fit_mape=fit_mape, holdout_mape=holdout, samples=len(w))
+        return cls(
+            form, theta, global_batch=model.global_batch, fit_mape=fit_mape, holdout_mape=holdout, samples=len(w)
+        )
 
     # --- evaluation ---------------------------------------------------------
 
@@ -213,7 +218,9 @@ class ThroughputModel:
             lo = max(min_workers, 1)
             # The first w whose F(w) reaches a rate is the first whose running maximum does, and the running
             # maximum is sorted: one binary search per rate (past the end, or NaN: none suffices, the peak).
-            running = np.maximum.accumulate(self.capacities(cap)[lo : cap + 1]) if lo < cap else None  # else the floor wins
+            running = (
+                np.maximum.accumulate(self.capacities(cap)[lo : cap + 1]) if lo < cap else None
+            )  # else the floor wins
             search = self._cache[key] = (lo, cap, running)
         lo, cap, running = search
         rates = np.asarray(rates, dtype=float)
@@ -233,7 +240,7 @@ class ThroughputModel:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ThroughputModel":
+    def from_dict(cls, data: dict) -> ThroughputModel:
         return cls(
             data["form"],
             tuple(data["theta"]),
@@ -245,7 +252,11 @@ class ThroughputModel:
 
     def describe(self) -> str:
         coeffs = ", ".join(f"t{i}={t:.4g}" for i, t in enumerate(self.theta))
-        head = f"F(w) = {self.global_batch:g} / (t0 + t1/w + t2/w^2 + t3*w)" if self.form == "sync" else "F(w) = w / (t0 + t1/w + t2*w)"
+        head = (
+            f"F(w) = {self.global_batch:g} / (t0 + t1/w + t2/w^2 + t3*w)"
+            if self.form == "sync"
+            else "F(w) = w / (t0 + t1/w + t2*w)"
+        )
         return f"{head}; {coeffs}"
 
 
@@ -253,8 +264,13 @@ class ThroughputModel:
 FIT_WINDOW_S = 7 * 86_400.0
 
 
-def estimate_throughput(workers: Sequence[float], rates: Sequence[float], prior: ThroughputModel, form: Form = "async",
-                        global_batch: Optional[float] = None) -> tuple[ThroughputModel, str]:
+def estimate_throughput(
+    workers: Sequence[float],
+    rates: Sequence[float],
+    prior: ThroughputModel,
+    form: Form = "async",
+    global_batch: float | None = None,
+) -> tuple[ThroughputModel, str]:
     """F(w) as a controller can know it: fitted on measured saturated throughput once the measurements
     cover as many worker counts as the form has coefficients, the declared ``prior`` until then.
 

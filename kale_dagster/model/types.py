@@ -11,7 +11,7 @@ Dagster run) continues where the last one left off.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from kale_dagster.forecast.base import Forecast
 
@@ -22,8 +22,8 @@ class PartitionOffsets:
     committed offset (None if none)."""
 
     partition: int
-    end_offset: Optional[int]
-    committed: Optional[int]
+    end_offset: int | None
+    committed: int | None
     earliest_offset: int = 0
 
 
@@ -44,10 +44,10 @@ class Observation:
     time_lag_s: float
     utilization: float
     partitions: tuple[PartitionOffsets, ...] = ()
-    forecast: Optional[Forecast] = None
-    forecast_error: Optional[float] = None
+    forecast: Forecast | None = None
+    forecast_error: float | None = None
     restarting: bool = False
-    latest_arrival_rate: Optional[float] = None  # over the last reading's interval only: a burst shows here first
+    latest_arrival_rate: float | None = None  # over the last reading's interval only: a burst shows here first
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,8 @@ of their capacity the consumption takes.
 
 from __future__ import annotations
 
-from typing import Optional
 
-
-def utilization(busy_share: Optional[float], backlog: float, consumption_rate: float, capacity: float) -> float:
+def utilization(busy_share: float | None, backlog: float, consumption_rate: float, capacity: float) -> float:
     """Busy share of the workers in [0, 1]; ``capacity`` is what they could consume (samples/s)."""
     if busy_share is not None:
         return min(max(busy_share, 0.0), 1.0)

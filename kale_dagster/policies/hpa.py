@@ -23,14 +23,22 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Optional
+from typing import Literal
 
 import numpy as np
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation
-from kale_dagster.policies.hpa_replicas import DEFAULT_TOLERANCE, Pod, PodMetric, Tolerances, external_per_pod_replicas, resource_replicas
+from kale_dagster.policies.hpa_replicas import (
+    DEFAULT_TOLERANCE,
+    Pod,
+    PodMetric,
+    Tolerances,
+    external_per_pod_replicas,
+    resource_replicas,
+)
 from kale_dagster.policies.registry import PolicySpec, Sizing
 
 #: What a backtest sweeps, as users tune an HPA in front of slow restarts: the target utilization (percent),
@@ -45,8 +53,10 @@ SCALE_UP_LIMIT_MINIMUM = 4
 DOWNSCALE_STABILIZATION_WINDOW_S = 300.0
 SWEEP_RATE_POLICIES = {
     "upstream": {},
-    "damped": {"scaleUp": {"policies": [{"type": "Percent", "value": 100, "periodSeconds": 900}]},
-               "scaleDown": {"policies": [{"type": "Percent", "value": 50, "periodSeconds": 1800}]}},
+    "damped": {
+        "scaleUp": {"policies": [{"type": "Percent", "value": 100, "periodSeconds": 900}]},
+        "scaleDown": {"policies": [{"type": "Percent", "value": 50, "periodSeconds": 1800}]},
+    },
 }
 
 
@@ -62,7 +72,7 @@ class HPAScalingRules:
     stabilization_window_seconds: float
     policies: tuple[HPAScalingPolicy, ...]
     select_policy: Literal["Max", "Min", "Disabled"] = "Max"
-    tolerance: Optional[float] = None  # Kubernetes 1.33+; None: the controller's --horizontal-pod-autoscaler-tolerance
+    tolerance: float | None = None  # Kubernetes 1.33+; None: the controller's --horizontal-pod-autoscaler-tolerance
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,7 @@ class HPABehavior:
     scale_down: HPAScalingRules
 
     @classmethod
-    def default(cls) -> "HPABehavior":
+    def default(cls) -> HPABehavior:
         """The rules Kubernetes fills in for a direction ``behavior`` leaves out (GenerateHPAScaleUpRules /
         GenerateHPAScaleDownRules; the scale-down window is the controller's 300 s default)."""
         return cls(
@@ -80,7 +90,7 @@ class HPABehavior:
         )
 
     @classmethod
-    def from_spec(cls, spec: Mapping) -> "HPABehavior":
+    def from_spec(cls, spec: Mapping) -> HPABehavior:
         """From an HPA's ``spec.behavior`` as Kubernetes writes it (``scaleUp``/``scaleDown``, each with
         ``stabilizationWindowSeconds``, ``policies`` and ``selectPolicy``); a direction left out keeps its default."""
         default = cls.default()
@@ -92,17 +102,25 @@ class HPABehavior:
             unknown = set(given) - {"stabilizationWindowSeconds", "policies", "selectPolicy", "tolerance"}
             if unknown:
                 raise KaleConfigError(f"behavior.{key}", f"unknown field(s) {', '.join(sorted(unknown))}")
-            policies = tuple(HPAScalingPolicy(p["type"], int(p["value"]), float(p["periodSeconds"])) for p in given.get("policies", ()))
+            policies = tuple(
+                HPAScalingPolicy(p["type"], int(p["value"]), float(p["periodSeconds"]))
+                for p in given.get("policies", ())
+            )
             tolerance = given.get("tolerance")
             if tolerance is not None and not 0 <= float(tolerance):
                 raise KaleConfigError(f"behavior.{key}.tolerance", f"must be >= 0, got {tolerance}")
-            return HPAScalingRules(float(given.get("stabilizationWindowSeconds", fallback.stabilization_window_seconds)),
-                                   policies or fallback.policies, given.get("selectPolicy", fallback.select_policy),
-                                   None if tolerance is None else float(tolerance))
+            return HPAScalingRules(
+                float(given.get("stabilizationWindowSeconds", fallback.stabilization_window_seconds)),
+                policies or fallback.policies,
+                given.get("selectPolicy", fallback.select_policy),
+                None if tolerance is None else float(tolerance),
+            )
 
         unknown = set(spec) - {"scaleUp", "scaleDown"}
         if unknown:
-            raise KaleConfigError("behavior", f"unknown field(s) {', '.join(sorted(unknown))}; use scaleUp and scaleDown")
+            raise KaleConfigError(
+                "behavior", f"unknown field(s) {', '.join(sorted(unknown))}; use scaleUp and scaleDown"
+            )
         return cls(rules("scaleUp", default.scale_up), rules("scaleDown", default.scale_down))
 
 
@@ -129,14 +147,14 @@ class Recommendations:
         """[recommendation, timestamp] per slot, as the policy's state stores them."""
         return [[r, t] for r, t in zip(self.values.tolist(), self.times.tolist())]
 
-    def record(self, slot: Optional[int], desired: int, now: float) -> None:
+    def record(self, slot: int | None, desired: int, now: float) -> None:
         """Record the unstabilized recommendation in a reusable slot, or append it (upstream keeps the slice short)."""
         if slot is None:
             self.values, self.times = np.append(self.values, desired), np.append(self.times, now)
         else:
             self.values[slot], self.times[slot] = desired, now
 
-    def last_before(self, cutoff: float) -> Optional[int]:
+    def last_before(self, cutoff: float) -> int | None:
         """The last slot whose recommendation is older than ``cutoff``: the one to reuse."""
         stale = self.times < cutoff
         return len(stale) - 1 - int(stale[::-1].argmax()) if stale.any() else None
@@ -155,7 +173,9 @@ def replicas_change_per_period(period_seconds: float, events: list[TimestampedSc
     return sum(e.replica_change for e in events if e.timestamp > cutoff)
 
 
-def store_scale_event(events: list[TimestampedScaleEvent], rules: HPAScalingRules, replica_change: int, now: float) -> None:
+def store_scale_event(
+    events: list[TimestampedScaleEvent], rules: HPAScalingRules, replica_change: int, now: float
+) -> None:
     """storeScaleEvent for one direction: mark events older than the longest policy period outdated
     (markScaleEventsOutdated), then put the new one in the last outdated slot, or append it."""
     longest = max((p.period_seconds for p in rules.policies), default=0)
@@ -198,8 +218,9 @@ def stabilize_recommendation(
     return result
 
 
-def stabilize_recommendation_legacy(recommendations: Recommendations, desired: int, now: float,
-                                    window_s: float = DOWNSCALE_STABILIZATION_WINDOW_S) -> int:
+def stabilize_recommendation_legacy(
+    recommendations: Recommendations, desired: int, now: float, window_s: float = DOWNSCALE_STABILIZATION_WINDOW_S
+) -> int:
     """stabilizeRecommendation (no ``behavior``): the highest recommendation within the downscale window."""
     cutoff = now - window_s
     recent = recommendations.values[recommendations.times >= cutoff]
@@ -208,11 +229,15 @@ def stabilize_recommendation_legacy(recommendations: Recommendations, desired: i
     return highest
 
 
-def convert_desired_replicas_with_rules(current: int, desired: int, min_replicas: int, max_replicas: int) -> tuple[int, str]:
+def convert_desired_replicas_with_rules(
+    current: int, desired: int, min_replicas: int, max_replicas: int
+) -> tuple[int, str]:
     """convertDesiredReplicasWithRules (no ``behavior``): (replicas, ScalingLimited reason) within min/max,
     and up by at most max(2 x current, 4)."""
     scale_up_limit = int(max(SCALE_UP_LIMIT_FACTOR * current, SCALE_UP_LIMIT_MINIMUM))
-    maximum, reason = (scale_up_limit, "ScaleUpLimit") if max_replicas > scale_up_limit else (max_replicas, "TooManyReplicas")
+    maximum, reason = (
+        (scale_up_limit, "ScaleUpLimit") if max_replicas > scale_up_limit else (max_replicas, "TooManyReplicas")
+    )
     if desired < min_replicas:
         return min_replicas, "TooFewReplicas"
     if desired > maximum:
@@ -231,7 +256,7 @@ def _scaling_limit(current: int, up_events, down_events, rules: HPAScalingRules,
         return current
     largest_change = rules.select_policy != "Min"
     pick = max if largest_change == up else min
-    result: Optional[int] = None
+    result: int | None = None
     for policy in rules.policies:
         added = replicas_change_per_period(policy.period_seconds, up_events, now)
         deleted = replicas_change_per_period(policy.period_seconds, down_events, now)
@@ -254,8 +279,16 @@ def scale_down_limit(current: int, up_events, down_events, rules: HPAScalingRule
     return _scaling_limit(current, up_events, down_events, rules, now, up=False)
 
 
-def rate_limit(current: int, desired: int, min_replicas: int, max_replicas: int, behavior: HPABehavior, up_events, down_events,
-               now: float) -> tuple[int, str]:
+def rate_limit(
+    current: int,
+    desired: int,
+    min_replicas: int,
+    max_replicas: int,
+    behavior: HPABehavior,
+    up_events,
+    down_events,
+    now: float,
+) -> tuple[int, str]:
     """convertDesiredReplicasWithBehaviorRate: (replicas, ScalingLimited reason)."""
     if desired > current:
         # A limit below what runs (rules changed after many scale-ups) only stops further scale-up.
@@ -272,14 +305,18 @@ def rate_limit(current: int, desired: int, min_replicas: int, max_replicas: int,
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _worker_replicas(current: int, target_utilization: int, usage_milli: int, tolerances: Tolerances) -> tuple[int, int]:
+def _worker_replicas(
+    current: int, target_utilization: int, usage_milli: int, tolerances: Tolerances
+) -> tuple[int, int]:
     """GetResourceReplicas for ``current`` workers as pods, each requesting one GPU (1000m) and reporting the same
     ``usage_milli``.  The pods started long ago and are ready, so no initialization period applies and the answer
     depends on these four alone: a sync that meets a count and utilization met before (a backtest syncs 80,000
     times) reuses it."""
     pods = tuple(Pod(f"w{i}", request=1000) for i in range(current))
     sample = PodMetric(usage_milli)
-    return resource_replicas(current, target_utilization, pods, dict.fromkeys((p.name for p in pods), sample), tolerances)
+    return resource_replicas(
+        current, target_utilization, pods, dict.fromkeys((p.name for p in pods), sample), tolerances
+    )
 
 
 @dataclass
@@ -300,7 +337,7 @@ class HPAPolicy:
     metric: Literal["utilization", "lag"] = "utilization"
     target_utilization: int = 80
     target_lag_per_worker: float = 100_000.0
-    behavior: Optional[HPABehavior] = None  # or a Mapping, as Kubernetes writes it
+    behavior: HPABehavior | None = None  # or a Mapping, as Kubernetes writes it
     tolerance: float = DEFAULT_TOLERANCE
     sync_period_s: float = 15.0
     name: str = "hpa"
@@ -312,7 +349,10 @@ class HPAPolicy:
         if isinstance(self.behavior, Mapping):  # as Kubernetes writes it (HPABehavior.from_spec)
             self.behavior = HPABehavior.from_spec(self.behavior)
         if not 1 <= self.min_replicas <= self.max_replicas:
-            raise KaleConfigError("min_replicas", f"need 1 <= min_replicas <= max_replicas, got {self.min_replicas} and {self.max_replicas}")
+            raise KaleConfigError(
+                "min_replicas",
+                f"need 1 <= min_replicas <= max_replicas, got {self.min_replicas} and {self.max_replicas}",
+            )
         if self.metric not in ("utilization", "lag"):
             raise KaleConfigError("metric", f"must be 'utilization' or 'lag', got {self.metric!r}")
         if not 0 < self.target_utilization:
@@ -333,7 +373,7 @@ class HPAPolicy:
                 up = self.behavior.scale_up.tolerance
         return Tolerances(down, up)
 
-    def _metric_replicas(self, obs: Observation, lag: Optional[float]) -> tuple[int, str]:
+    def _metric_replicas(self, obs: Observation, lag: float | None) -> tuple[int, str]:
         current = obs.workers
         if self.metric == "lag":
             lag = obs.backlog if lag is None else lag
@@ -341,10 +381,12 @@ class HPAPolicy:
             return desired, f"lag {lag:,.0f} vs {self.target_lag_per_worker:,.0f} per worker"
         # Every worker reports the group's utilization (data-parallel workers
         # move in lockstep); usage in milli-GPU against a 1000m request.
-        desired, util = _worker_replicas(current, self.target_utilization, int(round(obs.utilization * 1000)), self.tolerances)
+        desired, util = _worker_replicas(
+            current, self.target_utilization, int(round(obs.utilization * 1000)), self.tolerances
+        )
         return desired, f"utilization {util}% vs target {self.target_utilization}%"
 
-    def decide(self, obs: Observation, lag: Optional[float] = None) -> Decision:
+    def decide(self, obs: Observation, lag: float | None = None) -> Decision:
         """One sync.  ``lag`` is the External metric's value where another component serves it (KEDA's scaler
         serves its own total lag); by default the observation's backlog."""
         current = obs.workers
@@ -367,17 +409,31 @@ class HPAPolicy:
             metric_desired, why = self._metric_replicas(obs, lag)
             if self.behavior is None:
                 stabilized = stabilize_recommendation_legacy(self.recommendations, metric_desired, now)
-                desired, limited = convert_desired_replicas_with_rules(current, stabilized, self.min_replicas, self.max_replicas)
+                desired, limited = convert_desired_replicas_with_rules(
+                    current, stabilized, self.min_replicas, self.max_replicas
+                )
             else:
                 stabilized = stabilize_recommendation(self.recommendations, self.behavior, current, metric_desired, now)
-                desired, limited = rate_limit(current, stabilized, self.min_replicas, self.max_replicas, self.behavior,
-                                              self.up_events, self.down_events, now)
+                desired, limited = rate_limit(
+                    current,
+                    stabilized,
+                    self.min_replicas,
+                    self.max_replicas,
+                    self.behavior,
+                    self.up_events,
+                    self.down_events,
+                    now,
+                )
             why += f"; recommendation {metric_desired}, stabilized {stabilized}, {desired} ({limited})"
         if desired != current and self.behavior is not None:
             # Upstream stores scale events only for an HPA with behavior: nothing else reads them.
             up = desired > current
-            store_scale_event(self.up_events if up else self.down_events,
-                              self.behavior.scale_up if up else self.behavior.scale_down, abs(desired - current), now)
+            store_scale_event(
+                self.up_events if up else self.down_events,
+                self.behavior.scale_up if up else self.behavior.scale_down,
+                abs(desired - current),
+                now,
+            )
         return Decision(desired, self.name, why)
 
     def state(self) -> dict:
@@ -390,7 +446,10 @@ class HPAPolicy:
 
     def load_state(self, state: dict) -> None:
         def events(rows):  # [change, time] rows from before the outdated flag read as not outdated
-            return [TimestampedScaleEvent(int(row[0]), float(row[1]), bool(row[2]) if len(row) > 2 else False) for row in rows]
+            return [
+                TimestampedScaleEvent(int(row[0]), float(row[1]), bool(row[2]) if len(row) > 2 else False)
+                for row in rows
+            ]
 
         self.recommendations = Recommendations(state.get("recommendations", []))
         self.up_events = events(state.get("up_events", []))
@@ -413,9 +472,20 @@ def sweep_behavior(scale_down_window_s: float, rate_policies: str) -> dict:
 
 
 def sweep(sizing: Sizing) -> list[tuple[dict, dict]]:
-    return [({"target_utilization_pct": t, "scale_down_window_s": w, "rate_policies": r},
-             {"target_utilization": t, "behavior": sweep_behavior(w, r)})
-            for t in SWEEP_TARGETS for w in SWEEP_SCALE_DOWN_WINDOWS_S for r in SWEEP_RATE_POLICIES]
+    return [
+        (
+            {"target_utilization_pct": t, "scale_down_window_s": w, "rate_policies": r},
+            {"target_utilization": t, "behavior": sweep_behavior(w, r)},
+        )
+        for t in SWEEP_TARGETS
+        for w in SWEEP_SCALE_DOWN_WINDOWS_S
+        for r in SWEEP_RATE_POLICIES
+    ]
 
 
-SPEC = PolicySpec(name="hpa", description="Kubernetes HorizontalPodAutoscaler on GPU utilization (upstream port)", build=build, sweep=sweep)
+SPEC = PolicySpec(
+    name="hpa",
+    description="Kubernetes HorizontalPodAutoscaler on GPU utilization (upstream port)",
+    build=build,
+    sweep=sweep,
+)

@@ -11,8 +11,8 @@ Times are seconds on any clock shared by the pods, the metrics and ``now``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence, Union
 
 DEFAULT_TOLERANCE = 0.1
 #: kube-controller-manager's --horizontal-pod-autoscaler-cpu-initialization-period and
@@ -53,12 +53,12 @@ class Pod:
     """
 
     name: str
-    request: Optional[int]
-    ready: Optional[bool] = True
+    request: int | None
+    ready: bool | None = True
     phase: str = "Running"
     deleting: bool = False
-    start_time: Optional[float] = -_LONG_AGO_S
-    ready_transition: Optional[float] = None
+    start_time: float | None = -_LONG_AGO_S
+    ready_transition: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,20 @@ class PodMetric:
     window: float = 60.0
 
 
-Metrics = Mapping[str, Union[int, PodMetric]]
+Metrics = Mapping[str, int | PodMetric]
 
 
-def _metric(m: Union[int, PodMetric]) -> PodMetric:
+def _metric(m: int | PodMetric) -> PodMetric:
     return m if isinstance(m, PodMetric) else PodMetric(int(m))
 
 
-def _cpu_unready(pod: Pod, sample: Union[int, PodMetric], now: float, cpu_initialization_period: float, delay_of_initial_readiness: float) -> bool:
+def _cpu_unready(
+    pod: Pod,
+    sample: int | PodMetric,
+    now: float,
+    cpu_initialization_period: float,
+    delay_of_initial_readiness: float,
+) -> bool:
     """groupPods' CPU rule: a sample is ignored while the pod may still be initializing."""
     if pod.ready is None or pod.start_time is None:
         return True
@@ -119,7 +125,9 @@ def group_pods(
     return ready_count, unready, missing, ignored
 
 
-def utilization_ratio(metrics: Mapping[str, int], requests: Mapping[str, int], target_utilization: int) -> tuple[float, int]:
+def utilization_ratio(
+    metrics: Mapping[str, int], requests: Mapping[str, int], target_utilization: int
+) -> tuple[float, int]:
     """(usage ratio, utilization %) over pods that have both a metric and a request.
 
     Metrics for pods that do not exist (no request known) are ignored, as upstream does.
@@ -146,7 +154,9 @@ def resource_replicas(
 ) -> tuple[int, int]:
     """GetResourceReplicas: (replicas, utilization %) for a target utilization of requests."""
     if not metrics:
-        raise ReplicaCalculationError("unable to get metrics for resource: no metrics returned from resource metrics API")
+        raise ReplicaCalculationError(
+            "unable to get metrics for resource: no metrics returned from resource metrics API"
+        )
     if not pods:
         raise ReplicaCalculationError("no pods returned by selector while calculating replica count")
     ready_count, unready, missing, ignored = group_pods(pods, metrics, resource, now)
@@ -194,7 +204,13 @@ def ready_pod_count(pods: Sequence[Pod]) -> int:
     return sum(1 for p in pods if p.phase == "Running" and p.ready)
 
 
-def external_replicas(current_replicas: int, ready_pods: int, metric_total: float, target_value: float, tolerances: Tolerances = Tolerances()) -> int:
+def external_replicas(
+    current_replicas: int,
+    ready_pods: int,
+    metric_total: float,
+    target_value: float,
+    tolerances: Tolerances = Tolerances(),
+) -> int:
     """GetExternalMetricReplicas (Value target) through getUsageRatioReplicaCount.
 
     From zero replicas the ratio alone decides (ceil), with no tolerance, so a target can scale up from 0."""
@@ -208,7 +224,9 @@ def external_replicas(current_replicas: int, ready_pods: int, metric_total: floa
     return math.ceil(ratio * ready_pods)
 
 
-def external_per_pod_replicas(current_replicas: int, metric_total: float, target_average_value: float, tolerances: Tolerances = Tolerances()) -> int:
+def external_per_pod_replicas(
+    current_replicas: int, metric_total: float, target_average_value: float, tolerances: Tolerances = Tolerances()
+) -> int:
     """GetExternalPerPodMetricReplicas (AverageValue target): ceil(total / target), unless within tolerance."""
     if target_average_value <= 0:
         raise ReplicaCalculationError("target average value must be > 0")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -64,15 +63,15 @@ class KaleConfig:
     plan_step_s: float = 600.0
     rho: int = 1
     tau_s: float = 600.0
-    forecast_quantile: Optional[float] = None
-    drain_window_s: Optional[float] = None
-    fallback_lag_s: Optional[float] = None
+    forecast_quantile: float | None = None
+    drain_window_s: float | None = None
+    fallback_lag_s: float | None = None
     max_forecast_error: float = 0.5
     # A burst: the latest interval's arrival rate above this multiple of both the running workers' capacity and the
     # expected rate (the forecast's planning level now; without one, the windowed mean).  Acted on at once: the
     # windowed rate and the lag take a rate window or half an SLO to show it, too late to restart in time.
     burst_ratio: float = 2.0
-    scale_in_lag_guard_s: Optional[float] = None
+    scale_in_lag_guard_s: float | None = None
     lag_weight: float = 8.0
     violation_weight: float = 100.0
     projection_tick_s: float = 300.0
@@ -88,18 +87,30 @@ class KaleConfig:
                 raise KaleConfigError(name, problem)
 
         need(self.min_workers >= 0, "min_workers", f"must be >= 0, got {self.min_workers}")
-        need(self.max_workers >= max(self.min_workers, 1), "max_workers", f"must be >= min_workers ({self.min_workers}) and >= 1, got {self.max_workers}")
+        need(
+            self.max_workers >= max(self.min_workers, 1),
+            "max_workers",
+            f"must be >= min_workers ({self.min_workers}) and >= 1, got {self.max_workers}",
+        )
         for name in ("slo_s", "plan_step_s", "sync_period_s"):
             need(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
         for name in ("restart_s", "tau_s"):
             need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         need(self.rho >= 1, "rho", f"must be >= 1, got {self.rho}")
-        need(self.forecast_quantile is None or 0 < self.forecast_quantile < 1, "forecast_quantile", f"must be in (0, 1) or None for the upper band, got {self.forecast_quantile}")
+        need(
+            self.forecast_quantile is None or 0 < self.forecast_quantile < 1,
+            "forecast_quantile",
+            f"must be in (0, 1) or None for the upper band, got {self.forecast_quantile}",
+        )
         for name in ("drain_window_s", "fallback_lag_s", "scale_in_lag_guard_s"):
             value = getattr(self, name)
             need(value is None or value > 0, name, f"must be > 0 or None, got {value}")
         need(self.max_forecast_error > 0, "max_forecast_error", f"must be > 0, got {self.max_forecast_error}")
-        need(self.burst_ratio > 1, "burst_ratio", f"must be > 1 (a multiple of capacity and of the expected rate), got {self.burst_ratio}")
+        need(
+            self.burst_ratio > 1,
+            "burst_ratio",
+            f"must be > 1 (a multiple of capacity and of the expected rate), got {self.burst_ratio}",
+        )
         for name in ("lag_weight", "violation_weight"):
             need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
         need(self.projection_tick_s > 0, "projection_tick_s", f"must be > 0, got {self.projection_tick_s}")
@@ -138,7 +149,7 @@ class KalePolicy:
     model: ThroughputModel
     config: KaleConfig = field(default_factory=KaleConfig)
     name: str = "kale"
-    last_change_time: Optional[float] = None
+    last_change_time: float | None = None
 
     @property
     def sync_period_s(self) -> float:
@@ -165,8 +176,10 @@ class KalePolicy:
         bound = self.config.burst_ratio * max(capacity, expected)
         if latest <= bound:
             return ""
-        return (f"burst: {_fmt_rate(latest)} over the last interval, above {self.config.burst_ratio:g}x both the "
-                f"{obs.workers} workers' capacity {_fmt_rate(capacity)} and {of} {_fmt_rate(expected)}")
+        return (
+            f"burst: {_fmt_rate(latest)} over the last interval, above {self.config.burst_ratio:g}x both the "
+            f"{obs.workers} workers' capacity {_fmt_rate(capacity)} and {of} {_fmt_rate(expected)}"
+        )
 
     def _fallback_reason(self, obs: Observation) -> str:
         cfg = self.config
@@ -178,12 +191,13 @@ class KalePolicy:
             return f"recent forecast error (sMAPE {obs.forecast_error:.2f}) above {cfg.max_forecast_error:.2f}"
         return ""
 
-    def _planned_rates(self, obs: Observation, quantile: Optional[float]) -> np.ndarray:
-        """The forecast at ``quantile`` (None: the upper band; 0.5: the point forecast) from now on, each plan step's peak."""
+    def _planned_rates(self, obs: Observation, quantile: float | None) -> np.ndarray:
+        """The forecast at ``quantile`` (None: the upper band; 0.5: the point forecast) from now on, each plan step's
+        peak."""
         fc = obs.forecast
         assert fc is not None
         # Forecast steps already in the past are dropped so step 0 is "now".
-        levels = fc.level(quantile)[_steps_past(obs):]
+        levels = fc.level(quantile)[_steps_past(obs) :]
         if len(levels) == 0:
             levels = np.array([obs.arrival_rate])
         return resample_max(levels, fc.step_s, self.config.plan_step_s)
@@ -210,16 +224,28 @@ class KalePolicy:
         """Each (workers, downtime s) held over ``rates`` from what is waiting now, keyed by the option."""
         cfg = self.config
         start = FifoBacklog.from_observation(obs.time, obs.backlog, obs.time_lag_s)
-        played = project_options(start, rates, cfg.plan_step_s, [Option(w, self.model.predict(w), d) for w, d in options], cfg.slo_s,
-                                 tick_s=cfg.projection_tick_s)
+        played = project_options(
+            start,
+            rates,
+            cfg.plan_step_s,
+            [Option(w, self.model.predict(w), d) for w, d in options],
+            cfg.slo_s,
+            tick_s=cfg.projection_tick_s,
+        )
         return dict(zip(options, played))
 
     def _cost(self, p) -> float:
         cfg = self.config
         return p.gpu_minutes + cfg.lag_weight * p.accumulated_lag_min + cfg.violation_weight * p.violation_min
 
-    def _choose(self, obs: Observation, rates: np.ndarray, candidates: set[int], outlook: Optional[np.ndarray] = None,
-                horizon_need: Optional[int] = None) -> tuple[int, str]:
+    def _choose(
+        self,
+        obs: Observation,
+        rates: np.ndarray,
+        candidates: set[int],
+        outlook: np.ndarray | None = None,
+        horizon_need: int | None = None,
+    ) -> tuple[int, str]:
         """The candidate whose projected cost (GPU-min + weighted lag) most undercuts keeping the current level.
 
         Each candidate is judged against keeping over the same span: the horizon, or, for a scale-in to a level
@@ -253,12 +279,17 @@ class KalePolicy:
                 best_note = (
                     f"{w} workers cost least over {len(span) * self.config.plan_step_s / 3600:.1f} h including a "
                     f"{restart / 60:.1f} min restart{' and one back up' if back_up else ''}: "
-                    f"{p.gpu_minutes:.0f} GPU-min and {p.accumulated_lag_min:.0f} lag-min (max {p.max_lag_s / 60:.1f} min) "
+                    f"{p.gpu_minutes:.0f} GPU-min and {p.accumulated_lag_min:.0f} lag-min (max {p.max_lag_s / 60:.1f} "
+                    "min) "
                     f"vs {kept.gpu_minutes:.0f} GPU-min and {kept.accumulated_lag_min:.0f} lag-min at {current}"
                 )
         if best == current:
             k = projected[(len(rates), current, 0.0)]
-            return current, f"keeping {current} costs least (lag {k.accumulated_lag_min:.0f} lag-min over the horizon, max {k.max_lag_s / 60:.1f} min)"
+            return (
+                current,
+                f"keeping {current} costs least (lag {k.accumulated_lag_min:.0f} lag-min over the horizon, max "
+                f"{k.max_lag_s / 60:.1f} min)",
+            )
         return best, best_note
 
     def _lasting(self, workers: int, current: int, rates: np.ndarray, outlook: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -295,7 +326,9 @@ class KalePolicy:
         raw_plan, drain = self._estimate(obs, rates)
         expected_plan, _ = self._estimate(obs, expected)
         plan = stabilize(raw_plan, cfg.plan_step_s / 60, rho=cfg.rho, tau_minutes=cfg.tau_s / 60, mode=cfg.stabilizer)
-        plan_expected = stabilize(expected_plan, cfg.plan_step_s / 60, rho=cfg.rho, tau_minutes=cfg.tau_s / 60, mode=cfg.stabilizer)
+        plan_expected = stabilize(
+            expected_plan, cfg.plan_step_s / 60, rho=cfg.rho, tau_minutes=cfg.tau_s / 60, mode=cfg.stabilizer
+        )
         peak_i = int(np.argmax(rates))
         why = (
             f"forecast peak {_fmt_rate(rates[peak_i])} in {peak_i * cfg.plan_step_s / 60:.0f} min needs "
@@ -303,13 +336,26 @@ class KalePolicy:
         )
         if drain > 0:
             why += f"; backlog {obs.backlog:,.0f} drains at +{_fmt_rate(drain)}"
-        details = {"raw_plan": raw_plan, "planned_rates": [float(r) for r in rates], "expected_plan": expected_plan,
-                   "expected_rates": [float(r) for r in expected]}
+        details = {
+            "raw_plan": raw_plan,
+            "planned_rates": [float(r) for r in rates],
+            "expected_plan": expected_plan,
+            "expected_rates": [float(r) for r in expected],
+        }
         outlook = self._outlook(obs) if cfg.outlook_scale_in else None
-        return self._apply_guards(obs, set(plan) | set(plan_expected), expected, why, plan, details, policy=self.name, outlook=outlook,
-                                  horizon_need=max(expected_plan))
+        return self._apply_guards(
+            obs,
+            set(plan) | set(plan_expected),
+            expected,
+            why,
+            plan,
+            details,
+            policy=self.name,
+            outlook=outlook,
+            horizon_need=max(expected_plan),
+        )
 
-    def _decide_reactive(self, obs: Observation, trigger: str, rate: Optional[float] = None) -> Decision:
+    def _decide_reactive(self, obs: Observation, trigger: str, rate: float | None = None) -> Decision:
         """Size for the measured ``rate`` (the windowed arrival rate unless given) held over the judge horizon."""
         cfg = self.config
         rate = obs.arrival_rate if rate is None else rate
@@ -317,9 +363,15 @@ class KalePolicy:
             rate = max(rate, float(obs.forecast.point[0]))
         rates = np.array([rate])
         est = estimate_workers(
-            rates, cfg.plan_step_s, self.model, cfg.min_workers, cfg.max_workers,
-            backlog=obs.backlog, arrival_rate=obs.arrival_rate,
-            downtime_s=cfg.restart_s, drain_window_s=cfg.drain_window,
+            rates,
+            cfg.plan_step_s,
+            self.model,
+            cfg.min_workers,
+            cfg.max_workers,
+            backlog=obs.backlog,
+            arrival_rate=obs.arrival_rate,
+            downtime_s=cfg.restart_s,
+            drain_window_s=cfg.drain_window,
         )
         target = est.plan[0]
         why = f"fallback ({trigger}): measured {_fmt_rate(rate)}"
@@ -334,14 +386,16 @@ class KalePolicy:
         horizon = np.full(max(1, math.ceil(horizon_s / cfg.plan_step_s)), rate)
         return self._apply_guards(obs, {target}, horizon, why, [target], {}, policy=f"{self.name}/fallback")
 
-    def _outlook(self, obs: Observation) -> Optional[np.ndarray]:
+    def _outlook(self, obs: Observation) -> np.ndarray | None:
         """The forecast's outlook past the horizon on the plan's grid (step maxima, at the planning quantile)."""
         fc = obs.forecast
         if fc is None or len(fc.outlook) == 0:
             return None
         return resample_max(fc.outlook_level(self.config.forecast_quantile), fc.step_s, self.config.plan_step_s)
 
-    def _apply_guards(self, obs, candidates: set[int], rates, why, plan, details, policy, outlook=None, horizon_need=None) -> Decision:
+    def _apply_guards(
+        self, obs, candidates: set[int], rates, why, plan, details, policy, outlook=None, horizon_need=None
+    ) -> Decision:
         """Drop candidates the guards forbid, then pick the cheapest by projected cost."""
         cfg = self.config
         current = obs.workers
@@ -349,9 +403,14 @@ class KalePolicy:
         held = []
         if any(c < current for c in candidates):
             if obs.time_lag_s > cfg.scale_in_lag_guard:
-                held.append(f"no scale-in while lag is {obs.time_lag_s / 60:.1f} min (> {cfg.scale_in_lag_guard / 60:.0f} min)")
+                held.append(
+                    f"no scale-in while lag is {obs.time_lag_s / 60:.1f} min (> {cfg.scale_in_lag_guard / 60:.0f} min)"
+                )
             elif self.last_change_time is not None and obs.time - self.last_change_time < cfg.tau_s:
-                held.append(f"no scale-in: last rescale {(obs.time - self.last_change_time) / 60:.0f} min ago, under the {cfg.tau_s / 60:.0f} min hold")
+                held.append(
+                    f"no scale-in: last rescale {(obs.time - self.last_change_time) / 60:.0f} min ago, under the "
+                    f"{cfg.tau_s / 60:.0f} min hold"
+                )
             if held:
                 candidates = {c for c in candidates if c >= current}
         target, cost_why = self._choose(obs, rates, candidates, outlook, horizon_need)
@@ -364,7 +423,13 @@ class KalePolicy:
 
 def build(sizing: Sizing, **options) -> KalePolicy:
     """Kale on the sizing's throughput model; ``options`` are further ``KaleConfig`` fields."""
-    config = KaleConfig(min_workers=sizing.min_workers, max_workers=sizing.max_workers, slo_s=sizing.slo_s, restart_s=sizing.restart_s, **options)
+    config = KaleConfig(
+        min_workers=sizing.min_workers,
+        max_workers=sizing.max_workers,
+        slo_s=sizing.slo_s,
+        restart_s=sizing.restart_s,
+        **options,
+    )
     return KalePolicy(sizing.model, config)
 
 

@@ -25,8 +25,9 @@ Lag semantics (telemetry generalises the earliest rule, see ``kale_dagster.strea
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Sequence
+from typing import Literal
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation, PartitionOffsets
@@ -37,8 +38,8 @@ OffsetResetPolicy = Literal["latest", "earliest"]
 
 
 def partition_lag(
-    end_offset: Optional[int],
-    committed: Optional[int],
+    end_offset: int | None,
+    committed: int | None,
     offset_reset_policy: OffsetResetPolicy = "latest",
     scale_to_zero_on_invalid_offset: bool = False,
 ) -> int:
@@ -69,7 +70,9 @@ def parse_partition_limitation(spec: str) -> tuple[int, ...]:
             else:
                 ids.append(int(part))
         except ValueError:
-            raise KaleConfigError("partition_limitation", f"error parsing {spec!r}: {part!r} is neither a partition id nor a range a-b") from None
+            raise KaleConfigError(
+                "partition_limitation", f"error parsing {spec!r}: {part!r} is neither a partition id nor a range a-b"
+            ) from None
     return tuple(ids)
 
 
@@ -102,24 +105,37 @@ class KafkaScalerMetadata:
     limit_to_partitions_with_lag: bool = False
     ensure_even_distribution_of_partitions: bool = False
     exclude_persistent_lag: bool = False
-    partition_limitation: Optional[tuple[int, ...]] = None  # or a string as the trigger writes it ("1,2,10-12")
+    partition_limitation: tuple[int, ...] | None = None  # or a string as the trigger writes it ("1,2,10-12")
 
     def __post_init__(self):
         if isinstance(self.partition_limitation, str):
-            object.__setattr__(self, "partition_limitation", parse_partition_limitation(self.partition_limitation) if self.partition_limitation.strip() else None)
+            object.__setattr__(
+                self,
+                "partition_limitation",
+                parse_partition_limitation(self.partition_limitation) if self.partition_limitation.strip() else None,
+            )
         if self.lag_threshold <= 0:
             raise KaleConfigError("lag_threshold", f"must be > 0, got {self.lag_threshold}")
         if self.activation_lag_threshold < 0:
             raise KaleConfigError("activation_lag_threshold", f"must be >= 0, got {self.activation_lag_threshold}")
         if self.offset_reset_policy not in ("latest", "earliest"):
-            raise KaleConfigError("offset_reset_policy", f"must be 'latest' or 'earliest', got {self.offset_reset_policy!r}")
+            raise KaleConfigError(
+                "offset_reset_policy", f"must be 'latest' or 'earliest', got {self.offset_reset_policy!r}"
+            )
         if self.allow_idle_consumers and self.limit_to_partitions_with_lag:
-            raise KaleConfigError("limit_to_partitions_with_lag", "cannot be combined with allow_idle_consumers (KEDA rejects it too)")
+            raise KaleConfigError(
+                "limit_to_partitions_with_lag", "cannot be combined with allow_idle_consumers (KEDA rejects it too)"
+            )
         if self.limit_to_partitions_with_lag and self.ensure_even_distribution_of_partitions:
-            raise KaleConfigError("ensure_even_distribution_of_partitions", "cannot be combined with limit_to_partitions_with_lag (KEDA rejects it too)")
+            raise KaleConfigError(
+                "ensure_even_distribution_of_partitions",
+                "cannot be combined with limit_to_partitions_with_lag (KEDA rejects it too)",
+            )
 
 
-def total_lag(partition_lags: Sequence[int], meta: KafkaScalerMetadata, activation_lags: Optional[Sequence[int]] = None) -> tuple[int, int]:
+def total_lag(
+    partition_lags: Sequence[int], meta: KafkaScalerMetadata, activation_lags: Sequence[int] | None = None
+) -> tuple[int, int]:
     """getTotalLag given per-partition lags: (lag used for scaling, lag used for activation).
 
     ``activation_lags`` are the lags with persistent lag kept (excludePersistentLag), the scaling lags otherwise."""
@@ -130,7 +146,11 @@ def total_lag(partition_lags: Sequence[int], meta: KafkaScalerMetadata, activati
 
 def _capped(lag: int, partitions: int, lagging: int, meta: KafkaScalerMetadata) -> int:
     """getTotalLag's cap on the summed lag: no more replicas than partitions (or than ``lagging`` ones)."""
-    if not meta.allow_idle_consumers or meta.limit_to_partitions_with_lag or meta.ensure_even_distribution_of_partitions:
+    if (
+        not meta.allow_idle_consumers
+        or meta.limit_to_partitions_with_lag
+        or meta.ensure_even_distribution_of_partitions
+    ):
         upper = partitions
         if meta.ensure_even_distribution_of_partitions:
             lag = next_factor_balancing_partitions(lag, partitions, meta.lag_threshold) * meta.lag_threshold
@@ -153,19 +173,25 @@ class KedaKafkaPolicy:
     metadata: KafkaScalerMetadata = field(default_factory=KafkaScalerMetadata)
     min_replicas: int = 0
     max_replicas: int = 100
-    partition_count: Optional[int] = None
+    partition_count: int | None = None
     cooldown_period_s: float = 300.0
-    behavior: Optional[HPABehavior] = None  # the HPA's; or a Mapping, as Kubernetes writes it; None: upstream's legacy path
+    behavior: HPABehavior | None = (
+        None  # the HPA's; or a Mapping, as Kubernetes writes it; None: upstream's legacy path
+    )
     name: str = "keda"
     sync_period_s: float = 15.0
     _hpa: HPAPolicy = field(init=False)
-    _last_active: Optional[float] = field(init=False, default=None)
+    _last_active: float | None = field(init=False, default=None)
     #: excludePersistentLag's memory: each partition's committed offset at the previous poll.
     _previous_offsets: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
-            raise KaleConfigError("min_replicas", f"need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got {self.min_replicas}, {self.max_replicas}")
+            raise KaleConfigError(
+                "min_replicas",
+                f"need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got {self.min_replicas}, "
+                f"{self.max_replicas}",
+            )
         self._hpa = HPAPolicy(
             min_replicas=max(self.min_replicas, 1),
             max_replicas=self.max_replicas,
@@ -210,8 +236,11 @@ class KedaKafkaPolicy:
         return lag
 
     def state(self) -> dict:
-        return {"last_active": self._last_active, "hpa": self._hpa.state(),
-                "previous_offsets": {str(k): v for k, v in self._previous_offsets.items()}}
+        return {
+            "last_active": self._last_active,
+            "hpa": self._hpa.state(),
+            "previous_offsets": {str(k): v for k, v in self._previous_offsets.items()},
+        }
 
     def load_state(self, state: dict) -> None:
         self._last_active = state.get("last_active")
@@ -229,15 +258,22 @@ class KedaKafkaPolicy:
             self._last_active = obs.time
         if obs.workers == 0:
             if active:
-                return Decision(max(self.min_replicas, 1), self.name, f"activated: lag {activation_lag} > {self.metadata.activation_lag_threshold}")
+                return Decision(
+                    max(self.min_replicas, 1),
+                    self.name,
+                    f"activated: lag {activation_lag} > {self.metadata.activation_lag_threshold}",
+                )
             return Decision(0, self.name, "inactive at zero replicas")
         if not active and self.min_replicas == 0:
             idle_for = obs.time - (self._last_active if self._last_active is not None else obs.time)
             if idle_for >= self.cooldown_period_s:
                 return Decision(0, self.name, f"inactive for {idle_for:.0f} s >= cooldownPeriod; scaling to zero")
         decision = self._hpa.decide(obs, lag=float(lag))
-        return Decision(decision.workers, decision.policy,
-                        f"total lag {lag:,} (threshold {self.metadata.lag_threshold} per replica); {decision.reason}")
+        return Decision(
+            decision.workers,
+            decision.policy,
+            f"total lag {lag:,} (threshold {self.metadata.lag_threshold} per replica); {decision.reason}",
+        )
 
 
 #: What a backtest sweeps: lagThreshold, in seconds of one worker's throughput, and the scale-down
@@ -249,13 +285,20 @@ SWEEP_SCALE_DOWN_WINDOWS_S = (300, 1800, 3600)
 DEFAULT_PARTITIONS = 800
 
 
-def build(sizing: Sizing, seconds_of_work: float = 60.0, lag_threshold: Optional[int] = None, **options) -> KedaKafkaPolicy:
+def build(
+    sizing: Sizing, seconds_of_work: float = 60.0, lag_threshold: int | None = None, **options
+) -> KedaKafkaPolicy:
     """KEDA with ``lagThreshold`` as given, else ``seconds_of_work`` of one worker's throughput; ``behavior``
     (of the HPA KEDA creates) may be given as Kubernetes writes it."""
     if lag_threshold is None:
         lag_threshold = _lag_threshold(sizing, seconds_of_work)
-    return KedaKafkaPolicy(KafkaScalerMetadata(lag_threshold=lag_threshold), min_replicas=sizing.min_workers, max_replicas=sizing.max_workers,
-                           partition_count=sizing.partitions or DEFAULT_PARTITIONS, **options)
+    return KedaKafkaPolicy(
+        KafkaScalerMetadata(lag_threshold=lag_threshold),
+        min_replicas=sizing.min_workers,
+        max_replicas=sizing.max_workers,
+        partition_count=sizing.partitions or DEFAULT_PARTITIONS,
+        **options,
+    )
 
 
 def _lag_threshold(sizing: Sizing, seconds_of_work: float) -> int:
@@ -265,9 +308,19 @@ def _lag_threshold(sizing: Sizing, seconds_of_work: float) -> int:
 
 def sweep(sizing: Sizing) -> list[tuple[dict, dict]]:
     # The threshold is fixed when the setting is chosen, as a user writes it into the ScaledObject.
-    return [({"lag_threshold_seconds_of_work": s, "scale_down_window_s": w},
-             {"lag_threshold": _lag_threshold(sizing, s), "behavior": sweep_behavior(w, "upstream")})
-            for s in SWEEP_SECONDS_OF_WORK for w in SWEEP_SCALE_DOWN_WINDOWS_S]
+    return [
+        (
+            {"lag_threshold_seconds_of_work": s, "scale_down_window_s": w},
+            {"lag_threshold": _lag_threshold(sizing, s), "behavior": sweep_behavior(w, "upstream")},
+        )
+        for s in SWEEP_SECONDS_OF_WORK
+        for w in SWEEP_SCALE_DOWN_WINDOWS_S
+    ]
 
 
-SPEC = PolicySpec(name="keda", description="KEDA's Apache Kafka scaler driving an HPA on consumer lag (upstream port)", build=build, sweep=sweep)
+SPEC = PolicySpec(
+    name="keda",
+    description="KEDA's Apache Kafka scaler driving an HPA on consumer lag (upstream port)",
+    build=build,
+    sweep=sweep,
+)

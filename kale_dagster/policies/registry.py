@@ -14,8 +14,8 @@ are keyword options of ``build``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.throughput import ThroughputModel
@@ -38,12 +38,14 @@ class Sizing:
     slo_s: float
     restart_s: float
     model: ThroughputModel
-    adequate_workers: Optional[int] = None
-    partitions: Optional[int] = None
+    adequate_workers: int | None = None
+    partitions: int | None = None
 
     def __post_init__(self):
         if not 1 <= self.min_workers <= self.max_workers:
-            raise KaleConfigError("min_workers", f"need 1 <= min_workers <= max_workers, got {self.min_workers} and {self.max_workers}")
+            raise KaleConfigError(
+                "min_workers", f"need 1 <= min_workers <= max_workers, got {self.min_workers} and {self.max_workers}"
+            )
         if self.slo_s <= 0:
             raise KaleConfigError("slo_s", f"must be > 0, got {self.slo_s}")
         if self.restart_s < 0:
@@ -101,7 +103,9 @@ class PolicyRegistry(Mapping[str, PolicySpec]):
         try:
             return self._specs[name]
         except KeyError:
-            raise KaleConfigError("policy", f"unknown policy {name!r}; choose one of {', '.join(self._specs)}") from None
+            raise KaleConfigError(
+                "policy", f"unknown policy {name!r}; choose one of {', '.join(self._specs)}"
+            ) from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._specs
@@ -120,5 +124,7 @@ class PolicyRegistry(Mapping[str, PolicySpec]):
         chosen = [n.strip() for n in names.split(",") if n.strip()]
         unknown = [n for n in chosen if n not in self._specs]
         if unknown or not chosen:
-            raise KaleConfigError(option, f"unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(self._specs)}")
+            raise KaleConfigError(
+                option, f"unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(self._specs)}"
+            )
         return chosen

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation
@@ -33,7 +32,7 @@ class StaticPolicy:
         pass
 
 
-def build(sizing: Sizing, workers: Optional[int] = None) -> StaticPolicy:
+def build(sizing: Sizing, workers: int | None = None) -> StaticPolicy:
     """The "adequate" allocation by default: enough workers for the peak."""
     return StaticPolicy(workers if workers is not None else (sizing.adequate_workers or sizing.max_workers))
 
@@ -44,4 +43,6 @@ def sweep(sizing: Sizing) -> list[tuple[dict, dict]]:
     return [({"workers": w}, {"workers": w}) for w in levels]
 
 
-SPEC = PolicySpec(name="static", description="a fixed allocation (the adequate one covers the peak)", build=build, sweep=sweep)
+SPEC = PolicySpec(
+    name="static", description="a fixed allocation (the adequate one covers the peak)", build=build, sweep=sweep
+)

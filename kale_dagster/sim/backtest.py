@@ -18,14 +18,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from kale_dagster.control.controller import ControlSettings, Controller
+from kale_dagster.control.controller import Controller, ControlSettings
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import make_forecaster
 from kale_dagster.model.throughput import ThroughputModel
@@ -58,13 +59,21 @@ class BacktestSettings:
     throughput_noise: float = 0.05  # relative noise of each throughput measurement Kale fits F(w) on
     restart_jitter: float = 0.2  # lognormal sigma of each restart around restart_minutes
     seed: int = 0
-    processes: Optional[int] = None  # parallel simulations; None = the machine's cores
+    processes: int | None = None  # parallel simulations; None = the machine's cores
 
     def __post_init__(self):
         if not 1 <= self.min_workers <= self.peak_workers <= self.max_workers:
-            raise KaleConfigError("peak_workers", f"need 1 <= min_workers <= peak_workers <= max_workers, got {self.min_workers}, {self.peak_workers}, {self.max_workers}")
+            raise KaleConfigError(
+                "peak_workers",
+                f"need 1 <= min_workers <= peak_workers <= max_workers, got {self.min_workers}, {self.peak_workers}, "
+                f"{self.max_workers}",
+            )
         if self.model.peak_workers(self.max_workers) < self.peak_workers:
-            raise KaleConfigError("peak_workers", f"the throughput model peaks at {self.model.peak_workers(self.max_workers)} workers, below --peak-workers {self.peak_workers}")
+            raise KaleConfigError(
+                "peak_workers",
+                f"the throughput model peaks at {self.model.peak_workers(self.max_workers)} workers, below "
+                f"--peak-workers {self.peak_workers}",
+            )
         if self.restart_minutes < 0:
             raise KaleConfigError("restart_minutes", f"must be >= 0, got {self.restart_minutes}")
         if self.slo_minutes <= 0:
@@ -104,12 +113,25 @@ class Backtest:
         self.rates = scale_to_peak(rates, settings.model, settings.peak_workers) if settings.scale_trace else rates
         warmup = int(settings.warmup_days * 1440)
         if warmup >= len(self.rates):
-            raise KaleConfigError("warmup_days", f"warm-up of {settings.warmup_days:g} days covers the whole {len(self.rates) / 1440:.1f}-day trace")
+            raise KaleConfigError(
+                "warmup_days",
+                f"warm-up of {settings.warmup_days:g} days covers the whole {len(self.rates) / 1440:.1f}-day trace",
+            )
         s = settings
         # The "adequate" allocation covers the trace's peak: peak_workers by construction when scaled.
-        adequate = s.peak_workers if s.scale_trace else s.model.min_workers_for(float(self.rates.max()), s.max_workers, s.min_workers)
-        self.sizing = Sizing(min_workers=s.min_workers, max_workers=s.max_workers, slo_s=s.slo_minutes * 60,
-                             restart_s=s.restart_minutes * 60, model=s.model, adequate_workers=adequate)
+        adequate = (
+            s.peak_workers
+            if s.scale_trace
+            else s.model.min_workers_for(float(self.rates.max()), s.max_workers, s.min_workers)
+        )
+        self.sizing = Sizing(
+            min_workers=s.min_workers,
+            max_workers=s.max_workers,
+            slo_s=s.slo_minutes * 60,
+            restart_s=s.restart_minutes * 60,
+            model=s.model,
+            adequate_workers=adequate,
+        )
         # Before going live, F(w) is profiled at a few counts up to the peak (the paper's section 3.3).
         profile = tuple(sorted({1, max(1, -(-s.peak_workers // 4)), max(1, -(-s.peak_workers // 2)), s.peak_workers}))
         self.sim_config = SimConfig(
@@ -127,21 +149,32 @@ class Backtest:
         )
         self._feeds: dict[bool, ForecastFeed] = {}  # recorded forecasts: perfect or not -> feed
 
-    def control_settings(self, name: str, options: Optional[Mapping] = None) -> ControlSettings:
+    def control_settings(self, name: str, options: Mapping | None = None) -> ControlSettings:
         """The controller's settings for policy ``name`` with ``options`` (default: the settings' for it)."""
         s, z = self.settings, self.sizing
         options = s.policy_options.get(name, {}) if options is None else options
-        return ControlSettings(policy=name, min_workers=z.min_workers, max_workers=z.max_workers, slo_s=z.slo_s, restart_s=z.restart_s,
-                               policy_options=dict(options), adequate_workers=z.adequate_workers, partitions=z.partitions)
+        return ControlSettings(
+            policy=name,
+            min_workers=z.min_workers,
+            max_workers=z.max_workers,
+            slo_s=z.slo_s,
+            restart_s=z.restart_s,
+            policy_options=dict(options),
+            adequate_workers=z.adequate_workers,
+            partitions=z.partitions,
+        )
 
-    def controller(self, name: str, options: Optional[Mapping] = None) -> Controller:
+    def controller(self, name: str, options: Mapping | None = None) -> Controller:
         """The pipeline's controller for a registered policy."""
         return Controller(self.control_settings(name, options))
 
     def _feed(self, perfect: bool) -> ForecastFeed:
         s = self.settings
-        factory = ((lambda: Hindsight(self.times, self.rates)) if perfect
-                   else (lambda: make_forecaster(s.forecaster, horizon_s=s.horizon_minutes * 60)))
+        factory = (
+            (lambda: Hindsight(self.times, self.rates))
+            if perfect
+            else (lambda: make_forecaster(s.forecaster, horizon_s=s.horizon_minutes * 60))
+        )
         return ForecastFeed(factory, self.times, self.rates, self.sim_config)
 
     def forecasts(self, perfect: bool = False) -> ForecastFeed:
@@ -151,15 +184,20 @@ class Backtest:
             self._feeds[perfect] = self._feed(perfect).record()
         return self._feeds[perfect]
 
-    def run(self, name: str, options: Optional[Mapping] = None, oracle: bool = False, perfect_forecast: bool = False) -> SimResult:
+    def run(
+        self, name: str, options: Mapping | None = None, oracle: bool = False, perfect_forecast: bool = False
+    ) -> SimResult:
         """One registered policy over the trace.  ``oracle`` plans with the true F(w) and restart time;
         ``perfect_forecast`` forecasts with the trace's true future."""
         forecasts = self.forecasts(perfect_forecast) if POLICIES[name].uses_forecast else None
         config = replace(self.sim_config, oracle=oracle) if oracle else self.sim_config
-        return simulate(self.rates, self.times, self.controller(name, options), self.settings.model, config, forecasts=forecasts)
+        return simulate(
+            self.rates, self.times, self.controller(name, options), self.settings.model, config, forecasts=forecasts
+        )
 
-    def run_many(self, runs: Sequence["Run"], done: Optional[Callable[[int, int], None]] = None,
-                 optimum: bool = False) -> tuple[list[SimResult], Optional[tuple[OracleSchedule, SimResult]]]:
+    def run_many(
+        self, runs: Sequence[Run], done: Callable[[int, int], None] | None = None, optimum: bool = False
+    ) -> tuple[list[SimResult], tuple[OracleSchedule, SimResult] | None]:
         """Runs, and with ``optimum`` the offline optimum, in parallel processes; ``done(k, n)`` as they finish."""
         total = len(runs) + optimum
         finished = 0
@@ -175,7 +213,12 @@ class Backtest:
         if workers <= 1:
             results = [finish(self.run(*run)) for run in runs]
             return results, finish(self.optimum()) if optimum else None
-        needs = [run.perfect_forecast if POLICIES[run.name].uses_forecast and run.perfect_forecast not in self._feeds else None for run in runs]
+        needs = [
+            run.perfect_forecast
+            if POLICIES[run.name].uses_forecast and run.perfect_forecast not in self._feeds
+            else None
+            for run in runs
+        ]
         # Longest first, so that no long run is left for the end while the other processes idle: the forecasts
         # (one refit period per task), each forecasting run as soon as its forecasts are in, the optimum, the rest.
         # The pool is handed no more than it can start, so a forecasting run that becomes ready waits for no queue.
@@ -184,14 +227,25 @@ class Backtest:
         ready += [i for i, kind in enumerate(needs) if kind is None and not POLICIES[runs[i].name].uses_forecast]
         futures: dict = {}
         # fork: the children share the prepared trace instead of pickling it per run.
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_adopt, initargs=(self,)) as pool:
-            recording = {kind: (self._feed(kind), [pool.submit(_record_adopted, kind, *period) for period in self._feed(kind).periods()])
-                         for kind in set(needs) - {None}}
+        with ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("fork"), initializer=_adopt, initargs=(self,)
+        ) as pool:
+            recording = {
+                kind: (
+                    self._feed(kind),
+                    [pool.submit(_record_adopted, kind, *period) for period in self._feed(kind).periods()],
+                )
+                for kind in set(needs) - {None}
+            }
             in_flight = {part for _, parts in recording.values() for part in parts}
             while ready or in_flight:
                 while ready and len(in_flight) < workers:
                     i = ready.popleft()
-                    futures[i] = pool.submit(_optimum_adopted) if i < 0 else pool.submit(_run_adopted, runs[i], self._feeds.get(needs[i]))
+                    futures[i] = (
+                        pool.submit(_optimum_adopted)
+                        if i < 0
+                        else pool.submit(_run_adopted, runs[i], self._feeds.get(needs[i]))
+                    )
                     in_flight.add(futures[i])
                 in_flight = wait(in_flight, return_when=FIRST_COMPLETED).not_done
                 for kind, (feed, parts) in list(recording.items()):
@@ -205,8 +259,18 @@ class Backtest:
     def optimum(self, max_labels: int = 24) -> tuple[OracleSchedule, SimResult]:
         """The offline optimum of Kale's own cost (``sim.oracle``), replayed in the simulator."""
         s, z, kale = self.settings, self.sizing, KaleConfig()
-        schedule = optimal_schedule(self.rates, s.model, z.restart_s, z.slo_s, z.min_workers, z.max_workers, kale.plan_step_s,
-                                    kale.lag_weight, kale.violation_weight, max_labels)
+        schedule = optimal_schedule(
+            self.rates,
+            s.model,
+            z.restart_s,
+            z.slo_s,
+            z.min_workers,
+            z.max_workers,
+            kale.plan_step_s,
+            kale.lag_weight,
+            kale.violation_weight,
+            max_labels,
+        )
         policy = SchedulePolicy(schedule.workers, self.times[0].timestamp())
         replay = Controller.fixed(policy, self.control_settings(policy.name))
         return schedule, simulate(self.rates, self.times, replay, s.model, self.sim_config)
@@ -216,12 +280,12 @@ class Run(NamedTuple):
     """One simulation of a comparison."""
 
     name: str
-    options: Optional[Mapping] = None
+    options: Mapping | None = None
     oracle: bool = False
     perfect_forecast: bool = False
 
 
-_ADOPTED: Optional[Backtest] = None
+_ADOPTED: Backtest | None = None
 
 
 def _adopt(backtest: Backtest) -> None:
@@ -229,7 +293,7 @@ def _adopt(backtest: Backtest) -> None:
     _ADOPTED = backtest
 
 
-def _run_adopted(run: Run, forecasts: Optional[ForecastFeed] = None) -> SimResult:
+def _run_adopted(run: Run, forecasts: ForecastFeed | None = None) -> SimResult:
     if forecasts is not None:  # recorded in another process after this one was forked
         _ADOPTED._feeds.setdefault(run.perfect_forecast, forecasts)
     return _ADOPTED.run(*run)
@@ -245,13 +309,19 @@ def _optimum_adopted() -> tuple[OracleSchedule, SimResult]:
 
 def pareto_frontier(rows: Sequence[dict]) -> list[dict]:
     """Settings no other setting beats on both GPU hours and accumulated lag, by GPU hours."""
+
     def beaten(r: dict) -> bool:
-        return any(o["gpu_hours"] <= r["gpu_hours"] and o["accumulated_lag_minutes"] <= r["accumulated_lag_minutes"]
-                   and (o["gpu_hours"], o["accumulated_lag_minutes"]) != (r["gpu_hours"], r["accumulated_lag_minutes"]) for o in rows)
+        return any(
+            o["gpu_hours"] <= r["gpu_hours"]
+            and o["accumulated_lag_minutes"] <= r["accumulated_lag_minutes"]
+            and (o["gpu_hours"], o["accumulated_lag_minutes"]) != (r["gpu_hours"], r["accumulated_lag_minutes"])
+            for o in rows
+        )
+
     return sorted((r for r in rows if not beaten(r)), key=lambda r: r["gpu_hours"])
 
 
-def best_at_kales_gpu_hours(kale: dict, rows: Sequence[dict]) -> Optional[dict]:
+def best_at_kales_gpu_hours(kale: dict, rows: Sequence[dict]) -> dict | None:
     """The baseline setting with the lowest accumulated lag among those with at least Kale's GPU hours."""
     eligible = [r for r in rows if r["gpu_hours"] >= kale["gpu_hours"]]
     return min(eligible, key=lambda r: (r["accumulated_lag_minutes"], r["gpu_hours"])) if eligible else None
@@ -262,7 +332,10 @@ def dominating_baselines(kale: dict, sweeps: dict[str, list[dict]]) -> list[str]
     found = []
     for name, rows in sweeps.items():
         for row in rows:
-            if row["gpu_hours"] <= kale["gpu_hours"] and row["accumulated_lag_minutes"] < kale["accumulated_lag_minutes"]:
+            if (
+                row["gpu_hours"] <= kale["gpu_hours"]
+                and row["accumulated_lag_minutes"] < kale["accumulated_lag_minutes"]
+            ):
                 found.append(f"{name} {row['setting']}")
     return found
 
@@ -270,29 +343,51 @@ def dominating_baselines(kale: dict, sweeps: dict[str, list[dict]]) -> list[str]
 #: Kale's variants a comparison also runs (with ``variants=True``): what its estimates, its forecast and its
 #: changes to the paper do.
 KALE_VARIANTS = {
-    "kale_oracle": Run("kale", oracle=True),  # plans with the true F(w) and restart time: the gap is what estimating them costs
-    "kale_perfect_forecast": Run("kale", perfect_forecast=True),  # the trace's true future: what remains is planning error
+    "kale_oracle": Run(
+        "kale", oracle=True
+    ),  # plans with the true F(w) and restart time: the gap is what estimating them costs
+    "kale_perfect_forecast": Run(
+        "kale", perfect_forecast=True
+    ),  # the trace's true future: what remains is planning error
     "kale_paper_stabilizer": Run("kale", {"stabilizer": "paper"}),  # the paper's Algorithm 1 instead of our variant
-    "kale_outlook": Run("kale", {"outlook_scale_in": True}),  # scale-in judged over the forecast's outlook, not the horizon
+    "kale_outlook": Run(
+        "kale", {"outlook_scale_in": True}
+    ),  # scale-in judged over the forecast's outlook, not the horizon
 }
-VARIANT_LABELS = {"kale_oracle": "kale, true F(w) and restart", "kale_perfect_forecast": "kale, perfect forecast",
-                  "kale_paper_stabilizer": "kale, the paper's stabilizer", "kale_outlook": "kale, scale-in judged over the outlook"}
+VARIANT_LABELS = {
+    "kale_oracle": "kale, true F(w) and restart",
+    "kale_perfect_forecast": "kale, perfect forecast",
+    "kale_paper_stabilizer": "kale, the paper's stabilizer",
+    "kale_outlook": "kale, scale-in judged over the outlook",
+}
 
 
-def compare(backtest: Backtest, names: Sequence[str], sweeps: bool = True, variants: Sequence[str] = tuple(KALE_VARIANTS),
-            optimum: bool = True, done: Optional[Callable[[int, int], None]] = None) -> dict:
+def compare(
+    backtest: Backtest,
+    names: Sequence[str],
+    sweeps: bool = True,
+    variants: Sequence[str] = tuple(KALE_VARIANTS),
+    optimum: bool = True,
+    done: Callable[[int, int], None] | None = None,
+) -> dict:
     """Every named policy at its defaults, Kale's ``variants`` (keys of ``KALE_VARIANTS``), each baseline's
     sweep and frontier, the offline optimum, each one's cost over the optimum's, and the headline: Kale
     against each baseline's default and its best setting at no fewer GPU hours."""
     extra = [(key, KALE_VARIANTS[key]) for key in variants] if "kale" in names else []
     runs = [Run(name) for name in names] + [run for _, run in extra]
-    grid = [(name, label, options) for name in names for label, options in POLICIES[name].sweep(backtest.sizing)] if sweeps else []
+    grid = (
+        [(name, label, options) for name in names for label, options in POLICIES[name].sweep(backtest.sizing)]
+        if sweeps
+        else []
+    )
     results, best = backtest.run_many(runs + [Run(name, options) for name, _, options in grid], done, optimum=optimum)
-    report: dict = {"policies": {name: r.metrics.to_json() for name, r in zip(names, results)},
-                    "timelines": {name: r.timeline for name, r in zip(names, results)}}
-    report["kale_variants"] = {key: r.metrics.to_json() for (key, _), r in zip(extra, results[len(names):])}
+    report: dict = {
+        "policies": {name: r.metrics.to_json() for name, r in zip(names, results)},
+        "timelines": {name: r.timeline for name, r in zip(names, results)},
+    }
+    report["kale_variants"] = {key: r.metrics.to_json() for (key, _), r in zip(extra, results[len(names) :])}
     swept: dict = {}
-    for (name, label, _), result in zip(grid, results[len(runs):]):
+    for (name, label, _), result in zip(grid, results[len(runs) :]):
         swept.setdefault(name, []).append({"setting": label, **result.metrics.to_json()})
     report["sweeps"] = swept
     report["frontiers"] = {name: pareto_frontier(rows) for name, rows in swept.items()}
@@ -302,7 +397,11 @@ def compare(backtest: Backtest, names: Sequence[str], sweeps: bool = True, varia
     if optimum:
         minutes = float(len(backtest.rates) - backtest.sim_config.warmup_steps)
         schedule, replay = best
-        report["optimum"] = {**replay.metrics.to_json(), "max_labels": schedule.max_labels, "step_minutes": schedule.step_minutes}
+        report["optimum"] = {
+            **replay.metrics.to_json(),
+            "max_labels": schedule.max_labels,
+            "step_minutes": schedule.step_minutes,
+        }
         costs = {"optimum": objective(report["optimum"], minutes)}
         costs.update({name: objective(m, minutes) for name, m in report["policies"].items()})
         costs.update({key: objective(m, minutes) for key, m in report["kale_variants"].items()})
@@ -325,7 +424,7 @@ def compare(backtest: Backtest, names: Sequence[str], sweeps: bool = True, varia
     return report
 
 
-def lag_ratio(kale: dict, other: dict) -> Optional[float]:
+def lag_ratio(kale: dict, other: dict) -> float | None:
     """Kale's accumulated lag over another's (None when the other has none)."""
     lag = other["accumulated_lag_minutes"]
     return kale["accumulated_lag_minutes"] / lag if lag else None

@@ -11,8 +11,8 @@ holds until the next, so every figure is time-weighted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -59,5 +59,8 @@ def score_readings(
 def objective(metrics: dict, minutes: float, lag_weight: float = 8.0, violation_weight: float = 100.0) -> float:
     """Kale's own cost over ``minutes`` scored minutes, in GPU-minutes: GPU-minutes + ``lag_weight`` x
     lag-minutes + ``violation_weight`` x minutes above the SLO (the defaults are Kale's)."""
-    return (metrics["gpu_hours"] * 60.0 + lag_weight * metrics["accumulated_lag_minutes"]
-            + violation_weight * metrics["slo_violation_rate"] * minutes)
+    return (
+        metrics["gpu_hours"] * 60.0
+        + lag_weight * metrics["accumulated_lag_minutes"]
+        + violation_weight * metrics["slo_violation_rate"] * minutes
+    )

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -91,7 +90,9 @@ def optimal_schedule(
     if len(rates) == 0:
         raise KaleConfigError("rates", "the trace is empty")
     if not 1 <= min_workers <= max_workers:
-        raise KaleConfigError("min_workers", f"need 1 <= min_workers <= max_workers, got {min_workers} and {max_workers}")
+        raise KaleConfigError(
+            "min_workers", f"need 1 <= min_workers <= max_workers, got {min_workers} and {max_workers}"
+        )
     if max_labels < 1:
         raise KaleConfigError("max_labels", f"must be >= 1, got {max_labels}")
     step = max(int(round(plan_step_s / MINUTE)), math.ceil(restart_s / MINUTE), 1)
@@ -118,7 +119,7 @@ def optimal_schedule(
     # Labels per worker count: cost, backlog, and for the backtrack (parent count index, parent label index).
     # The first step starts at any count without a restart.
     b, c = advance(0, np.zeros(len(counts)), capacity, np.zeros(len(counts), bool), counts)
-    labels = [(c[wi:wi + 1], b[wi:wi + 1]) for wi in range(len(counts))]
+    labels = [(c[wi : wi + 1], b[wi : wi + 1]) for wi in range(len(counts))]
     parents: list[list[tuple[np.ndarray, np.ndarray]]] = []
     for k in range(1, steps):
         # A restart can come from any label of any count: only the union's undominated labels matter.
@@ -191,17 +192,19 @@ class Hindsight:
         self.rates = np.asarray(rates, dtype=float)
         self._last = None
 
-    def fit(self, history: pd.DataFrame) -> "Hindsight":
+    def fit(self, history: pd.DataFrame) -> Hindsight:
         self._last = pd.Timestamp(history["timestamp"].iloc[-1]).timestamp()
         return self
 
-    def predict(self, steps: int, history: Optional[pd.DataFrame] = None) -> Forecast:
+    def predict(self, steps: int, history: pd.DataFrame | None = None) -> Forecast:
         if history is not None:
             self.fit(history)
         start = self._last + MINUTE
         first = int(np.searchsorted(self.starts, start))
-        point = self.rates[first:first + steps]
+        point = self.rates[first : first + steps]
         if len(point) < steps:  # past the trace's end: its last rate holds
             point = np.concatenate([point, np.full(steps - len(point), self.rates[-1])])
-        outlook = self.rates[first + steps:first + DAY_STEPS]  # the rest of the true day
-        return Forecast(start=start, step_s=MINUTE, point=point, lower=point, upper=point, model=self.name, outlook=outlook)
+        outlook = self.rates[first + steps : first + DAY_STEPS]  # the rest of the true day
+        return Forecast(
+            start=start, step_s=MINUTE, point=point, lower=point, upper=point, model=self.name, outlook=outlook
+        )

@@ -50,14 +50,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
 
 import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from kale_dagster.control.controller import ControlSettings, Controller, StreamReading
+from kale_dagster.control.controller import Controller, ControlSettings, StreamReading
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape, smape_terms
@@ -84,7 +84,7 @@ class SimConfig:
     restart_s: float = 600.0
     slo_s: float = 1200.0
     warmup_steps: int = 0  # minutes simulated but not scored
-    initial_workers: Optional[int] = None  # default: enough for the first minute
+    initial_workers: int | None = None  # default: enough for the first minute
     max_workers: int = 32
     refit_every_s: float = 86_400.0
     forecast_every_s: float = 600.0
@@ -94,8 +94,12 @@ class SimConfig:
     commit_interval_s: float = 0.0  # offsets committed this often (checkpoints); 0 = as consumed
     pipeline_latency_s: float = 0.0  # a sample's time inside the trainer before it can be committed...
     pipeline_latency_per_worker_s: float = 0.0  # ...plus this per worker
-    metrics_window_s: float = 0.0  # the workers' metrics window: a reading's span, and a restarted group's wait for its first
-    act_latency_s: float = 0.0  # from a decision to its rescale starting (live: the tick, then the rescale run's launch)
+    metrics_window_s: float = (
+        0.0  # the workers' metrics window: a reading's span, and a restarted group's wait for its first
+    )
+    act_latency_s: float = (
+        0.0  # from a decision to its rescale starting (live: the tick, then the rescale run's launch)
+    )
     # What a controller cannot know exactly (see _Measurements):
     throughput_noise: float = 0.05  # relative standard deviation of each measured (saturated) minute's throughput
     restart_jitter: float = 0.2  # sigma of the lognormal factor on restart_s that each restart actually takes
@@ -104,9 +108,24 @@ class SimConfig:
     oracle: bool = False  # a Controller plans with the true F(w) and the nominal restart_s instead of its estimates
 
     def __post_init__(self):
-        may_be_zero = ("restart_s", "commit_interval_s", "pipeline_latency_s", "pipeline_latency_per_worker_s", "metrics_window_s", "act_latency_s",
-                       "throughput_noise", "restart_jitter")
-        for name in (*may_be_zero, "refit_every_s", "forecast_every_s", "forecast_horizon_s", "rate_window_s", "error_window_s"):
+        may_be_zero = (
+            "restart_s",
+            "commit_interval_s",
+            "pipeline_latency_s",
+            "pipeline_latency_per_worker_s",
+            "metrics_window_s",
+            "act_latency_s",
+            "throughput_noise",
+            "restart_jitter",
+        )
+        for name in (
+            *may_be_zero,
+            "refit_every_s",
+            "forecast_every_s",
+            "forecast_horizon_s",
+            "rate_window_s",
+            "error_window_s",
+        ):
             if getattr(self, name) < 0 or (name not in may_be_zero and getattr(self, name) == 0):
                 raise KaleConfigError(name, f"must be > 0, got {getattr(self, name)}")
         if self.slo_s <= 0:
@@ -148,7 +167,7 @@ class _Measurements:
         jitter = self._restart_rng.lognormal(0.0, self.config.restart_jitter) if self.config.restart_jitter > 0 else 1.0
         self.restarts.append(self.config.restart_s * jitter)
         if not self.config.oracle:
-            self._downtimes = tuple(self.restarts[-Launcher.recent_restarts:])
+            self._downtimes = tuple(self.restarts[-Launcher.recent_restarts :])
         return self.restarts[-1]
 
     def downtimes(self) -> tuple[float, ...]:
@@ -167,7 +186,9 @@ class _Measurements:
             points = self.profile + recent
             if points:
                 ws, rs = zip(*points)
-                self._model, _ = estimate_throughput(ws, rs, self.prior, form=self.truth.form, global_batch=self.truth.global_batch)
+                self._model, _ = estimate_throughput(
+                    ws, rs, self.prior, form=self.truth.form, global_batch=self.truth.global_batch
+                )
         return self._model
 
 
@@ -181,17 +202,26 @@ class ForecastFeed:
     (:meth:`record_period`), and joined (:meth:`replay`).
     """
 
-    def __init__(self, factory: Callable, times: pd.DatetimeIndex, rates: np.ndarray, cfg: SimConfig, prior: Optional[pd.DataFrame] = None):
+    def __init__(
+        self,
+        factory: Callable,
+        times: pd.DatetimeIndex,
+        rates: np.ndarray,
+        cfg: SimConfig,
+        prior: pd.DataFrame | None = None,
+    ):
         self.factory = factory
         self.times = times
         self.rates = rates
         self.cfg = cfg
-        self.prior = prior if prior is not None else pd.DataFrame({"timestamp": pd.DatetimeIndex([], tz="UTC"), "rate": []})
+        self.prior = (
+            prior if prior is not None else pd.DataFrame({"timestamp": pd.DatetimeIndex([], tz="UTC"), "rate": []})
+        )
         self._every = max(int(cfg.forecast_every_s // MINUTE), 1)
         # What the forecaster has seen by minute m is this frame's first len(prior) + m rows.
         self._history = pd.concat([self.prior, pd.DataFrame({"timestamp": times, "rate": rates})], ignore_index=True)
         self._start(0)
-        self._recorded: Optional[list] = None
+        self._recorded: list | None = None
 
     def _start(self, minute: int) -> None:
         """Forget every fit: the next forecast, at ``minute`` or after, refits."""
@@ -217,7 +247,7 @@ class ForecastFeed:
         forecasts = [self._predict(minute) for minute in range(start, stop)]
         return forecasts, self.one_step
 
-    def replay(self, parts: list[tuple[list, np.ndarray]]) -> "ForecastFeed":
+    def replay(self, parts: list[tuple[list, np.ndarray]]) -> ForecastFeed:
         """Join recorded periods, in order; :meth:`update` then replays them.  The recent error is the same as live:
         at a minute it reads only predictions made at or before it."""
         self._recorded = [fc for forecasts, _ in parts for fc in forecasts]
@@ -225,19 +255,21 @@ class ForecastFeed:
         for _, one_step in parts:
             made = ~np.isnan(one_step)
             self.one_step[made] = one_step[made]
-        self.factory = self.model = self._history = None  # a replay needs none, and it travels to other processes without them
+        self.factory = self.model = self._history = (
+            None  # a replay needs none, and it travels to other processes without them
+        )
         self._recent_errors = self._every_recent_error()
         return self
 
-    def record(self) -> "ForecastFeed":
+    def record(self) -> ForecastFeed:
         """Forecast the whole trace now, period by period."""
         return self.replay([self.record_period(*period) for period in self.periods()])
 
-    def update(self, minute: int) -> Optional[Forecast]:
+    def update(self, minute: int) -> Forecast | None:
         """Called at minute boundaries; ``minute`` observations are known."""
         return self._recorded[minute] if self._recorded is not None else self._predict(minute)
 
-    def _predict(self, minute: int) -> Optional[Forecast]:
+    def _predict(self, minute: int) -> Forecast | None:
         if not self._forecasts_at(minute):
             return self.forecast
         history = self._history.iloc[: len(self.prior) + minute]
@@ -253,14 +285,14 @@ class ForecastFeed:
         self.one_step[minute : minute + len(ahead)] = ahead
         return fc
 
-    def recent_error(self, minute: int) -> Optional[float]:
+    def recent_error(self, minute: int) -> float | None:
         """sMAPE of the one-step forecasts over the error window before ``minute``; None until half of it has one."""
         if self._recorded is not None:
             error = self._recent_errors[minute]
             return None if np.isnan(error) else float(error)
         return self._window_error(minute)
 
-    def _window_error(self, minute: int) -> Optional[float]:
+    def _window_error(self, minute: int) -> float | None:
         """:meth:`recent_error` from the one-step forecasts made so far."""
         window = int(self.cfg.error_window_s // MINUTE)
         lo = max(minute - window, 0)
@@ -283,7 +315,9 @@ class ForecastFeed:
         terms = smape_terms(self.rates, np.where(made, self.one_step, 0.0))
         out = np.full(n, np.nan)
         if n > window:
-            out[window:] = np.where(whole[window:], sliding_window_view(terms, window)[: n - window].mean(axis=1), np.nan)
+            out[window:] = np.where(
+                whole[window:], sliding_window_view(terms, window)[: n - window].mean(axis=1), np.nan
+            )
         for minute in np.flatnonzero(~whole & (known >= window // 2) & (known > 0)):
             out[minute] = self._window_error(int(minute))
         return out
@@ -306,11 +340,11 @@ def windowed_means(rates: np.ndarray, window: int) -> np.ndarray:
 def simulate(
     rates: np.ndarray,
     times: pd.DatetimeIndex,
-    policy: Union[ScalingPolicy, Controller],
+    policy: ScalingPolicy | Controller,
     model: ThroughputModel,
     config: SimConfig = SimConfig(),
-    forecasts: Optional[ForecastFeed] = None,
-    prior: Optional[ThroughputModel] = None,
+    forecasts: ForecastFeed | None = None,
+    prior: ThroughputModel | None = None,
 ) -> SimResult:
     """Run a controller (or a policy as built) over per-minute arrival ``rates`` (samples/s) at ``times``.
 
@@ -326,26 +360,41 @@ def simulate(
         raise KaleConfigError("rates", "the trace is empty")
     if n <= config.warmup_steps:
         raise KaleConfigError("warmup_steps", f"warm-up ({config.warmup_steps} min) covers the whole trace ({n} min)")
-    settings = ControlSettings(policy=policy.name if not isinstance(policy, Controller) else policy.settings.policy,
-                               min_workers=1, max_workers=config.max_workers, slo_s=config.slo_s, restart_s=config.restart_s,
-                               rate_window_s=config.rate_window_s, error_window_s=config.error_window_s)
+    settings = ControlSettings(
+        policy=policy.name if not isinstance(policy, Controller) else policy.settings.policy,
+        min_workers=1,
+        max_workers=config.max_workers,
+        slo_s=config.slo_s,
+        restart_s=config.restart_s,
+        rate_window_s=config.rate_window_s,
+        error_window_s=config.error_window_s,
+    )
     controller = policy if isinstance(policy, Controller) else Controller.fixed(policy, settings)
     learned = _Measurements(model, prior or model, config)
     # F(w) per count, once; per-tick reads as Python floats (numpy scalars' arithmetic is several times slower).
     capacity_of = np.asarray(model.predict(np.arange(config.max_workers + 1)), dtype=float).tolist()
     rate_at = rates.tolist()
     epoch = times[0].timestamp()
-    workers = config.initial_workers if config.initial_workers is not None else model.min_workers_for(rates[0], config.max_workers)
+    workers = (
+        config.initial_workers
+        if config.initial_workers is not None
+        else model.min_workers_for(rates[0], config.max_workers)
+    )
     queue = FifoBacklog(now=epoch)
     # What telemetry reads: committed offsets.  Same arrivals, consumed only at commits.
     committed = FifoBacklog(now=epoch) if config.commit_interval_s > 0 else None
     seen = committed or queue
     next_commit = epoch + config.commit_interval_s
     restart_until = -math.inf
-    pending: Optional[tuple[float, int, str, str]] = None  # a decided rescale waiting act_latency_s: (when, workers, policy, reason)
-    # The busy share's span: since the last sync (running sums), or the latest metrics window (its ticks' (consumed, capacity)).
+    pending: tuple[float, int, str, str] | None = (
+        None  # a decided rescale waiting act_latency_s: (when, workers, policy, reason)
+    )
+    # The busy share's span: since the last sync (running sums), or the latest metrics window (its ticks' (consumed,
+    # capacity)).
     busy_consumed = busy_capacity = 0.0
-    window_ticks: Optional[deque] = deque(maxlen=max(int(round(config.metrics_window_s / TICK_S)), 1)) if config.metrics_window_s > 0 else None
+    window_ticks: deque | None = (
+        deque(maxlen=max(int(round(config.metrics_window_s / TICK_S)), 1)) if config.metrics_window_s > 0 else None
+    )
 
     def commit() -> None:
         committed.take(queue.consumed_total - committed.consumed_total)
@@ -365,6 +414,7 @@ def simulate(
         lag = seen.time_lag()
         latency = config.pipeline_latency_s + config.pipeline_latency_per_worker_s * workers
         return lag + latency if lag > 0 or rate_at[minute] > 0 else 0.0
+
     ticks_per_min = int(MINUTE // TICK_S)
     sync_ticks = None
     rows = np.zeros((n, 5))  # workers, capacity, lag_s, restarting, consumed
@@ -389,7 +439,9 @@ def simulate(
             if sync_ticks is None or (minute * ticks_per_min + k) % sync_ticks == 0:
                 if rates_read != minute:  # telemetry's windowed rates move once a minute
                     measured = measured_at[minute]
-                    consumption = float(np.mean(rows[max(minute - window, 0):minute, 4])) / MINUTE if minute > 0 else 0.0
+                    consumption = (
+                        float(np.mean(rows[max(minute - window, 0) : minute, 4])) / MINUTE if minute > 0 else 0.0
+                    )
                     rates_read = minute
                 # The workers' busy share over its span is what GPU utilization reads; with no capacity in it
                 # (the first sync, the one a restart ends at), what the stream implies.  A restarted group reports
@@ -402,12 +454,29 @@ def simulate(
                     busy_share = utilization(None, queue.backlog, measured, 0.0 if restarting else capacity_of[workers])
                 starting = now < restart_until + config.metrics_window_s
                 busy_consumed = busy_capacity = 0.0
-                reading = StreamReading(now, measured, consumption, seen.backlog, reported_lag(minute),
-                                        latest_arrival_rate=rate_at[minute - 1] if minute > 0 else None)
-                status = LauncherStatus(workers, rescaling=restarting, measures=True, busy_share=None if starting else busy_share,
-                                        downtimes_s=learned.downtimes())
-                step = controller.step(reading, status, planning_model, forecast=forecast,
-                                       forecast_error=forecasts.recent_error(minute) if forecasts else None, rescale_in_flight=pending is not None)
+                reading = StreamReading(
+                    now,
+                    measured,
+                    consumption,
+                    seen.backlog,
+                    reported_lag(minute),
+                    latest_arrival_rate=rate_at[minute - 1] if minute > 0 else None,
+                )
+                status = LauncherStatus(
+                    workers,
+                    rescaling=restarting,
+                    measures=True,
+                    busy_share=None if starting else busy_share,
+                    downtimes_s=learned.downtimes(),
+                )
+                step = controller.step(
+                    reading,
+                    status,
+                    planning_model,
+                    forecast=forecast,
+                    forecast_error=forecasts.recent_error(minute) if forecasts else None,
+                    rescale_in_flight=pending is not None,
+                )
                 if sync_ticks is None:  # the policy's cadence, known once it is built
                     sync_ticks = max(int(round(controller.policy_in_use.sync_period_s / TICK_S)), 1)
                 target = max(min(step.decision.workers, config.max_workers), 0)
@@ -436,8 +505,16 @@ def simulate(
             restarting_ticks += restarting
         restarting_share = restarting_ticks / ticks_per_min
         if restarting_ticks == 0 and workers > 0 and consumed_minute >= capacity_of[workers] * MINUTE * (1 - 1e-9):
-            learned.saturated(minute, workers, consumed_minute / MINUTE)  # never waited for data: a throughput measurement
-        rows[minute] = (workers, capacity_of[workers] * (1 - restarting_share), reported_lag(minute), restarting_share, consumed_minute)
+            learned.saturated(
+                minute, workers, consumed_minute / MINUTE
+            )  # never waited for data: a throughput measurement
+        rows[minute] = (
+            workers,
+            capacity_of[workers] * (1 - restarting_share),
+            reported_lag(minute),
+            restarting_share,
+            consumed_minute,
+        )
     timeline = pd.DataFrame(
         {
             "time": times,
@@ -457,4 +534,6 @@ def score(timeline: pd.DataFrame, slo_s: float, rescales: int) -> PaperMetrics:
     """The paper's metrics over the scored minutes of a timeline (one reading a minute)."""
     t = timeline[timeline["scored"]]
     minutes = np.arange(len(t), dtype=float)
-    return score_readings(minutes, t["lag_s"], t["workers"], float(len(t)), slo_s, float(t["restarting"].sum()), rescales)
+    return score_readings(
+        minutes, t["lag_s"], t["workers"], float(len(t)), slo_s, float(t["restarting"].sum()), rescales
+    )

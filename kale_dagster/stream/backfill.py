@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
 
 import pandas as pd
 
@@ -52,7 +52,7 @@ class RecordReader:
         self.fetches = 0
         self._assigned = None
 
-    def run_at(self, tp, offset: int) -> tuple[Run, Optional[int]]:
+    def run_at(self, tp, offset: int) -> tuple[Run, int | None]:
         """The records from ``offset`` on (up to ``run_records``) and the partition's high watermark."""
         if self._assigned != tp:
             self.consumer.assign([tp])
@@ -65,11 +65,16 @@ class RecordReader:
             highwater = self.consumer.highwater(tp)
             if records:
                 if any(r.timestamp is None or r.timestamp < 0 for r in records):
-                    raise InputDataError(f"{tp.topic}[{tp.partition}] has records without timestamps (a pre-0.10 message format); they cannot be bucketed by time")
+                    raise InputDataError(
+                        f"{tp.topic}[{tp.partition}] has records without timestamps (a pre-0.10 message format); they "
+                        "cannot be bucketed by time"
+                    )
                 return [(r.offset, r.timestamp) for r in records], highwater
             if highwater is not None and offset >= highwater:
                 return [], highwater
-        raise TimeoutError(f"no answer from {tp.topic}[{tp.partition}] at offset {offset} within {self.timeout_s:.0f} s")
+        raise TimeoutError(
+            f"no answer from {tp.topic}[{tp.partition}] at offset {offset} within {self.timeout_s:.0f} s"
+        )
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class PartitionSpan:
 
     start: int
     end: int
-    first_ms: Optional[int]
+    first_ms: int | None
 
 
 class OffsetLookup(ABC):
@@ -96,7 +101,7 @@ class OffsetLookup(ABC):
         return self.list_offsets + self.reader.fetches
 
     @abstractmethod
-    def offsets(self, boundaries_ms: Sequence[int], done: Optional[Callable[[int, int], None]] = None) -> dict:
+    def offsets(self, boundaries_ms: Sequence[int], done: Callable[[int, int], None] | None = None) -> dict:
         """{tp: [offset per boundary]}; boundaries ascending; ``done(k, n)`` reports progress."""
 
 
@@ -105,7 +110,7 @@ class TimestampIndexLookup(OffsetLookup):
 
     method = "list-offsets-by-timestamp"
 
-    def offsets(self, boundaries_ms: Sequence[int], done: Optional[Callable[[int, int], None]] = None) -> dict:
+    def offsets(self, boundaries_ms: Sequence[int], done: Callable[[int, int], None] | None = None) -> dict:
         out = {tp: [] for tp in self.spans}
         for k, b in enumerate(boundaries_ms):
             answers = self.reader.consumer.offsets_for_times({tp: int(b) for tp in self.spans})
@@ -123,7 +128,7 @@ class FetchSearchLookup(OffsetLookup):
 
     method = "fetch-search"
 
-    def offsets(self, boundaries_ms: Sequence[int], done: Optional[Callable[[int, int], None]] = None) -> dict:
+    def offsets(self, boundaries_ms: Sequence[int], done: Callable[[int, int], None] | None = None) -> dict:
         out = {}
         for k, (tp, span) in enumerate(self.spans.items()):
             found: dict[int, int] = {}
@@ -230,9 +235,17 @@ class ArrivalBackfill:
     note: str = ""
 
 
-def rebuild_arrivals(consumer, topics: Sequence[str], *, days: float, bucket_s: float, now: Optional[float] = None,
-                     until: Optional[float] = None, samples_per_record: int = 1,
-                     done: Optional[Callable[[int, int], None]] = None) -> ArrivalBackfill:
+def rebuild_arrivals(
+    consumer,
+    topics: Sequence[str],
+    *,
+    days: float,
+    bucket_s: float,
+    now: float | None = None,
+    until: float | None = None,
+    samples_per_record: int = 1,
+    done: Callable[[int, int], None] | None = None,
+) -> ArrivalBackfill:
     """The arrival rate per ``bucket_s`` over the last ``days`` (or up to ``until``), from retained records;
     ``done(k, n)`` reports progress (boundaries or partitions looked up)."""
     if days <= 0 or bucket_s <= 0:
@@ -252,19 +265,26 @@ def rebuild_arrivals(consumer, topics: Sequence[str], *, days: float, bucket_s: 
     start = max(asked, begins, retained)
     note = ""
     if start > asked and firsts:
-        note = (f"Kafka retains {max(0.0, (end - start) / 86_400):.2f} of the {days:g} days asked "
-                f"({'retention' if retained > begins else 'the topic'} starts at {pd.Timestamp(start, unit='s', tz='UTC'):%Y-%m-%d %H:%M} UTC)")
+        note = (
+            f"Kafka retains {max(0.0, (end - start) / 86_400):.2f} of the {days:g} days asked "
+            f"({'retention' if retained > begins else 'the topic'} starts at "
+            f"{pd.Timestamp(start, unit='s', tz='UTC'):%Y-%m-%d %H:%M} UTC)"
+        )
     if start >= end:
-        empty = pd.DataFrame({"ts": pd.Series(dtype=float), "records": pd.Series(dtype=int), "arrival_rate": pd.Series(dtype=float)})
+        empty = pd.DataFrame(
+            {"ts": pd.Series(dtype=float), "records": pd.Series(dtype=int), "arrival_rate": pd.Series(dtype=float)}
+        )
         return ArrivalBackfill(empty, "none", reader.fetches, start, end, note or "no complete bucket retained")
     lookup = choose_lookup(reader, spans)
     boundaries = [int(round((start + k * bucket_s) * 1000)) for k in range(int(round((end - start) / bucket_s)) + 1)]
     per_partition = lookup.offsets(boundaries, done)
     totals = [sum(offsets[k] for offsets in per_partition.values()) for k in range(len(boundaries))]
     records = [b - a for a, b in zip(totals, totals[1:])]
-    rows = pd.DataFrame({
-        "ts": [b / 1000 for b in boundaries[1:]],
-        "records": records,
-        "arrival_rate": [n * samples_per_record / bucket_s for n in records],
-    })
+    rows = pd.DataFrame(
+        {
+            "ts": [b / 1000 for b in boundaries[1:]],
+            "records": records,
+            "arrival_rate": [n * samples_per_record / bucket_s for n in records],
+        }
+    )
     return ArrivalBackfill(rows, lookup.method, lookup.requests, start, end, note)

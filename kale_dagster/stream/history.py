@@ -21,7 +21,6 @@ import os
 import pickle
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 import sqlalchemy as sa
@@ -82,7 +81,7 @@ def default_url() -> str:
 class MetricsHistory:
     """Append and read per-pipeline metric rows; bounded by ``retention_days``."""
 
-    def __init__(self, url: Optional[str] = None, retention_days: float = DEFAULT_RETENTION_DAYS):
+    def __init__(self, url: str | None = None, retention_days: float = DEFAULT_RETENTION_DAYS):
         if retention_days <= 0:
             raise KaleConfigError("retention_days", f"must be > 0, got {retention_days}")
         self.url = url or default_url()
@@ -91,7 +90,9 @@ class MetricsHistory:
         _META.create_all(self.engine)
         _add_missing_columns(self.engine)
 
-    def append_stream(self, pipeline: str, ts: float, metrics: dict, workers: Optional[int] = None, seeded: bool = False) -> None:
+    def append_stream(
+        self, pipeline: str, ts: float, metrics: dict, workers: int | None = None, seeded: bool = False
+    ) -> None:
         row = {"pipeline": pipeline, "ts": ts, "workers": workers, "seeded": seeded}
         row.update({k: metrics.get(k) for k in _METRIC_COLUMNS})
         self._upsert(STREAM_METRICS, row)
@@ -99,40 +100,70 @@ class MetricsHistory:
 
     def seed_stream(self, pipeline: str, rows: pd.DataFrame) -> int:
         """Write many recorded rows at once (``ts`` and metric columns), marked ``seeded``; returns the count."""
-        records = [{"pipeline": pipeline, "ts": float(r["ts"]), "seeded": True, "workers": None, **{k: r.get(k) for k in _METRIC_COLUMNS}}
-                   for r in rows.to_dict("records")]
+        records = [
+            {
+                "pipeline": pipeline,
+                "ts": float(r["ts"]),
+                "seeded": True,
+                "workers": None,
+                **{k: r.get(k) for k in _METRIC_COLUMNS},
+            }
+            for r in rows.to_dict("records")
+        ]
         if records:
             with self.engine.begin() as conn:
-                conn.execute(sa.delete(STREAM_METRICS).where(sa.and_(STREAM_METRICS.c.pipeline == pipeline, STREAM_METRICS.c.ts.in_([r["ts"] for r in records]))))
+                conn.execute(
+                    sa.delete(STREAM_METRICS).where(
+                        sa.and_(
+                            STREAM_METRICS.c.pipeline == pipeline, STREAM_METRICS.c.ts.in_([r["ts"] for r in records])
+                        )
+                    )
+                )
                 conn.execute(sa.insert(STREAM_METRICS), records)
             self._trim(STREAM_METRICS, pipeline, max(r["ts"] for r in records))
         return len(records)
 
-    def append_throughput(self, pipeline: str, ts: float, workers: int, samples_per_s: float, emulated: bool = False) -> None:
-        self._upsert(WORKER_THROUGHPUT, {"pipeline": pipeline, "ts": ts, "workers": workers, "samples_per_s": samples_per_s, "emulated": emulated})
+    def append_throughput(
+        self, pipeline: str, ts: float, workers: int, samples_per_s: float, emulated: bool = False
+    ) -> None:
+        self._upsert(
+            WORKER_THROUGHPUT,
+            {"pipeline": pipeline, "ts": ts, "workers": workers, "samples_per_s": samples_per_s, "emulated": emulated},
+        )
         self._trim(WORKER_THROUGHPUT, pipeline, ts)
 
-    def stream(self, pipeline: str, start: Optional[float] = None, end: Optional[float] = None) -> pd.DataFrame:
+    def stream(self, pipeline: str, start: float | None = None, end: float | None = None) -> pd.DataFrame:
         """Stream metrics in [start, end] (epoch seconds) with a UTC ``timestamp`` column, oldest first."""
         return self._read(STREAM_METRICS, pipeline, start, end)
 
-    def throughput(self, pipeline: str, start: Optional[float] = None, end: Optional[float] = None) -> pd.DataFrame:
+    def throughput(self, pipeline: str, start: float | None = None, end: float | None = None) -> pd.DataFrame:
         return self._read(WORKER_THROUGHPUT, pipeline, start, end)
 
-    def arrival_history(self, pipeline: str, start: Optional[float] = None) -> pd.DataFrame:
+    def arrival_history(self, pipeline: str, start: float | None = None) -> pd.DataFrame:
         """``timestamp``/``rate`` rows with a known arrival rate: the forecaster's input."""
         frame = self.stream(pipeline, start)
         frame = frame[frame["arrival_rate"].notna()]
-        return pd.DataFrame({"timestamp": frame["timestamp"], "rate": frame["arrival_rate"].astype(float)}).reset_index(drop=True)
+        return pd.DataFrame({"timestamp": frame["timestamp"], "rate": frame["arrival_rate"].astype(float)}).reset_index(
+            drop=True
+        )
 
     def save_forecaster(self, pipeline: str, fitted_at: float, model) -> None:
         blob = pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL)
         self._upsert(FORECASTERS, {"pipeline": pipeline, "ts": fitted_at, "model": blob})
         with self.engine.begin() as conn:
-            keep = sa.select(FORECASTERS.c.ts).where(FORECASTERS.c.pipeline == pipeline).order_by(FORECASTERS.c.ts.desc()).limit(KEEP_FORECASTERS)
-            conn.execute(sa.delete(FORECASTERS).where(sa.and_(FORECASTERS.c.pipeline == pipeline, FORECASTERS.c.ts.not_in(keep.scalar_subquery()))))
+            keep = (
+                sa.select(FORECASTERS.c.ts)
+                .where(FORECASTERS.c.pipeline == pipeline)
+                .order_by(FORECASTERS.c.ts.desc())
+                .limit(KEEP_FORECASTERS)
+            )
+            conn.execute(
+                sa.delete(FORECASTERS).where(
+                    sa.and_(FORECASTERS.c.pipeline == pipeline, FORECASTERS.c.ts.not_in(keep.scalar_subquery()))
+                )
+            )
 
-    def latest_forecaster(self, pipeline: str, after: Optional[float] = None) -> Optional[tuple[float, object]]:
+    def latest_forecaster(self, pipeline: str, after: float | None = None) -> tuple[float, object] | None:
         """(fitted_at, forecaster) of the latest fit, or None; with ``after``, only a fit newer than it."""
         query = sa.select(FORECASTERS.c.ts, FORECASTERS.c.model).where(FORECASTERS.c.pipeline == pipeline)
         if after is not None:
@@ -154,14 +185,16 @@ class MetricsHistory:
         with self.engine.begin() as conn:
             conn.execute(sa.delete(table).where(sa.and_(table.c.pipeline == pipeline, table.c.ts < cutoff)))
 
-    def _read(self, table: sa.Table, pipeline: str, start: Optional[float], end: Optional[float]) -> pd.DataFrame:
+    def _read(self, table: sa.Table, pipeline: str, start: float | None, end: float | None) -> pd.DataFrame:
         query = sa.select(table).where(table.c.pipeline == pipeline)
         if start is not None:
             query = query.where(table.c.ts >= start)
         if end is not None:
             query = query.where(table.c.ts <= end)
         with self.engine.connect() as conn:
-            frame = pd.DataFrame(conn.execute(query.order_by(table.c.ts)).mappings().all(), columns=[c.name for c in table.columns])
+            frame = pd.DataFrame(
+                conn.execute(query.order_by(table.c.ts)).mappings().all(), columns=[c.name for c in table.columns]
+            )
         frame.insert(0, "timestamp", pd.to_datetime(frame["ts"], unit="s", utc=True))
         return frame.drop(columns=["pipeline"])
 
@@ -170,7 +203,8 @@ class MetricsHistory:
 
 
 def _with_driver(url: str) -> sa.engine.URL:
-    """A plain ``postgresql://`` URL read as dagster-postgres reads it, with psycopg2 (SQLAlchemy 2 would pick psycopg 3)."""
+    """A plain ``postgresql://`` URL read as dagster-postgres reads it, with psycopg2 (SQLAlchemy 2 would pick psycopg
+    3)."""
     parsed = sa.engine.make_url(url)
     return parsed.set(drivername="postgresql+psycopg2") if parsed.drivername == "postgresql" else parsed
 
@@ -190,4 +224,8 @@ def _add_missing_columns(engine) -> None:
         for column in table.columns:
             if column.name not in have and column.nullable:
                 with engine.begin() as conn:
-                    conn.execute(sa.text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {column.type.compile(engine.dialect)}'))
+                    conn.execute(
+                        sa.text(
+                            f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {column.type.compile(engine.dialect)}'
+                        )
+                    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -59,7 +58,14 @@ def wall_rates(history: pd.DataFrame, settings: ReplaySettings) -> tuple[np.ndar
     return rates, step / settings.speedup
 
 
-def replay(servers: str, history: pd.DataFrame, settings: ReplaySettings, stop: Optional[threading.Event] = None, max_wall_s: Optional[float] = None, batch_size: int = 16384) -> int:
+def replay(
+    servers: str,
+    history: pd.DataFrame,
+    settings: ReplaySettings,
+    stop: threading.Event | None = None,
+    max_wall_s: float | None = None,
+    batch_size: int = 16384,
+) -> int:
     """Produce the trace; returns the number of samples sent.  Sequence numbers start at 0."""
     from kafka import KafkaProducer
 
@@ -99,8 +105,20 @@ def replay(servers: str, history: pd.DataFrame, settings: ReplaySettings, stop: 
     return sent
 
 
-def replay_in_background(servers: str, history: pd.DataFrame, settings: ReplaySettings, stop: threading.Event, max_wall_s: Optional[float] = None) -> threading.Thread:
+def replay_in_background(
+    servers: str,
+    history: pd.DataFrame,
+    settings: ReplaySettings,
+    stop: threading.Event,
+    max_wall_s: float | None = None,
+) -> threading.Thread:
     """:func:`replay` in a started daemon thread; set ``stop`` to end it early."""
-    thread = threading.Thread(target=replay, args=(servers, history, settings), kwargs=dict(stop=stop, max_wall_s=max_wall_s), daemon=True, name="producer")
+    thread = threading.Thread(
+        target=replay,
+        args=(servers, history, settings),
+        kwargs=dict(stop=stop, max_wall_s=max_wall_s),
+        daemon=True,
+        name="producer",
+    )
     thread.start()
     return thread

@@ -10,7 +10,6 @@ a trainer that learns it shows a rising AUC: the number means something.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -65,7 +64,7 @@ def encode(records: np.ndarray, samples_per_record: int = 1) -> list[bytes]:
     return [raw[i : i + size] for i in range(0, len(raw), size)]
 
 
-def decode(values: list[Optional[bytes]]) -> tuple[np.ndarray, np.ndarray]:
+def decode(values: list[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
     """Samples from record values, and how many samples each value carried.
 
     A value that is not whole samples with a 0/1 label and finite features

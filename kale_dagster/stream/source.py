@@ -14,8 +14,8 @@ environment (``WORKER_ENV``), never on a command line.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from kale_dagster.errors import KaleConfigError
 
@@ -41,8 +41,8 @@ def check_kafka_settings(
     topics: Sequence[str],
     group_id: str,
     security_protocol: str,
-    sasl_mechanism: Optional[str],
-    sasl_username: Optional[str],
+    sasl_mechanism: str | None,
+    sasl_username: str | None,
     has_password: bool,
     samples_per_record: int,
     request_timeout_ms: int,
@@ -67,12 +67,18 @@ def check_kafka_settings(
         raise KaleConfigError("group_id", "must not be empty")
     protocol = (security_protocol or "").upper()
     if protocol not in SECURITY_PROTOCOLS:
-        raise KaleConfigError("security_protocol", f"unknown {security_protocol!r}; use one of {', '.join(SECURITY_PROTOCOLS)}")
+        raise KaleConfigError(
+            "security_protocol", f"unknown {security_protocol!r}; use one of {', '.join(SECURITY_PROTOCOLS)}"
+        )
     if protocol.startswith("SASL"):
         if sasl_mechanism not in SASL_MECHANISMS:
-            raise KaleConfigError("sasl_mechanism", f"{protocol} needs one of {', '.join(SASL_MECHANISMS)}, got {sasl_mechanism!r}")
+            raise KaleConfigError(
+                "sasl_mechanism", f"{protocol} needs one of {', '.join(SASL_MECHANISMS)}, got {sasl_mechanism!r}"
+            )
         if sasl_mechanism in _PASSWORD_MECHANISMS and not (sasl_username and has_password):
-            raise KaleConfigError("sasl_username", f"SASL {sasl_mechanism} needs a username and a password (from an environment variable)")
+            raise KaleConfigError(
+                "sasl_username", f"SASL {sasl_mechanism} needs a username and a password (from an environment variable)"
+            )
     if samples_per_record < 1:
         raise KaleConfigError("samples_per_record", f"must be >= 1, got {samples_per_record}")
     if request_timeout_ms < 100:
@@ -93,28 +99,42 @@ class KafkaSource:
     topics: tuple[str, ...]
     group_id: str
     security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: Optional[str] = None
-    sasl_username: Optional[str] = None
-    sasl_password_env: Optional[str] = None
-    ssl_cafile: Optional[str] = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password_env: str | None = None
+    ssl_cafile: str | None = None
     samples_per_record: int = 1
     request_timeout_ms: int = 10_000
 
     def __post_init__(self):
         servers, topics, group, protocol = check_kafka_settings(
-            bootstrap_servers=self.bootstrap_servers, topics=self.topics, group_id=self.group_id,
-            security_protocol=self.security_protocol, sasl_mechanism=self.sasl_mechanism,
-            sasl_username=self.sasl_username, has_password=bool(self.sasl_password_env),
-            samples_per_record=self.samples_per_record, request_timeout_ms=self.request_timeout_ms,
+            bootstrap_servers=self.bootstrap_servers,
+            topics=self.topics,
+            group_id=self.group_id,
+            security_protocol=self.security_protocol,
+            sasl_mechanism=self.sasl_mechanism,
+            sasl_username=self.sasl_username,
+            has_password=bool(self.sasl_password_env),
+            samples_per_record=self.samples_per_record,
+            request_timeout_ms=self.request_timeout_ms,
         )
-        for name, value in (("bootstrap_servers", servers), ("topics", topics), ("group_id", group), ("security_protocol", protocol)):
+        for name, value in (
+            ("bootstrap_servers", servers),
+            ("topics", topics),
+            ("group_id", group),
+            ("security_protocol", protocol),
+        ):
             object.__setattr__(self, name, value)
 
     @property
     def topic(self) -> str:
         """The one topic of a single-topic source (what the kale trainer consumes)."""
         if len(self.topics) != 1:
-            raise KaleConfigError("topics", f"the kale trainer consumes one topic; this source declares {len(self.topics)}: {', '.join(self.topics)}")
+            raise KaleConfigError(
+                "topics",
+                f"the kale trainer consumes one topic; this source declares {len(self.topics)}: "
+                f"{', '.join(self.topics)}",
+            )
         return self.topics[0]
 
     def worker_env(self, include_password: bool) -> dict[str, str]:
@@ -125,7 +145,11 @@ class KafkaSource:
         out and the pod gets it from the pipeline's Secret.
         """
         env = {"KAFKA_SECURITY_PROTOCOL": self.security_protocol}
-        for name, value in (("KAFKA_SASL_MECHANISM", self.sasl_mechanism), ("KAFKA_SASL_USERNAME", self.sasl_username), ("KAFKA_SSL_CAFILE", self.ssl_cafile)):
+        for name, value in (
+            ("KAFKA_SASL_MECHANISM", self.sasl_mechanism),
+            ("KAFKA_SASL_USERNAME", self.sasl_username),
+            ("KAFKA_SSL_CAFILE", self.ssl_cafile),
+        ):
             if value:
                 env[name] = value
         if include_password and self.sasl_password_env:

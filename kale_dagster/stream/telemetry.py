@@ -36,8 +36,8 @@ leader broker, one OffsetFetch, and one Fetch round per leader broker.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from kale_dagster.model.types import PartitionOffsets
 
@@ -49,7 +49,7 @@ class RawOffsets:
     time: float
     partitions: tuple[PartitionOffsets, ...]
     topic_of: tuple[str, ...]  # topic of each partition entry
-    oldest_unconsumed_ms: tuple[Optional[int], ...]  # record timestamp at the committed offset
+    oldest_unconsumed_ms: tuple[int | None, ...]  # record timestamp at the committed offset
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,10 @@ class PartitionStats:
     topic: str
     partition: int
     end_offset: int
-    committed: Optional[int]
+    committed: int | None
     lag: int  # samples
-    arrival_rate: Optional[float]  # samples per second
-    consumption_rate: Optional[float]
+    arrival_rate: float | None  # samples per second
+    consumption_rate: float | None
     time_lag_s: float
 
 
@@ -73,13 +73,13 @@ class StreamSnapshot:
     end_offset_total: int
     committed_total: int
     sample_lag: int
-    arrival_rate: Optional[float]
-    consumption_rate: Optional[float]
+    arrival_rate: float | None
+    consumption_rate: float | None
     time_lag_s: float
     time_lag_complete: bool = True  # False when some lagging partition's oldest record was not read
 
-    def offsets(self) -> dict[str, dict[int, tuple[int, Optional[int]]]]:
-        out: dict[str, dict[int, tuple[int, Optional[int]]]] = {}
+    def offsets(self) -> dict[str, dict[int, tuple[int, int | None]]]:
+        out: dict[str, dict[int, tuple[int, int | None]]] = {}
         for p in self.partitions:
             out.setdefault(p.topic, {})[p.partition] = (p.end_offset, p.committed)
         return out
@@ -112,7 +112,9 @@ def partition_lag(p: PartitionOffsets) -> int:
     return max(p.end_offset - p.committed, 0)
 
 
-def build_snapshot(raw: RawOffsets, previous: Optional[PreviousOffsets] = None, samples_per_record: int = 1) -> StreamSnapshot:
+def build_snapshot(
+    raw: RawOffsets, previous: PreviousOffsets | None = None, samples_per_record: int = 1
+) -> StreamSnapshot:
     """Pure arithmetic from raw offsets (and an earlier snapshot) to a snapshot."""
     dt = raw.time - previous.time if previous is not None else 0.0
     k = samples_per_record
@@ -177,7 +179,9 @@ def read_offsets(consumer, admin, topics: list[str], group_id: str, fetch_timeou
     ends = consumer.end_offsets(tps)
     starts = consumer.beginning_offsets(tps)
     committed_raw = admin.list_group_offsets(group_id).get(group_id, {})
-    committed = {tp: (meta.offset if meta is not None and meta.offset >= 0 else None) for tp, meta in committed_raw.items()}
+    committed = {
+        tp: (meta.offset if meta is not None and meta.offset >= 0 else None) for tp, meta in committed_raw.items()
+    }
 
     # One Fetch round from each partition's committed (or earliest) offset:
     # the first record is the oldest unconsumed sample; the response carries
@@ -198,7 +202,9 @@ def read_offsets(consumer, admin, topics: list[str], group_id: str, fetch_timeou
             hw = consumer.highwater(tp)
             if hw is not None:
                 highwater[tp] = hw
-        if len(highwater) == len(tps) and all(tp in oldest or highwater[tp] <= _start(committed, starts, tp) for tp in tps):
+        if len(highwater) == len(tps) and all(
+            tp in oldest or highwater[tp] <= _start(committed, starts, tp) for tp in tps
+        ):
             break
     consumer.unsubscribe()
     partitions = tuple(

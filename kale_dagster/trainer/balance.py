@@ -16,8 +16,8 @@ queue lengths and a shared seed, so no coordinator is needed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -60,7 +60,9 @@ class AcceptState:
         return self.accepting
 
 
-def forwarding_plan(own: Sequence[int], total: Sequence[int], accepting: Sequence[bool], high: int, seed: int) -> list[tuple[int, int, int]]:
+def forwarding_plan(
+    own: Sequence[int], total: Sequence[int], accepting: Sequence[bool], high: int, seed: int
+) -> list[tuple[int, int, int]]:
     """(sender, receiver, count) transfers for one step.
 
     ``own`` are the lengths of each worker's own (never forwarded) queue,

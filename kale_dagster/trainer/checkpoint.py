@@ -16,7 +16,6 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -51,8 +50,10 @@ def save_atomic(directory, step: int, state: dict, keep: int = 3) -> Path:
         except OSError:
             pass  # a read-only volume keeps it; loading never reads a .tmp file
         latest = list_checkpoints(directory)
-        raise CheckpointWriteError(f"could not write checkpoint {final.name} to {directory}: {exc}; "
-                                   f"{latest[-1].name if latest else 'no checkpoint'} stays the latest") from exc
+        raise CheckpointWriteError(
+            f"could not write checkpoint {final.name} to {directory}: {exc}; "
+            f"{latest[-1].name if latest else 'no checkpoint'} stays the latest"
+        ) from exc
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -70,7 +71,7 @@ def list_checkpoints(directory) -> list[Path]:
     return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
 
 
-def load_latest(directory) -> Optional[dict]:
+def load_latest(directory) -> dict | None:
     """The newest checkpoint that loads, or None when there is none."""
     for path in reversed(list_checkpoints(directory)):
         try:

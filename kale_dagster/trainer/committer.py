@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Optional
 
 
 class OffsetCommitter:
@@ -22,13 +21,13 @@ class OffsetCommitter:
 
     def __init__(self, kafka_config: dict, group_id: str, topic: str, retry_s: float = 1.0):
         self.kafka_config, self.group_id, self.topic, self.retry_s = kafka_config, group_id, topic, retry_s
-        self._pending: Optional[dict[int, int]] = None
+        self._pending: dict[int, int] | None = None
         self._wake = threading.Condition()
         self._idle = threading.Event()
         self._idle.set()
         self._closed = False
         self._consumer = None
-        self.committed: Optional[dict[int, int]] = None  # the last offsets Kafka acknowledged
+        self.committed: dict[int, int] | None = None  # the last offsets Kafka acknowledged
         self._thread = threading.Thread(target=self._run, name="offset-committer", daemon=True)
         self._thread.start()
 
@@ -67,7 +66,11 @@ class OffsetCommitter:
             try:
                 self._commit(offsets)
             except Exception as exc:  # the broker is down or slow: keep the offsets unless newer ones came
-                print(f"offset commit failed, retrying in {self.retry_s:g} s: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                print(
+                    f"offset commit failed, retrying in {self.retry_s:g} s: {type(exc).__name__}: {exc}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 with self._wake:
                     self._wake.wait(self.retry_s)
                 continue

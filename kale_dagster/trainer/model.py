@@ -16,7 +16,13 @@ class CTRModel(nn.Module):
         super().__init__()
         self.users = nn.Embedding(N_USERS, dim)
         self.items = nn.Embedding(N_ITEMS, dim)
-        self.tower = nn.Sequential(nn.Linear(2 * dim + N_DENSE + 1, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.tower = nn.Sequential(
+            nn.Linear(2 * dim + N_DENSE + 1, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, 1),
+        )
 
     def forward(self, users: torch.Tensor, items: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         u, v = self.users(users), self.items(items)

@@ -14,8 +14,8 @@ says which to pause.  Times are record timestamps (ms, as Kafka stamps them) and
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional
 
 
 @dataclass
@@ -35,7 +35,7 @@ class ArrivalOrder:
     delivered_ms: dict[int, int] = field(default_factory=dict)  # newest record timestamp delivered, per partition
     held: frozenset[int] = frozenset()
     stalled: frozenset[int] = frozenset()
-    empty_since_s: Optional[float] = None  # start of the current run of polls that delivered nothing
+    empty_since_s: float | None = None  # start of the current run of polls that delivered nothing
 
     def __post_init__(self):
         if self.lead_ms < 0 or self.stall_s <= 0:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from enum import Enum
-from typing import Optional
 
 #: Seconds a collective may wait for a missing rank before the group fails
 #: (a hung or dead peer), for workers and for the settings that start them.
@@ -36,7 +35,7 @@ def event_line(event: WorkerEvent, **fields) -> str:
     return json.dumps({"event": event.value, **fields})
 
 
-def parse_event(line: str) -> Optional[tuple[WorkerEvent, dict]]:
+def parse_event(line: str) -> tuple[WorkerEvent, dict] | None:
     """The event of one output line, or None for anything else (log noise, a partial line).
 
     A prefix before the JSON object (torchrun's ``[rank0]:``, a log shipper's
@@ -65,7 +64,7 @@ class GroupAssignment:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_line(cls, line: str) -> "GroupAssignment":
+    def from_line(cls, line: str) -> GroupAssignment:
         data = json.loads(line)
         return cls(int(data["rank"]), int(data["world"]), str(data["addr"]), int(data["port"]))
 
@@ -84,6 +83,6 @@ class StepStatus:
         return [self.own_queue, self.total_queue, int(self.accepting), int(self.stop), int(self.checkpoint_due)]
 
     @classmethod
-    def from_row(cls, row) -> "StepStatus":
+    def from_row(cls, row) -> StepStatus:
         own, total, accepting, stop, due = (int(x) for x in row)
         return cls(own, total, bool(accepting), bool(stop), bool(due))

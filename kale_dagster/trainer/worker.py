@@ -122,10 +122,13 @@ class LocalQueue:
         return np.concatenate(taken)
 
     def take_through(self, newest: dict[int, int]) -> np.ndarray:
-        """Remove and return the queued samples at or below ``newest[partition]`` (the holes a checkpoint must not skip)."""
+        """Remove and return the queued samples at or below ``newest[partition]`` (the holes a checkpoint must not
+        skip)."""
+
         def due(arr):
             limit = np.array([newest.get(int(p), -1) for p in arr["partition"]], dtype=np.int64)
             return arr["offset"] <= limit
+
         out = []
         for name in ("forwarded", "own"):
             arr = getattr(self, name)
@@ -166,8 +169,12 @@ class MetricsWindow:
         # counts steps this rank sat out while others trained (imbalance).
         # saturated: no step of the window waited for data, so samples_per_s is
         # the group's capacity, F(w), not the arrival rate (the paper's profiling).
-        return {"samples_per_s": self.samples / elapsed, "idle_share": self.idle_steps / max(self.steps, 1),
-                "busy_share": min(self.busy_s / elapsed, 1.0), "saturated": self.steps > 0 and not self.waited}
+        return {
+            "samples_per_s": self.samples / elapsed,
+            "idle_share": self.idle_steps / max(self.steps, 1),
+            "busy_share": min(self.busy_s / elapsed, 1.0),
+            "saturated": self.steps > 0 and not self.waited,
+        }
 
 
 class Worker:
@@ -175,7 +182,11 @@ class Worker:
         self.args = args
         self.stop_requested = False
         self.serving = False
-        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
         self._build_model()
         self.started_at = time.monotonic()
         self.trained_log = None
@@ -208,10 +219,17 @@ class Worker:
 
     def join(self, group: GroupAssignment) -> None:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{group.addr}:{group.port}", rank=group.rank, world_size=group.world,
-                                timeout=timedelta(seconds=self.args.collective_timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{group.addr}:{group.port}",
+            rank=group.rank,
+            world_size=group.world,
+            timeout=timedelta(seconds=self.args.collective_timeout_s),
+        )
         self.rank, self.world = group.rank, group.world
-        self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.ddp = DistributedDataParallel(
+            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
+        )
 
     def restore(self) -> dict:
         state = load_latest(self.args.checkpoint_dir) or {}
@@ -226,15 +244,20 @@ class Worker:
         from kafka import KafkaConsumer, TopicPartition
 
         consumer = KafkaConsumer(
-            **kafka_config(self.args.bootstrap_servers), enable_auto_commit=False, group_id=None,
-            max_partition_fetch_bytes=1 << 20, fetch_max_wait_ms=50,
+            **kafka_config(self.args.bootstrap_servers),
+            enable_auto_commit=False,
+            group_id=None,
+            max_partition_fetch_bytes=1 << 20,
+            fetch_max_wait_ms=50,
         )
         partitions = sorted(consumer.partitions_for_topic(self.args.topic) or [])
         if not partitions:
             raise RuntimeError(f"topic {self.args.topic!r} has no partitions")
         rates = state.get("partition_rates") or {p: 1.0 for p in partitions}
         rates = {p: float(rates.get(p, 1.0)) for p in partitions}
-        plan = assign_by_rate(rates, self.world) if self.args.balance == "rates" else round_robin(partitions, self.world)
+        plan = (
+            assign_by_rate(rates, self.world) if self.args.balance == "rates" else round_robin(partitions, self.world)
+        )
         mine = [TopicPartition(self.args.topic, p) for p in plan[self.rank]]
         if mine:  # more workers than partitions: this one trains forwarded samples only
             consumer.assign(mine)
@@ -255,7 +278,9 @@ class Worker:
     def _committed(self, tps) -> dict[int, int]:
         from kafka import KafkaConsumer
 
-        c = KafkaConsumer(**kafka_config(self.args.bootstrap_servers), group_id=self.args.group_id, enable_auto_commit=False)
+        c = KafkaConsumer(
+            **kafka_config(self.args.bootstrap_servers), group_id=self.args.group_id, enable_auto_commit=False
+        )
         try:
             return {tp.partition: off for tp in tps if (off := c.committed(tp)) is not None}
         finally:
@@ -292,8 +317,12 @@ class Worker:
         if poison.any():  # skipped, never retried: its offset is passed like any other
             self.poison_records += int(poison.sum())
             first = records[int(np.flatnonzero(poison)[0])]
-            print(f"skipped {int(poison.sum())} record(s) that are not kale samples in partition {partition}, "
-                  f"first at offset {first.offset} ({len(first.value or b'')} bytes)", file=sys.stderr, flush=True)
+            print(
+                f"skipped {int(poison.sum())} record(s) that are not kale samples in partition {partition}, "
+                f"first at offset {first.offset} ({len(first.value or b'')} bytes)",
+                file=sys.stderr,
+                flush=True,
+            )
         items = np.empty(len(samples), dtype=QITEM)
         items["rec"] = samples
         items["partition"] = partition
@@ -306,7 +335,9 @@ class Worker:
 
     def _keep_arrival_order(self, consumer, newest: dict[int, int]) -> None:
         """Pause the partitions that run ahead of this rank's oldest backlog, resume the others (``ordering``)."""
-        backlogged = [p for p, tp in self.assigned.items() if (hw := consumer.highwater(tp)) is None or self.next_pos[p] < hw]
+        backlogged = [
+            p for p, tp in self.assigned.items() if (hw := consumer.highwater(tp)) is None or self.next_pos[p] < hw
+        ]
         paused = self.order.held
         held = self.order.polled(newest, backlogged, time.monotonic())
         if held != paused:
@@ -315,7 +346,10 @@ class Worker:
 
     def caught_up(self, consumer) -> bool:
         """Every partition of this rank has reported its high watermark and been read up to it."""
-        return all((hw := consumer.highwater(tp)) is not None and self.next_pos[tp.partition] >= hw for tp in consumer.assignment())
+        return all(
+            (hw := consumer.highwater(tp)) is not None and self.next_pos[tp.partition] >= hw
+            for tp in consumer.assignment()
+        )
 
     def exchange(self, queue: LocalQueue, plan: list[tuple[int, int, int]]) -> None:
         """Carry out this rank's part of the forwarding plan with point-to-point transfers."""
@@ -350,7 +384,9 @@ class Worker:
         accept = AcceptState(high=args.high_watermark, low=args.low_watermark)
         emit(WorkerEvent.STARTED, rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
         self.newest_trained: dict[int, int] = {}  # per partition, the newest offset this rank trained in this group
-        trained_log = self.trained_log = open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab") if args.trained_log else None
+        trained_log = self.trained_log = (
+            open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab") if args.trained_log else None
+        )
         last_ckpt = time.monotonic()
         window = MetricsWindow()
         first_step_done = False
@@ -362,11 +398,25 @@ class Worker:
                 table = self.gather_status(mine_now)
                 if any(r.stop for r in table):
                     break
-                plan = [] if args.balance == "round-robin" else forwarding_plan(
-                    [r.own_queue for r in table], [r.total_queue for r in table], [r.accepting for r in table], args.high_watermark, seed=step
+                plan = (
+                    []
+                    if args.balance == "round-robin"
+                    else forwarding_plan(
+                        [r.own_queue for r in table],
+                        [r.total_queue for r in table],
+                        [r.accepting for r in table],
+                        args.high_watermark,
+                        seed=step,
+                    )
                 )
                 self.exchange(queue, plan)
-                counts = [min(args.batch_size, r.total_queue + sum(n for s, d, n in plan if d == i) - sum(n for s, d, n in plan if s == i)) for i, r in enumerate(table)]
+                counts = [
+                    min(
+                        args.batch_size,
+                        r.total_queue + sum(n for s, d, n in plan if d == i) - sum(n for s, d, n in plan if s == i),
+                    )
+                    for i, r in enumerate(table)
+                ]
                 global_n = sum(counts)
                 # Checkpoints are collective: all ranks take one at the same step.
                 checkpoint_now = any(r.checkpoint_due for r in table)
@@ -415,8 +465,17 @@ class Worker:
         """Emit the window's metrics once it spans ``metrics_every_s``; the window to count in next."""
         if time.monotonic() - window.start < self.args.metrics_every_s:
             return window
-        emit(WorkerEvent.METRICS, rank=self.rank, world=self.world, **window.fields(), auc=self.auc.value(), step=step,
-             emulated=bool(self.args.emulate_gpu_rate), poison_records=self.poison_records, checkpoint_error=self.checkpoint_error)
+        emit(
+            WorkerEvent.METRICS,
+            rank=self.rank,
+            world=self.world,
+            **window.fields(),
+            auc=self.auc.value(),
+            step=step,
+            emulated=bool(self.args.emulate_gpu_rate),
+            poison_records=self.poison_records,
+            checkpoint_error=self.checkpoint_error,
+        )
         return MetricsWindow()
 
     def gather_status(self, mine: StepStatus) -> list[StepStatus]:
@@ -435,7 +494,12 @@ class Worker:
                 newest = int(batch["offset"][batch["partition"] == p].max())
                 self.newest_trained[int(p)] = max(self.newest_trained.get(int(p), -1), newest)
             if self.trained_log is not None:
-                self.trained_log.write(np.stack([batch["partition"].astype(np.int64), batch["offset"], batch["rec"]["seq"].astype(np.int64)], axis=1).tobytes())
+                self.trained_log.write(
+                    np.stack(
+                        [batch["partition"].astype(np.int64), batch["offset"], batch["rec"]["seq"].astype(np.int64)],
+                        axis=1,
+                    ).tobytes()
+                )
         if not self.args.emulate_gpu_rate:
             return time.monotonic() - started  # the GPU is busy for the whole step
         # EMULATION: one GPU's throughput, so scaling shows on a small CPU.
@@ -470,7 +534,11 @@ class Worker:
         users, items, dense, labels = batch_tensors(records, self.device)
         logits = self.ddp(users, items, dense)
         # DDP averages gradients over ranks: scale so the update is the global mean over samples.
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum") * self.world / global_n
+        loss = (
+            torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+            * self.world
+            / global_n
+        )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -483,7 +551,12 @@ class Worker:
             # What a checkpoint covers must be on disk in the accounting log too.
             self.trained_log.flush()
             os.fsync(self.trained_log.fileno())
-        mine = {"next": self.next_pos, "start": self.start_pos, "min_queued": queue.min_offsets(), "elapsed": time.monotonic() - self.started_at}
+        mine = {
+            "next": self.next_pos,
+            "start": self.start_pos,
+            "min_queued": queue.min_offsets(),
+            "elapsed": time.monotonic() - self.started_at,
+        }
         everyone: list = [None] * self.world
         dist.all_gather_object(everyone, mine)
         if self.rank == 0:
@@ -498,8 +571,13 @@ class Worker:
                 for p, nxt in info["next"].items():
                     rates[p] = max(nxt - info["start"][p], 0) / max(info["elapsed"], 1e-3)
             state = {
-                "step": step, "trained_total": trained_total, "offsets": offsets, "partition_rates": rates,
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "world": self.world,
+                "step": step,
+                "trained_total": trained_total,
+                "offsets": offsets,
+                "partition_rates": rates,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "world": self.world,
             }
             try:
                 path = save_atomic(self.args.checkpoint_dir, step, state, keep=self.args.keep)
@@ -511,7 +589,9 @@ class Worker:
             else:
                 self.checkpoint_error = ""
                 if self.committer is None:
-                    self.committer = OffsetCommitter(kafka_config(self.args.bootstrap_servers), self.args.group_id, self.args.topic)
+                    self.committer = OffsetCommitter(
+                        kafka_config(self.args.bootstrap_servers), self.args.group_id, self.args.topic
+                    )
                 self.committer.submit(offsets)  # after the save, never ahead of it; off the step, never stalling it
                 emit(WorkerEvent.CHECKPOINT, step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
         dist.barrier()
@@ -528,17 +608,36 @@ def parse_args(argv=None):
     parser.add_argument("--max-queue", type=int, default=2048)
     parser.add_argument("--high-watermark", type=int, default=768)
     parser.add_argument("--low-watermark", type=int, default=256)
-    parser.add_argument("--balance", choices=["rates", "round-robin"], default="rates",
-                        help="rates: assign partitions by measured rate and forward overflow; round-robin: neither (baseline)")
-    parser.add_argument("--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap samples/s per worker (0 = off)")
-    parser.add_argument("--emulate-restore-s", type=float, default=0.0, help="EMULATION: extra seconds to restore a checkpoint (0 = off)")
+    parser.add_argument(
+        "--balance",
+        choices=["rates", "round-robin"],
+        default="rates",
+        help="rates: assign partitions by measured rate and forward overflow; round-robin: neither (baseline)",
+    )
+    parser.add_argument(
+        "--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap samples/s per worker (0 = off)"
+    )
+    parser.add_argument(
+        "--emulate-restore-s",
+        type=float,
+        default=0.0,
+        help="EMULATION: extra seconds to restore a checkpoint (0 = off)",
+    )
     parser.add_argument("--checkpoint-every-s", type=float, default=5.0)
-    parser.add_argument("--order-lead-s", type=float, default=0.5,
-                        help="how far (record time) one of a rank's partitions may run ahead of its oldest backlog before it is paused")
+    parser.add_argument(
+        "--order-lead-s",
+        type=float,
+        default=0.5,
+        help="how far (record time) one of a rank's partitions may run ahead of its oldest backlog before it is paused",
+    )
     parser.add_argument("--metrics-every-s", type=float, default=2.0)
     parser.add_argument("--keep", type=int, default=3)
     parser.add_argument("--collective-timeout-s", type=float, default=COLLECTIVE_TIMEOUT_S)
-    parser.add_argument("--trained-log", default=None, help="directory for per-rank logs of trained (partition, offset, sample seq) as int64 triples")
+    parser.add_argument(
+        "--trained-log",
+        default=None,
+        help="directory for per-rank logs of trained (partition, offset, sample seq) as int64 triples",
+    )
     parser.add_argument("--standby", action="store_true", help="wait for rank/world on stdin (warm standby)")
     return parser.parse_args(argv)
 
@@ -567,7 +666,9 @@ def main(argv=None) -> int:
     try:
         if not args.standby:
             env = os.environ
-            return worker.serve(GroupAssignment(int(env["RANK"]), int(env["WORLD_SIZE"]), env["MASTER_ADDR"], int(env["MASTER_PORT"])))
+            return worker.serve(
+                GroupAssignment(int(env["RANK"]), int(env["WORLD_SIZE"]), env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+            )
         # Standby: serve one group after another.  A worker stopped by a rescale
         # comes back here warm (torch imported, broker connection open), so the
         # next group starts without a new process; an empty line ends it.
