@@ -56,6 +56,7 @@ from kale_dagster.demo.run import decisions, start_dagster_dev
 from kale_dagster.forecast import make_forecaster
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.policies import POLICIES
 from kale_dagster.processes import stop_process_group
@@ -286,11 +287,14 @@ def first_workers(frame: pd.DataFrame, cal: Calibration) -> int:
     return cal.model.min_workers_for(float(frame["rate"].iloc[segment_start(frame)]) * PEAK_WALL_RATE, MAX_WORKERS)
 
 
+def limits(cal: Calibration, speed: float) -> Limits:
+    """The pipeline's limits, in trace units: the calibrated restart is what it declares."""
+    return Limits(max_workers=MAX_WORKERS, slo_minutes=SLO_MIN, restart_minutes=cal.restart_s * speed / 60)
+
+
 def sim_config(cal: Calibration, speed: float, warmup: int, initial_workers: int, seed: int = 0) -> SimConfig:
     return SimConfig(
-        restart_s=cal.restart_s * speed,
-        slo_s=SLO_MIN * 60,
-        max_workers=MAX_WORKERS,
+        limits=limits(cal, speed),
         warmup_steps=warmup,
         initial_workers=initial_workers,
         seed=seed,
@@ -321,10 +325,7 @@ def run_sim(
     controller = Controller(
         ControlSettings(
             policy=policy_name,
-            min_workers=1,
-            max_workers=MAX_WORKERS,
-            slo_s=SLO_MIN * 60,
-            restart_s=cal.restart_s * speed,
+            limits=limits(cal, speed),
             policy_options=options,
         )
     )
@@ -482,9 +483,7 @@ def run_live(
                 wall_start=wall_start,
                 pipeline_start=pipeline_start,
                 worker_rate=WORKER_RATE,
-                max_workers=MAX_WORKERS,
-                slo_minutes=SLO_MIN,
-                restart_minutes=cal.restart_s * speed / 60,
+                limits=limits(cal, speed),
                 policy=policy_name,
                 policy_options=options,
                 samples_per_record=SAMPLES_PER_RECORD,

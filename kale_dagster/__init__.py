@@ -31,6 +31,7 @@ _EXPORTS = {
     "Observation": "kale_dagster.model.types",
     "PartitionOffsets": "kale_dagster.model.types",
     "ScalingPolicy": "kale_dagster.model.types",
+    "Limits": "kale_dagster.model.limits",
     "ThroughputModel": "kale_dagster.model.throughput",
     "stabilize": "kale_dagster.model.stabilizer",
     "Forecast": "kale_dagster.forecast.base",
@@ -77,6 +78,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
     from kale_dagster.forecast.base import Forecast, Forecaster
     from kale_dagster.launchers import KubernetesLauncherConfig, LocalLauncherConfig
+    from kale_dagster.model.limits import Limits
     from kale_dagster.model.stabilizer import stabilize
     from kale_dagster.model.throughput import ThroughputModel
     from kale_dagster.model.types import Decision, Observation, PartitionOffsets, ScalingPolicy

@@ -12,6 +12,7 @@ read ``source``.  The live demo's pipeline ships inside the package
 from kale_dagster import (
     KafkaSource,
     KubernetesLauncherConfig,
+    Limits,
     OnlineTrainingPipeline,
     ThroughputModel,
     build_definitions,
@@ -28,8 +29,7 @@ ctr_production = OnlineTrainingPipeline(
         sasl_username="kale",
         sasl_password_env="KALE_CTR_KAFKA_PASSWORD",
     ),
-    min_workers=2,
-    max_workers=32,
+    limits=Limits(min_workers=2, max_workers=32),
     throughput_prior=ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786)),
     global_batch=16384,
     advisory=True,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kale_dagster.model.limits import Limits
 from kale_dagster.stream.broker import embedded_broker
 from support import StandInWorkers, descendants
 
@@ -61,8 +62,7 @@ def controlled(kafka_broker, tmp_path):
     p = OnlineTrainingPipeline(
         name="ctl",
         source=KafkaSource(kafka_broker.bootstrap_servers, ("events",), "ctl-trainer", request_timeout_ms=3000),
-        min_workers=1,
-        max_workers=8,
+        limits=Limits(min_workers=1, max_workers=8),
         policy="hpa",
         throughput_prior=ThroughputModel.linear(100.0),
         policy_options={

@@ -30,6 +30,7 @@ from kale_dagster.definitions.component import (
     OnlineTrainingPipelineAttributes,
     OnlineTrainingPipelineComponent,
 )
+from kale_dagster.model.limits import Limits
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "kale_project"
@@ -65,9 +66,7 @@ def test_yaml_and_python_declare_the_same_definitions():
             sasl_username="kale",
             sasl_password_env="KALE_CTR_KAFKA_PASSWORD",
         ),
-        min_workers=2,
-        max_workers=32,
-        slo_minutes=15,
+        limits=Limits(min_workers=2, max_workers=32, slo_minutes=15),
         policy="hpa",
         policy_options={"target_utilization": 0.5},
         throughput_prior=ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786)),
@@ -93,9 +92,7 @@ def test_yaml_and_python_declare_the_same_definitions():
           sasl_mechanism: SCRAM-SHA-512
           sasl_username: kale
           sasl_password_env: KALE_CTR_KAFKA_PASSWORD
-        min_workers: 2
-        max_workers: 32
-        slo_minutes: 15
+        limits: {min_workers: 2, max_workers: 32, slo_minutes: 15}
         policy: hpa
         policy_options: {target_utilization: 0.5}
         throughput_prior: {form: sync, global_batch: 16384, theta: [0.00035, 2.5726, 0.9824, 0.02786]}
@@ -157,8 +154,8 @@ BAD_YAML = [
     ),
     (
         "zero workers",
-        {"name": "ctr", "source": SOURCE, "min_workers": 0},
-        "min_workers",
+        {"name": "ctr", "source": SOURCE, "limits": {"min_workers": 0}},
+        "limits.min_workers",
         "less than the minimum of 1",
         "greater than or equal to 1",
     ),
@@ -179,19 +176,26 @@ BAD_YAML = [
     ),
     (
         "typo in an attribute",
-        {"name": "ctr", "source": SOURCE, "max_worker": 4},
+        {"name": "ctr", "source": SOURCE, "limits": {"max_worker": 4}},
         "max_worker",
         "('max_worker' was unexpected)",
         "Extra inputs are not permitted",
+    ),
+    (
+        "every bad attribute at once",
+        {"name": "ctr", "source": SOURCE, "limits": {"max_workers": 0, "slo_minutes": -1}, "forecaster": "arima"},
+        "limits.slo_minutes",
+        "less than or equal to the minimum of 0",
+        "3 validation errors",
     ),
     # JSON Schema cannot compare two fields or call a policy's build: loading catches these, with the dataclasses'
     # messages.
     (
         "min_workers above max_workers",
-        {"name": "ctr", "source": SOURCE, "min_workers": 9, "max_workers": 8},
-        "attributes.min_workers",
+        {"name": "ctr", "source": SOURCE, "limits": {"min_workers": 9, "max_workers": 8}},
+        "attributes.limits.min_workers",
         None,
-        "need 1 <= min_workers <= max_workers, got 9 and 8",
+        "must be <= max_workers (8), got 9",
     ),
     (
         "SASL without a username",
@@ -323,5 +327,5 @@ def test_dg_lists_scaffolds_checks_and_loads_yaml_pipelines(tmp_path):
     assert dg("check", "yaml", cwd=project, home=home).returncode == 0  # a schema cannot compare two fields...
     loaded = dg("check", "defs", cwd=project, home=home)
     assert loaded.returncode != 0  # ...loading does, with the dataclass's own message
-    assert "attributes.min_workers: need 1 <= min_workers <= max_workers, got 9 and 8" in loaded.stdout + loaded.stderr
+    assert "attributes.limits.min_workers: must be <= max_workers (8), got 9" in loaded.stdout + loaded.stderr
     assert "defs/clicks/defs.yaml" in loaded.stdout + loaded.stderr

@@ -22,6 +22,7 @@ from kale_dagster.control.controller import (
     restart_estimate,
 )
 from kale_dagster.launchers.base import LauncherStatus
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
 from support import decision_of, produce_events, sensor_tick
 
@@ -30,9 +31,7 @@ READING = StreamReading(time=1_800_000_000.0, arrival_rate=150.0, consumption_ra
 
 
 def _controller(**kw):
-    settings = dict(
-        policy="static", min_workers=1, max_workers=8, slo_s=1200, restart_s=600, policy_options={"workers": 3}
-    )
+    settings = dict(policy="static", limits=Limits(max_workers=8), policy_options={"workers": 3})
     settings.update(kw)
     return Controller(ControlSettings(**settings))
 
@@ -157,7 +156,7 @@ def test_a_policy_that_plans_with_estimates_is_rebuilt_when_they_change_and_keep
     assert kale.policy_in_use is first  # nothing new learned: the same object decides
     kale.step(READING, LauncherStatus(workers=2, downtimes_s=(300.0,)), ThroughputModel.linear(120.0))
     rebuilt = kale.policy_in_use
-    assert rebuilt is not first and rebuilt.model == ThroughputModel.linear(120.0) and rebuilt.config.restart_s == 300.0
+    assert rebuilt is not first and rebuilt.model == ThroughputModel.linear(120.0) and rebuilt.sizing.restart_s == 300.0
     assert rebuilt.last_change_time == 123.0 and at_declared.restart_s == 600.0
 
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kale_dagster import Forecast, KaleConfig, KaleConfigError, KalePolicy, Observation, ThroughputModel
+from kale_dagster import Forecast, KaleConfig, KaleConfigError, KalePolicy, Limits, Observation, Sizing, ThroughputModel
 from kale_dagster.model.estimator import drain_rate, estimate_workers
 
 PER_WORKER = 1000.0
 LINEAR = ThroughputModel.linear(PER_WORKER)
 PAPER = ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786))
+
+
+def _sizing(model: ThroughputModel, **limits) -> Sizing:
+    """The model within the default limits (20-minute SLO, 10-minute restart, up to 32 workers), or these."""
+    return Sizing(Limits(**limits), model)
 
 
 def _forecast(values, start=0.0, step=60.0, band=0.0, outlook=()):
@@ -55,8 +60,8 @@ def test_backlog_adds_drain_capacity():
 
 
 def test_scales_up_ahead_of_a_forecast_rise():
-    cfg = KaleConfig(max_workers=32, restart_s=600, tau_s=600, plan_step_s=600)
-    policy = KalePolicy(LINEAR, cfg)
+    cfg = KaleConfig(tau_s=600, plan_step_s=600)
+    policy = KalePolicy(_sizing(LINEAR), cfg)
     # Flat 3,500/s for 15 minutes, then 7,500/s: the rise is within restart + hold.
     fc = _forecast([3500] * 15 + [7500] * 105)
     d = policy.decide(_obs(forecast=fc))
@@ -66,22 +71,22 @@ def test_scales_up_ahead_of_a_forecast_rise():
 
 
 def test_holds_when_forecast_matches_capacity():
-    policy = KalePolicy(LINEAR)
+    policy = KalePolicy(_sizing(LINEAR))
     d = policy.decide(_obs(forecast=_forecast([3500] * 120)))
     assert d.workers == 4
     assert d.reason.startswith("hold at 4")
 
 
 def test_no_scale_in_while_lag_is_high():
-    cfg = KaleConfig(slo_s=1200, fallback_lag_s=1100)
-    policy = KalePolicy(LINEAR, cfg)
+    cfg = KaleConfig(fallback_lag_s=1100)
+    policy = KalePolicy(_sizing(LINEAR), cfg)
     d = policy.decide(_obs(workers=12, rate=2000, backlog=10_000, lag=400, forecast=_forecast([2000] * 120)))
     assert d.workers == 12
     assert "no scale-in while lag" in d.reason
 
 
 def test_scale_in_when_savings_beat_the_restart():
-    policy = KalePolicy(LINEAR, KaleConfig(restart_s=600))
+    policy = KalePolicy(_sizing(LINEAR))
     d = policy.decide(_obs(workers=32, rate=2000, forecast=_forecast([2000] * 120)))
     # 2,000/s plus draining the 10-minute restart backlog within the 20-minute SLO: 3,000/s.
     assert d.workers == 3
@@ -99,7 +104,7 @@ def test_scale_in_when_savings_beat_the_restart():
 def test_candidates_are_priced_on_the_expected_traffic(band, workers, why):
     """Holding 16 workers for an upper band of 14,000/s, when 2,000/s is expected, costs 13 idle GPUs every minute;
     the restart-cost test prices each level on the point forecast (priced on the upper band, it held all 16)."""
-    policy = KalePolicy(LINEAR, KaleConfig(restart_s=600))
+    policy = KalePolicy(_sizing(LINEAR))
     d = policy.decide(_obs(workers=16, rate=2000, forecast=_forecast([2000] * 120, band=band)))
     assert d.workers == workers, why
     assert "expected 2,000/s" in d.reason
@@ -107,7 +112,7 @@ def test_candidates_are_priced_on_the_expected_traffic(band, workers, why):
 
 def test_scale_in_refused_when_the_restart_costs_more_than_it_saves():
     # One worker saved for a 20-minute horizon is not worth 10 minutes of downtime.
-    policy = KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(plan_step_s=600))
     d = policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20)))
     assert d.workers == 3
     assert "keeping 3 costs least" in d.reason
@@ -115,7 +120,7 @@ def test_scale_in_refused_when_the_restart_costs_more_than_it_saves():
 
 def test_scale_in_judged_over_how_long_the_outlook_says_the_lower_level_lasts():
     # The case above: over the 20-minute horizon one worker saved does not repay the restart...
-    policy = KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600, outlook_scale_in=True))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(plan_step_s=600, outlook_scale_in=True))
     assert (
         policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 120))).workers == 3
     )  # 2 h more: still not
@@ -125,7 +130,7 @@ def test_scale_in_judged_over_how_long_the_outlook_says_the_lower_level_lasts():
     assert d.workers == 2 and "cost least over 20.3 h" in d.reason
     # Off by default: the horizon alone judges.
     assert (
-        KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600))
+        KalePolicy(_sizing(LINEAR), KaleConfig(plan_step_s=600))
         .decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 1200)))
         .workers
         == 3
@@ -134,7 +139,7 @@ def test_scale_in_judged_over_how_long_the_outlook_says_the_lower_level_lasts():
 
 def test_a_scale_in_the_outlook_undoes_soon_pays_for_the_restart_back_up():
     # 6 workers run; 1,500/s for 6 hours (the horizon and 4 hours of outlook), then 5,500/s, which 6 can take.
-    policy = KalePolicy(LINEAR, KaleConfig(restart_s=600, plan_step_s=600, outlook_scale_in=True))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(plan_step_s=600, outlook_scale_in=True))
     back = policy.decide(
         _obs(workers=6, rate=1500, forecast=_forecast([1500] * 120, outlook=[1500] * 240 + [5500] * 600))
     )
@@ -147,7 +152,7 @@ def test_a_scale_in_the_outlook_undoes_soon_pays_for_the_restart_back_up():
 
 
 def test_no_second_scale_in_within_the_hold():
-    policy = KalePolicy(LINEAR, KaleConfig(tau_s=600))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(tau_s=600))
     first = policy.decide(_obs(t=0, workers=32, rate=6000, forecast=_forecast([6000] * 120)))
     assert 6 < first.workers < 32
     d = policy.decide(_obs(t=120, workers=first.workers, rate=2000, forecast=_forecast([2000] * 120, start=120)))
@@ -164,7 +169,7 @@ def test_no_second_scale_in_within_the_hold():
     ],
 )
 def test_fallback_takes_over(obs_kwargs, trigger):
-    policy = KalePolicy(LINEAR, KaleConfig(slo_s=1200))
+    policy = KalePolicy(_sizing(LINEAR))
     base = dict(forecast=_forecast([3500] * 120))
     base.update(obs_kwargs)
     d = policy.decide(_obs(**base))
@@ -195,7 +200,7 @@ def _burst_obs(latest, forecast=True, workers=4, rate=3500.0):
     ],
 )
 def test_a_burst_in_the_latest_interval_triggers_the_fallback_at_once(case, obs, acts, workers):
-    d = KalePolicy(LINEAR, KaleConfig(slo_s=1200, max_workers=32)).decide(obs)
+    d = KalePolicy(_sizing(LINEAR)).decide(obs)
     assert ("burst:" in d.reason) == acts, (case, d.reason)
     assert d.workers == workers, (case, d.reason)
     if acts:
@@ -203,7 +208,7 @@ def test_a_burst_in_the_latest_interval_triggers_the_fallback_at_once(case, obs,
 
 
 def test_fallback_drains_a_large_backlog():
-    policy = KalePolicy(LINEAR, KaleConfig(slo_s=1200))
+    policy = KalePolicy(_sizing(LINEAR))
     # 3 workers cannot keep up with 3,500/s: lag would grow without bound.
     d = policy.decide(_obs(workers=3, rate=3500, backlog=3_000_000, lag=900, forecast=_forecast([3500] * 120)))
     # 3,500/s + (3M + 3,500*600)/1,200 s = 7,750/s -> 8 workers.
@@ -215,27 +220,27 @@ def test_fallback_restarts_a_job_that_cannot_keep_up_even_when_twice_the_slo_is_
     # Our own case, from a demo run: 2 workers take 1.39/s of 2/s arrivals, 3.7 h of backlog, a 16.6-min restart.
     # Within 2 x SLO the restart does not pay back (keeping 2 holds the lag near 220 min while 5 workers
     # first stop for the restart); over the time 5 workers take to clear the backlog it does, many times.
-    policy = KalePolicy(ThroughputModel.linear(200 / 288), KaleConfig(max_workers=5, slo_s=1200, restart_s=998))
+    policy = KalePolicy(_sizing(ThroughputModel.linear(200 / 288), max_workers=5, restart_minutes=998 / 60))
     d = policy.decide(_obs(workers=2, rate=2.0, backlog=17_873, lag=220.9 * 60))
     assert (d.workers, d.policy) == (5, "kale/fallback")
 
 
 def test_fallback_keeps_a_draining_job_rather_than_pause_it():
     # 4 workers already drain the backlog; a 10-minute restart would push lag past the SLO.
-    policy = KalePolicy(LINEAR, KaleConfig(slo_s=1200))
+    policy = KalePolicy(_sizing(LINEAR))
     d = policy.decide(_obs(workers=4, rate=3500, backlog=3_000_000, lag=900, forecast=_forecast([3500] * 120)))
     assert d.workers == 4
     assert "keeping 4 costs least" in d.reason
 
 
 def test_never_above_peak_or_max():
-    policy = KalePolicy(PAPER, KaleConfig(max_workers=32))
+    policy = KalePolicy(_sizing(PAPER))
     d = policy.decide(_obs(workers=4, rate=20_000, forecast=_forecast([45_000] * 120)))
     assert d.workers == 10
 
 
 def test_waits_while_restarting():
-    policy = KalePolicy(LINEAR)
+    policy = KalePolicy(_sizing(LINEAR))
     obs = Observation(0, 4, 9000, 0, 1e6, 1000, 0, forecast=_forecast([9000] * 60), restarting=True)
     assert policy.decide(obs).workers == 4
 
@@ -243,10 +248,11 @@ def test_waits_while_restarting():
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        (dict(max_workers=0), "max_workers"),
-        (dict(min_workers=5, max_workers=4), "max_workers"),
-        (dict(slo_s=0), "slo_s"),
         (dict(forecast_quantile=1.5), "forecast_quantile"),
+        (dict(forecast_quantile=float("nan")), "forecast_quantile"),
+        (dict(tau_s=-1), "tau_s"),
+        (dict(rho=1.5), "rho"),
+        (dict(stabilizer="fast"), "stabilizer"),
         (dict(rho=0), "rho"),
         (dict(lag_weight=-1), "lag_weight"),
         (dict(burst_ratio=1.0), "burst_ratio"),

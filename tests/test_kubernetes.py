@@ -32,6 +32,7 @@ from kubernetes.client.rest import ApiException
 from kale_dagster import KafkaSource, KaleConfigError
 from kale_dagster.launchers import RescaleFailed
 from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesLauncherConfig, pods_state, render
+from kale_dagster.model.limits import Limits
 
 K8S_VERSION = kubernetes_validate.utils.latest_version()
 SOURCE = KafkaSource(
@@ -301,7 +302,7 @@ def test_rescale_job_applies_the_allocation_once(monkeypatch, tmp_path):
     p = OnlineTrainingPipeline(
         name="ctr",
         source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"),
-        max_workers=8,
+        limits=Limits(max_workers=8),
         history_url=f"sqlite:///{tmp_path / 'm.db'}",
         launcher=_config(),
     )

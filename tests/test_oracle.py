@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from kale_dagster import KaleConfigError, ThroughputModel
+from kale_dagster.model.limits import Limits
 from kale_dagster.sim.metrics import objective
 from kale_dagster.sim.oracle import Hindsight, SchedulePolicy, optimal_schedule
 from kale_dagster.sim.simulate import SimConfig, simulate
@@ -21,7 +22,10 @@ def _times(n):
 
 
 def _cost(rates, workers, restart_s, slo_s=600.0):
-    config = SimConfig(restart_s=restart_s, slo_s=slo_s, restart_jitter=0.0, max_workers=4)
+    config = SimConfig(
+        limits=Limits(restart_minutes=restart_s / 60, slo_minutes=slo_s / 60, max_workers=4),
+        restart_jitter=0.0,
+    )
     result = simulate(
         rates, _times(len(rates)), SchedulePolicy(np.asarray(workers), _times(1)[0].timestamp()), LINEAR, config
     )
@@ -48,7 +52,8 @@ def _cost(rates, workers, restart_s, slo_s=600.0):
 )
 def test_the_dynamic_program_finds_the_brute_force_optimum(case, rates, restart_s, changes):
     rates = np.array(rates)
-    schedule = optimal_schedule(rates, LINEAR, restart_s=restart_s, slo_s=600.0, max_workers=4, max_labels=1000)
+    limits = Limits(max_workers=4, slo_minutes=10, restart_minutes=restart_s / 60)
+    schedule = optimal_schedule(rates, LINEAR, limits, max_labels=1000)
     brute = min(
         (_cost(rates, np.repeat(plan, 10), restart_s), plan) for plan in itertools.product(range(1, 5), repeat=4)
     )
@@ -60,9 +65,7 @@ def test_the_dynamic_program_finds_the_brute_force_optimum(case, rates, restart_
 
 def test_bad_settings_name_the_field():
     with pytest.raises(KaleConfigError, match="max_labels"):
-        optimal_schedule(np.ones(10), LINEAR, 60.0, 600.0, max_labels=0)
-    with pytest.raises(KaleConfigError, match="min_workers"):
-        optimal_schedule(np.ones(10), LINEAR, 60.0, 600.0, min_workers=5, max_workers=4)
+        optimal_schedule(np.ones(10), LINEAR, Limits(), max_labels=0)
 
 
 def test_hindsight_forecasts_the_true_future_from_the_last_known_minute():

@@ -9,6 +9,7 @@ import pytest
 from dagster import instance_for_test
 
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline, ThroughputModel, build_definitions
+from kale_dagster.model.limits import Limits
 from kale_dagster.sim.trace import synth_trace
 
 pytestmark = pytest.mark.integration
@@ -21,7 +22,7 @@ def _pipeline(name, servers="127.0.0.1:9092", history_url=None, **kw):
             bootstrap_servers=servers, topics=("samples",), group_id=f"{name}-trainer", request_timeout_ms=2000
         ),
         history_url=history_url,
-        max_workers=8,
+        limits=Limits(max_workers=8),
         throughput_prior=ThroughputModel.linear(100.0),
         **kw,
     )

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.types import Decision, Observation
 from kale_dagster.policies import POLICIES, PolicySpec
 from kale_dagster.sim.trace import synth_trace
@@ -49,7 +50,7 @@ class HalfMaxPolicy:
 TOY = PolicySpec(
     name="toy",
     description="half the maximum, always",
-    build=lambda sizing, workers=None: HalfMaxPolicy(workers or max(sizing.max_workers // 2, 1)),
+    build=lambda sizing, workers=None: HalfMaxPolicy(workers or max(sizing.limits.max_workers // 2, 1)),
     sweep=lambda sizing: [({"workers": w}, {"workers": w}) for w in (1, 2)],
 )
 
@@ -82,7 +83,7 @@ def test_pipeline_accepts_registered_policies_only(toy):
 def test_backtest_runs_and_sweeps_a_registered_policy(toy):
     from kale_dagster.sim.backtest import Backtest, BacktestSettings, compare
 
-    bt = Backtest(_history(days=1), BacktestSettings(peak_workers=8, max_workers=8))
+    bt = Backtest(_history(days=1), BacktestSettings(peak_workers=8, limits=Limits(max_workers=8)))
     result = bt.run("toy")
     assert set(result.timeline["workers"]) == {4} and result.metrics.rescales == 0
     report = compare(bt, ["static", "toy"])
@@ -138,7 +139,7 @@ def test_dagster_decision_uses_a_registered_policy_and_keeps_its_state(toy, tmp_
         name="p",
         source=KafkaSource("127.0.0.1:9092", ("t",), "g"),
         policy="toy",
-        max_workers=6,
+        limits=Limits(max_workers=6),
         forecaster="ewma",
         history_url=f"sqlite:///{tmp_path / 'm.db'}",
         launcher=LocalLauncherConfig(service.url),

@@ -19,6 +19,7 @@ from kale_dagster import KafkaSource, LocalLauncherConfig, OnlineTrainingPipelin
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig, render
 from kale_dagster.launchers.service import LauncherService
+from kale_dagster.model.limits import Limits
 from test_local_service import RecordingLauncher
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,7 @@ def test_the_kafka_password_is_found_nowhere(kafka_broker, tmp_path, monkeypatch
         name="sec",
         source=source,
         history_url=f"sqlite:///{tmp_path / 'history.db'}",
-        max_workers=8,
+        limits=Limits(max_workers=8),
         throughput_prior=ThroughputModel.linear(100.0),
         launcher=LocalLauncherConfig(service.url),
     )

@@ -13,6 +13,7 @@ import pytest
 
 from kale_dagster import KaleConfigError, StaticPolicy, ThroughputModel
 from kale_dagster.model.backlog import FifoBacklog
+from kale_dagster.model.limits import Limits
 from kale_dagster.sim.backtest import Backtest, BacktestSettings, Run, dominating_baselines, minute_rates, scale_to_peak
 from kale_dagster.sim.simulate import SimConfig, simulate
 
@@ -36,7 +37,7 @@ def test_fifo_ages_are_exact():
 def test_step_in_arrivals_gives_known_lag_curve():
     # 2 workers = 200/s. Arrivals 200/s, then 300/s for 10 minutes, then 100/s.
     rates = np.array([200.0] * 5 + [300.0] * 10 + [100.0] * 30)
-    res = simulate(rates, _times(len(rates)), StaticPolicy(2), LINEAR, SimConfig(restart_s=0))
+    res = simulate(rates, _times(len(rates)), StaticPolicy(2), LINEAR, SimConfig(limits=Limits(restart_minutes=0)))
     lag = res.timeline["lag_s"].to_numpy()
     assert np.allclose(lag[:5], 0)
     # During the surge the backlog grows by 100/s; the oldest waiting sample
@@ -73,7 +74,10 @@ def test_lag_counts_from_committed_offsets_and_the_trainer_latency(interval_s, l
     rates = np.full(4, 100.0)  # one worker keeps up exactly
     fixed, per_worker = latency_s if isinstance(latency_s, tuple) else (latency_s, 0.0)
     cfg = SimConfig(
-        restart_s=0, commit_interval_s=interval_s, pipeline_latency_s=fixed, pipeline_latency_per_worker_s=per_worker
+        limits=Limits(restart_minutes=0),
+        commit_interval_s=interval_s,
+        pipeline_latency_s=fixed,
+        pipeline_latency_per_worker_s=per_worker,
     )
     res = simulate(rates, _times(4), StaticPolicy(1), LINEAR, cfg)
     assert res.timeline["lag_s"].to_numpy() == pytest.approx(expected_lags, abs=1e-6)
@@ -95,7 +99,13 @@ class _UtilizationRecorder(StaticPolicy):
 def test_policies_see_the_workers_busy_share_as_utilization():
     """As GPU utilization reads: 2 workers (200/s) fed 100/s are half busy, whatever the backlog flicker."""
     seen = []
-    simulate(np.full(10, 100.0), _times(10), _UtilizationRecorder(2, seen), LINEAR, SimConfig(restart_s=0))
+    simulate(
+        np.full(10, 100.0),
+        _times(10),
+        _UtilizationRecorder(2, seen),
+        LINEAR,
+        SimConfig(limits=Limits(restart_minutes=0)),
+    )
     assert seen[1:] == pytest.approx([0.5] * (len(seen) - 1))
 
 
@@ -109,7 +119,7 @@ def test_utilization_spans_the_workers_metrics_window(window_s, expected):
         _times(6),
         _UtilizationRecorder(2, seen, sync_period_s=120.0),
         LINEAR,
-        SimConfig(restart_s=0, metrics_window_s=window_s),
+        SimConfig(limits=Limits(restart_minutes=0), metrics_window_s=window_s),
     )
     assert seen[1:] == pytest.approx([expected] * (len(seen) - 1))
 
@@ -137,7 +147,13 @@ class OneChange:
 
 def test_restart_downtime_and_rescale_are_counted():
     rates = np.full(30, 150.0)
-    res = simulate(rates, _times(30), OneChange(), LINEAR, SimConfig(restart_s=240, slo_s=120, restart_jitter=0))
+    res = simulate(
+        rates,
+        _times(30),
+        OneChange(),
+        LINEAR,
+        SimConfig(limits=Limits(restart_minutes=4, slo_minutes=2), restart_jitter=0),
+    )
     m = res.metrics
     assert m.rescales == 1
     assert m.downtime_minutes == pytest.approx(4)
@@ -156,7 +172,7 @@ def test_a_decision_acts_after_the_act_latency_and_nothing_else_acts_meanwhile()
         _times(20),
         OneChange(told),
         LINEAR,
-        SimConfig(restart_s=240, act_latency_s=120, restart_jitter=0),
+        SimConfig(limits=Limits(restart_minutes=4), act_latency_s=120, restart_jitter=0),
     )
     workers = res.timeline["workers"].to_numpy()
     assert list(workers[4:9]) == [2, 2, 2, 3, 3] and res.metrics.rescales == 1
@@ -175,7 +191,7 @@ def test_a_restarted_group_reports_after_one_metrics_window(window_s, blind_sync
         _times(20),
         OneChange(told),
         LINEAR,
-        SimConfig(restart_s=240, metrics_window_s=window_s, restart_jitter=0),
+        SimConfig(limits=Limits(restart_minutes=4), metrics_window_s=window_s, restart_jitter=0),
     )
     assert sum(told) == blind_syncs and told[6 : 6 + blind_syncs] == [True] * blind_syncs
     assert res.metrics.downtime_minutes == pytest.approx(4)  # reporting late is not downtime
@@ -204,9 +220,9 @@ def test_trace_is_resampled_and_scaled_to_peak_workers():
 
 def test_settings_errors_name_the_field():
     with pytest.raises(KaleConfigError, match="peak_workers"):
-        BacktestSettings(peak_workers=40, max_workers=32)
+        BacktestSettings(peak_workers=40, limits=Limits(max_workers=32))
     with pytest.raises(KaleConfigError, match="slo_minutes"):
-        BacktestSettings(slo_minutes=0)
+        BacktestSettings(limits=Limits(slo_minutes=0))
 
 
 def test_dominating_baselines():
@@ -323,14 +339,21 @@ def stepper():
 def _stepped(config, prior):
     from kale_dagster.control.controller import Controller, ControlSettings
 
-    controller = Controller(ControlSettings(policy="stepper", min_workers=1, max_workers=8, slo_s=1200, restart_s=240))
+    controller = Controller(
+        ControlSettings(
+            policy="stepper",
+            limits=Limits(min_workers=1, max_workers=8, slo_minutes=20, restart_minutes=4),
+        )
+    )
     # Arrivals far above capacity: every minute the workers run is saturated, so each yields a measurement.
     return simulate(np.full(150, 1000.0), _times(150), controller, LINEAR, config, prior=prior)
 
 
 def test_the_controller_learns_throughput_and_restart_time_from_what_it_measures(stepper):
     wrong = ThroughputModel.linear(50.0)  # the declared prior is off by half
-    res = _stepped(SimConfig(restart_s=240, restart_jitter=0.3, throughput_noise=0.0, refit_every_s=600), wrong)
+    res = _stepped(
+        SimConfig(limits=Limits(restart_minutes=4), restart_jitter=0.3, throughput_noise=0.0, refit_every_s=600), wrong
+    )
     assert stepper[0].model == wrong and stepper[0].restart_s == 240  # before any measurement: what was declared
     last = stepper[-1]
     assert last.model.predict(4) == pytest.approx(LINEAR.predict(4), rel=1e-6)  # fitted on 3+ measured counts
@@ -340,10 +363,12 @@ def test_the_controller_learns_throughput_and_restart_time_from_what_it_measures
 
 
 def test_oracle_plans_with_the_truth_and_noise_is_seeded(stepper):
-    _stepped(SimConfig(restart_s=240, restart_jitter=0.3, oracle=True), ThroughputModel.linear(50.0))
+    _stepped(SimConfig(limits=Limits(restart_minutes=4), restart_jitter=0.3, oracle=True), ThroughputModel.linear(50.0))
     assert {(s.model, s.restart_s) for s in stepper} == {(LINEAR, 240)}
     stepper.clear()
-    noisy = SimConfig(restart_s=240, restart_jitter=0.3, throughput_noise=0.1, refit_every_s=600, seed=7)
+    noisy = SimConfig(
+        limits=Limits(restart_minutes=4), restart_jitter=0.3, throughput_noise=0.1, refit_every_s=600, seed=7
+    )
     first = _stepped(noisy, LINEAR).metrics
     fitted_first = stepper[-1].model
     stepper.clear()
@@ -441,7 +466,7 @@ def test_a_backtest_in_parallel_processes_gives_what_one_process_gives():
     history = pd.DataFrame(
         {"timestamp": _times(3 * 1440), "rate": 50 + 40 * np.sin(np.arange(3 * 1440) * 2 * np.pi / 1440)}
     )
-    settings = BacktestSettings(peak_workers=8, max_workers=8, warmup_days=1, forecaster="ewma")
+    settings = BacktestSettings(peak_workers=8, limits=Limits(max_workers=8), warmup_days=1, forecaster="ewma")
 
     runs = [Run("kale"), Run("hpa"), Run("kale", perfect_forecast=True)]
     serial, serial_best = Backtest(history, replace(settings, processes=1)).run_many(runs, optimum=True)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+from kale_dagster.cli.declared import add_flags, from_flags
 from kale_dagster.cli.progress import ProgressBar
 from kale_dagster.forecast.history import read_trace_csv
+from kale_dagster.model.limits import Limits
 from kale_dagster.policies import POLICIES
 from kale_dagster.sim.backtest import KALE_VARIANTS, VARIANT_LABELS, Backtest, BacktestSettings, compare
 
@@ -33,9 +35,7 @@ def register(subparsers) -> None:
         "--policies", default=",".join(POLICIES), help="comma-separated subset of " + ",".join(POLICIES)
     )
     parser.add_argument("--peak-workers", type=int, default=28)
-    parser.add_argument("--max-workers", type=int, default=32)
-    parser.add_argument("--restart-minutes", type=float, default=10.0)
-    parser.add_argument("--slo-minutes", type=float, default=20.0)
+    add_flags(parser, Limits)
     parser.add_argument("--warmup-days", type=float, default=0.0)
     parser.add_argument("--hpa-target", type=int, default=80, help="HPA target GPU utilization in percent")
     parser.add_argument("--forecaster", default="prophet", help="Kale's forecaster")
@@ -59,10 +59,8 @@ def register(subparsers) -> None:
 def run(args) -> int:
     names = POLICIES.parse(args.policies)
     settings = BacktestSettings(
+        limits=from_flags(Limits, args),
         peak_workers=args.peak_workers,
-        max_workers=args.max_workers,
-        restart_minutes=args.restart_minutes,
-        slo_minutes=args.slo_minutes,
         warmup_days=args.warmup_days,
         policy_options={"hpa": {"target_utilization": args.hpa_target}},
         forecaster=args.forecaster,
@@ -82,7 +80,7 @@ def run(args) -> int:
     if args.plot:
         from kale_dagster.definitions.plots import plot_backtest
 
-        plot_backtest({name: report["timelines"][name] for name in names}, settings.slo_minutes, args.plot)
+        plot_backtest({name: report["timelines"][name] for name in names}, settings.limits.slo_minutes, args.plot)
     del report["timelines"]
     if args.json:
         print(json.dumps(report))

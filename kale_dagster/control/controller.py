@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape
 from kale_dagster.launchers.base import LauncherStatus
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation, PartitionOffsets, ScalingPolicy
 from kale_dagster.model.utilization import utilization
@@ -42,10 +43,7 @@ class ControlSettings:
     """A pipeline's controller, as declared (times in pipeline seconds)."""
 
     policy: str
-    min_workers: int
-    max_workers: int
-    slo_s: float
-    restart_s: float  # declared: used until a rescale has been measured
+    limits: Limits
     policy_options: Mapping = field(default_factory=dict)
     advisory: bool = False
     rate_window_s: float = 300.0  # arrival and consumption rates are averaged over this window
@@ -210,11 +208,11 @@ class Controller:
         s = self.settings
         measured = (status.downtimes_s if status is not None else (), time_scale)
         if self._restart is None or self._restart[0] != measured:  # the same restarts at most ticks: one median each
-            self._restart = (measured, restart_estimate([d * time_scale for d in measured[0]], s.restart_s))
+            self._restart = (measured, restart_estimate([d * time_scale for d in measured[0]], s.limits.restart_s))
         restart_s, restart_source = self._restart[1]
         if status is None:
             held = f"the launcher did not answer ({launcher_error or 'no status'})"
-            return self._hold(last_workers or s.min_workers, held, policy_state, restart_s, restart_source)
+            return self._hold(last_workers or s.limits.min_workers, held, policy_state, restart_s, restart_source)
         if reading.arrival_rate is None:
             return self._hold(
                 status.workers,
@@ -229,11 +227,9 @@ class Controller:
         else:
             policy = self.policy(
                 Sizing(
-                    min_workers=s.min_workers,
-                    max_workers=s.max_workers,
-                    slo_s=s.slo_s,
-                    restart_s=restart_s,
-                    model=model,
+                    s.limits,
+                    model,
+                    measured_restart_s=restart_s if measured[0] else None,
                     adequate_workers=s.adequate_workers,
                     partitions=len(reading.partitions) or s.partitions,
                 ),

@@ -145,8 +145,8 @@ def throughput_model_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             "formula": model.describe(),
             "measurements": len(measured),
             "distinct_worker_counts": int(measured["workers"].nunique()),
-            "peak_workers": model.peak_workers(p.max_workers),
-            "peak_rate": float(model.predict(model.peak_workers(p.max_workers))),
+            "peak_workers": model.peak_workers(p.limits.max_workers),
+            "peak_rate": float(model.predict(model.peak_workers(p.limits.max_workers))),
         }
         if model.fit_mape is not None:
             metadata["fit_mape_pct"] = model.fit_mape
@@ -226,11 +226,8 @@ def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             )
         span_days = (history["timestamp"].iloc[-1] - history["timestamp"].iloc[0]).total_seconds() / DAY_S
         settings = BacktestSettings(
-            peak_workers=min(model.peak_workers(p.max_workers), p.max_workers),
-            max_workers=p.max_workers,
-            min_workers=p.min_workers,
-            restart_minutes=p.restart_minutes,
-            slo_minutes=p.slo_minutes,
+            limits=p.limits,
+            peak_workers=min(model.peak_workers(p.limits.max_workers), p.limits.max_workers),
             warmup_days=min(2.0, span_days / 2),
             forecaster=p.forecaster,
             model=model,
@@ -240,7 +237,7 @@ def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
         runs = dict(zip(POLICIES, bt.run_many([Run(name) for name in POLICIES])[0]))
         value = {name: r.metrics.to_json() for name, r in runs.items()}
         png = plot_backtest(
-            {name: r.timeline for name, r in runs.items()}, p.slo_minutes, plot_path(context, p, "backtest")
+            {name: r.timeline for name, r in runs.items()}, p.limits.slo_minutes, plot_path(context, p, "backtest")
         )
         return Output(
             value,

@@ -37,7 +37,7 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
             minimum_interval_seconds=p.sensor_interval_s,
             control=control,
             jobs=[jobs["refit"], *([jobs["rescale"]] if "rescale" in jobs else [])],
-            max_workers=p.max_workers,
+            max_workers=p.limits.max_workers,
             plot_dir=lambda context: f"{context.instance.storage_directory()}/kale",
             default_status=status,
         ),

@@ -60,7 +60,7 @@ def lag_slo_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
     @asset_check(
         asset=AssetKey(p.key("gpu_allocation")),
         name="lag_within_slo",
-        description=f"Measured time lag is within the {p.slo_minutes:g}-minute SLO.",
+        description=f"Measured time lag is within the {p.limits.slo_minutes:g}-minute SLO.",
     )
     def lag_slo(context) -> AssetCheckResult:
         latest = p.history().stream(p.name, start=p.clock.now() - STALE_METRICS_S)
@@ -70,7 +70,7 @@ def lag_slo_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
             )
         lag = float(latest["time_lag_s"].iloc[-1])
         return AssetCheckResult(
-            passed=lag <= p.slo_minutes * 60, metadata={"time_lag_s": lag, "slo_s": p.slo_minutes * 60}
+            passed=lag <= p.limits.slo_minutes * 60, metadata={"time_lag_s": lag, "slo_s": p.limits.slo_minutes * 60}
         )
 
     return lag_slo

@@ -28,7 +28,6 @@ from dagster import AssetKey, AssetMaterialization, DagsterRunStatus, MetadataVa
 
 from kale_dagster.control.controller import (
     Controller,
-    ControlSettings,
     ControlStep,
     StreamReading,
     recent_forecast_error,
@@ -76,17 +75,7 @@ class PipelineControl:
         self.p = p
         self.rescale_job, self.refit_job = rescale_job, refit_job
         self.allocation_key = AssetKey(p.key("gpu_allocation"))
-        self.controller = Controller(
-            ControlSettings(
-                policy=p.policy,
-                min_workers=p.min_workers,
-                max_workers=p.max_workers,
-                slo_s=p.slo_minutes * 60,
-                restart_s=p.restart_minutes * 60,
-                policy_options=p.policy_options,
-                advisory=p.advisory,
-            )
-        )
+        self.controller = Controller(p.control_settings())
         self._forecaster: tuple | None = None  # (fitted_at, model, steps): loaded once per fit
         self._last_forecast: Forecast | None = None
         self._history = None
@@ -198,7 +187,9 @@ class PipelineControl:
         )
         metadata = {
             "workers": step.decision.workers,
-            "running_workers": status.workers if status is not None else previous.get("running_workers", p.min_workers),
+            "running_workers": status.workers
+            if status is not None
+            else previous.get("running_workers", p.limits.min_workers),
             "policy": step.decision.policy,
             "reason": MetadataValue.text(step.decision.reason),
             "action": action,
@@ -343,7 +334,7 @@ class PipelineControl:
             recent,
             plan_times,
             list(step.decision.plan),
-            self.p.slo_minutes,
+            self.p.limits.slo_minutes,
             f"{plot_dir}/{self.p.name}_allocation.png",
             title=f"{self.p.name}: {step.decision.workers} workers ({step.decision.policy})",
         )

@@ -5,7 +5,7 @@
     ctr = OnlineTrainingPipeline(
         name="ctr",
         source=KafkaSource(bootstrap_servers="kafka:9092", topics=["clicks"], group_id="ctr-trainer"),
-        min_workers=1, max_workers=32, slo_minutes=20,
+        limits=Limits(max_workers=32, slo_minutes=20),
     )
     defs = build_definitions(ctr)
 
@@ -17,20 +17,22 @@ into definitions.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kale_dagster.control.clock import PipelineClock
+from kale_dagster.control.controller import ControlSettings
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import FORECASTERS
 from kale_dagster.launchers.base import LauncherConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.policies import POLICIES, Sizing
+from kale_dagster.rules import check, setting
 from kale_dagster.stream.source import KafkaSource
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_NAME = r"[a-z][a-z0-9_]{0,62}"
 
 
 @dataclass(frozen=True)
@@ -57,83 +59,55 @@ class OnlineTrainingPipeline:
     until an operator starts them in the UI.
     """
 
-    name: str
-    source: KafkaSource
-    min_workers: int = 1
-    max_workers: int = 8
-    slo_minutes: float = 20.0
-    restart_minutes: float = 10.0
-    forecaster: str = "prophet"
-    forecast_horizon_minutes: float = 120.0
-    forecast_refit_minutes: float = 60.0
-    backtest_cron: str = "0 3 * * *"
-    metrics_interval_seconds: float = 60.0
-    policy: str = "kale"
-    policy_options: Mapping = field(default_factory=dict)
-    throughput_prior: ThroughputModel = field(default_factory=lambda: ThroughputModel.linear(1000.0))
-    global_batch: float | None = None  # set for the synchronous model form
-    advisory: bool = False
-    history_url: str | None = None  # SQLAlchemy URL; default SQLite under DAGSTER_HOME
-    launcher: LauncherConfig = field(default_factory=LocalLauncherConfig)
-    clock: PipelineClock = field(default_factory=PipelineClock)
-    autostart: bool = True
+    name: str = setting(
+        pattern=_NAME,
+        hint="must be lowercase letters, digits and _, starting with a letter (it prefixes asset keys and job names)",
+        description="prefixes the pipeline's asset keys, jobs, schedules and sensors",
+    )
+    source: KafkaSource = setting(description="the topics the trainer consumes and its consumer group")
+    limits: Limits = setting(default_factory=Limits, description="worker bounds, lag SLO, declared restart time")
+    forecaster: str = setting("prophet", choices=lambda: FORECASTERS, description="the traffic forecaster")
+    forecast_horizon_minutes: float = setting(120.0, gt=0, le=7 * 1440, unit="min", description="how far it looks")
+    forecast_refit_minutes: float = setting(60.0, gt=0, unit="min", description="how often it is refitted")
+    backtest_cron: str = setting("0 3 * * *", description="when the policy backtest runs (cron)")
+    metrics_interval_seconds: float = setting(
+        60.0, ge=5, unit="s", description="how often the stream is read and a decision made"
+    )
+    policy: str = setting("kale", choices=lambda: POLICIES, description="the scaling policy")
+    policy_options: Mapping = setting(
+        default_factory=dict, description="keyword options of the policy's build (e.g. an HPA's target_utilization)"
+    )
+    throughput_prior: ThroughputModel = setting(
+        default_factory=lambda: ThroughputModel.linear(1000.0),
+        description="what the controller assumes before it has measured the trainer",
+    )
+    global_batch: float | None = setting(None, gt=0, description="the global batch size, for the synchronous model")
+    advisory: bool = setting(False, description="record every decision, never rescale")
+    history_url: str | None = setting(
+        None, description="SQLAlchemy URL of the metrics history; default SQLite under DAGSTER_HOME"
+    )
+    launcher: LauncherConfig = setting(
+        default_factory=LocalLauncherConfig, description="where the workers run: local processes or Kubernetes"
+    )
+    clock: PipelineClock = setting(default_factory=PipelineClock, description="compresses time for demos")
+    autostart: bool = setting(True, description="false: sensors and schedules wait for an operator in the UI")
 
     def __post_init__(self):
-        def need(ok: bool, name: str, problem: str):
-            if not ok:
-                raise KaleConfigError(name, problem)
+        check(self, self._policy_takes_its_options)
 
-        need(
-            bool(_NAME.match(self.name)),
-            "name",
-            f"{self.name!r} must be lowercase letters, digits and _, starting with a letter (it prefixes asset keys "
-            "and "
-            "job names)",
-        )
-        need(isinstance(self.source, KafkaSource), "source", f"must be a KafkaSource, got {type(self.source).__name__}")
-        need(
-            1 <= self.min_workers <= self.max_workers,
-            "min_workers",
-            f"need 1 <= min_workers <= max_workers, got {self.min_workers} and {self.max_workers}",
-        )
-        need(self.slo_minutes > 0, "slo_minutes", f"must be > 0, got {self.slo_minutes}")
-        need(self.restart_minutes >= 0, "restart_minutes", f"must be >= 0, got {self.restart_minutes}")
-        need(
-            self.forecaster in FORECASTERS,
-            "forecaster",
-            f"unknown {self.forecaster!r}; choose one of {', '.join(FORECASTERS)}",
-        )
-        need(
-            self.forecast_horizon_minutes > 0,
-            "forecast_horizon_minutes",
-            f"must be > 0, got {self.forecast_horizon_minutes}",
-        )
-        need(
-            self.forecast_refit_minutes > 0, "forecast_refit_minutes", f"must be > 0, got {self.forecast_refit_minutes}"
-        )
-        need(
-            self.metrics_interval_seconds >= 5,
-            "metrics_interval_seconds",
-            f"must be >= 5, got {self.metrics_interval_seconds}",
-        )
-        need(
-            isinstance(self.launcher, LauncherConfig),
-            "launcher",
-            f"must be LocalLauncherConfig(...) or KubernetesLauncherConfig(...), got {type(self.launcher).__name__}",
-        )
-        need(
-            isinstance(self.clock, PipelineClock), "clock", f"must be a PipelineClock, got {type(self.clock).__name__}"
-        )
-        need(self.policy in POLICIES, "policy", f"unknown {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        need(
-            isinstance(self.policy_options, Mapping),
-            "policy_options",
-            f"must be a dict of the policy's options, got {type(self.policy_options).__name__}",
-        )
-        try:  # options the policy does not take fail at load, not at the first tick
-            POLICIES.build(self.policy, self.sizing(self.throughput_prior), **self.policy_options)
+    def _policy_takes_its_options(self) -> KaleConfigError | None:
+        """Options the policy does not take fail at load, not at the first tick."""
+        try:
+            POLICIES.build(self.policy, Sizing(self.limits, self.throughput_prior), **self.policy_options)
         except (TypeError, ValueError) as exc:
-            raise KaleConfigError("policy_options", f"not valid for policy {self.policy!r}: {exc}") from exc
+            return KaleConfigError("policy_options", f"not valid for policy {self.policy!r}: {exc}")
+        return None
+
+    def control_settings(self) -> ControlSettings:
+        """What the pipeline's controller is built from."""
+        return ControlSettings(
+            policy=self.policy, limits=self.limits, policy_options=self.policy_options, advisory=self.advisory
+        )
 
     @property
     def sensor_interval_s(self) -> int:
@@ -147,14 +121,3 @@ class OnlineTrainingPipeline:
         from kale_dagster.stream.history import MetricsHistory
 
         return MetricsHistory(self.history_url)
-
-    def sizing(self, model: ThroughputModel, partitions: int | None = None) -> Sizing:
-        """What the pipeline's policy is built from (``kale_dagster.policies.Sizing``)."""
-        return Sizing(
-            min_workers=self.min_workers,
-            max_workers=self.max_workers,
-            slo_s=self.slo_minutes * 60,
-            restart_s=self.restart_minutes * 60,
-            model=model,
-            partitions=partitions,
-        )

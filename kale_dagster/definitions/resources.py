@@ -7,8 +7,13 @@ import contextlib
 from dagster import ConfigurableResource, EnvVar
 from pydantic import Field, model_validator
 
-from kale_dagster.stream.source import KafkaSource, check_kafka_settings
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.rules import problems_in
+from kale_dagster.stream.source import KafkaSource, connection_problems, normalised
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, build_snapshot, read_offsets
+
+#: The resource's fields that a ``KafkaSource`` declares under the same name and rule.
+_SOURCE_FIELDS = ("sasl_mechanism", "ssl_cafile", "samples_per_record", "request_timeout_ms")
 
 
 class KafkaStreamResource(ConfigurableResource):
@@ -54,26 +59,27 @@ class KafkaStreamResource(ConfigurableResource):
     @model_validator(mode="before")
     @classmethod
     def _valid(cls, data):
+        """The source's own rules (``KafkaSource``): its fields' and the connection's, all errors together."""
         if not isinstance(data, dict):
             return data
-        servers, topics, group, protocol = check_kafka_settings(
-            bootstrap_servers=data.get("bootstrap_servers") or "",
-            topics=data.get("topics") or (),
-            group_id=data.get("group_id") or "",
-            security_protocol=data.get("security_protocol", "PLAINTEXT"),
-            sasl_mechanism=data.get("sasl_mechanism"),
-            sasl_username=data.get("sasl_plain_username"),
-            has_password=data.get("sasl_plain_password") is not None,
-            samples_per_record=data.get("samples_per_record", 1),
-            request_timeout_ms=data.get("request_timeout_ms", 10_000),
-        )
-        return {
-            **data,
-            "bootstrap_servers": servers,
-            "topics": list(topics),
-            "group_id": group,
-            "security_protocol": protocol,
+        text = {
+            "bootstrap_servers": data.get("bootstrap_servers") or "",
+            "topics": data.get("topics") or (),
+            "group_id": data.get("group_id") or "",
+            "security_protocol": data.get("security_protocol") or "PLAINTEXT",
         }
+        fields = {**normalised(**text), **{k: data[k] for k in _SOURCE_FIELDS if k in data}}
+        found = problems_in(KafkaSource, fields)
+        if not found:
+            found = connection_problems(
+                **{k: fields[k] for k in text},
+                sasl_mechanism=data.get("sasl_mechanism"),
+                sasl_username=data.get("sasl_plain_username"),
+                has_password=data.get("sasl_plain_password") is not None,
+            )
+        if found:
+            raise KaleConfigError.join(found)
+        return {**data, **fields, "topics": list(fields["topics"])}
 
     def client_config(self) -> dict:
         """kafka-python keyword arguments shared by every client this resource makes."""

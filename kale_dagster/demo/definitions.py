@@ -19,6 +19,7 @@ from kale_dagster.definitions.build import build_definitions
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.demo import GROUP, PIPELINE, TOPIC
 from kale_dagster.launchers.service import DEFAULT_URL, LocalLauncherConfig
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.stream.source import KafkaSource
 
@@ -33,9 +34,7 @@ class DemoLocation:
     wall_start: float | None = None
     pipeline_start: float | None = None
     worker_rate: float = 200.0  # EMULATED samples per wall second per worker: the throughput prior
-    max_workers: int = 5
-    slo_minutes: float = 20.0
-    restart_minutes: float = 10.0  # declared until the first rescale is measured
+    limits: Limits = field(default_factory=lambda: Limits(max_workers=5))
     policy: str = "kale"
     policy_options: dict = field(default_factory=dict)  # JSON: an HPA's behavior as Kubernetes writes it
     samples_per_record: int = 1
@@ -53,7 +52,8 @@ class DemoLocation:
         if not home or not cls.path(home).is_file():
             return cls()
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in json.loads(cls.path(home).read_text()).items() if k in known})
+        saved = {k: v for k, v in json.loads(cls.path(home).read_text()).items() if k in known}
+        return cls(**{**saved, "limits": Limits(**saved.get("limits", {}))})
 
     def pipeline(self) -> OnlineTrainingPipeline:
         clock = PipelineClock(self.time_scale, self.wall_start, self.pipeline_start)
@@ -66,10 +66,7 @@ class DemoLocation:
                 request_timeout_ms=3000,
                 samples_per_record=self.samples_per_record,
             ),
-            min_workers=1,
-            max_workers=self.max_workers,
-            slo_minutes=self.slo_minutes,
-            restart_minutes=self.restart_minutes,
+            limits=self.limits,
             policy=self.policy,
             policy_options=self.policy_options,
             throughput_prior=ThroughputModel.linear(clock.rate(self.worker_rate)),

@@ -42,6 +42,7 @@ from kale_dagster.launchers.service import LauncherService
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.processes import stop_process_group
 from kale_dagster.sim.trace import START as SYNTH_START
+from kale_dagster.model.limits import Limits
 from kale_dagster.sim.trace import synth_trace
 from kale_dagster.stream.broker import start_broker
 from kale_dagster.stream.history import MetricsHistory
@@ -57,7 +58,7 @@ class DemoSettings:
     peak_rate: float = 600.0  # samples per wall second at the evening peak: 3-4 workers, what this 2-core host can feed
     worker_rate: float = 200.0  # EMULATED per-worker capacity, samples per wall second
     restore_minutes: float = 8.0  # EMULATED restore of a large model at every restart, pipeline minutes
-    max_workers: int = 5
+    max_workers: int = 5  # the demo's limits; the declared restart time is the restore plus a startup
     slo_minutes: float = 20.0  # pipeline time
     seed: int = 0
     port: int = 9092
@@ -207,9 +208,11 @@ def run_demo(
             wall_start=wall_start,
             pipeline_start=day_start,
             worker_rate=settings.worker_rate,
-            max_workers=settings.max_workers,
-            slo_minutes=settings.slo_minutes,
-            restart_minutes=settings.restore_minutes + 2.0,
+            limits=Limits(
+                max_workers=settings.max_workers,
+                slo_minutes=settings.slo_minutes,
+                restart_minutes=settings.restore_minutes + 2.0,
+            ),
         )
         location.save(str(home))
         clock = location.pipeline().clock

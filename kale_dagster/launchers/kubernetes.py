@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed
+from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.protocol import WorkerEvent, parse_event
 
@@ -59,45 +60,45 @@ IMAGE_PULL_FAILURES = {
 class KubernetesLauncherConfig(LauncherConfig):
     """Where and how a pipeline's workers run on Kubernetes."""
 
-    image: str
-    namespace: str = "default"
-    image_pull_policy: str = "IfNotPresent"
-    image_pull_secrets: tuple[str, ...] = ()
-    service_account: str | None = None
-    gpus_per_worker: int = 1
-    cpu: str = "4"
-    memory: str = "16Gi"
-    node_selector: dict = field(default_factory=dict)
-    tolerations: tuple = ()
-    checkpoint_pvc: str = ""
-    kafka_secret: str | None = None  # Secret whose keys become env vars (e.g. KAFKA_SASL_PASSWORD)
-    trainer_args: tuple[str, ...] = ()
-    termination_grace_period_s: int = 120
-    rdzv_port: int = 29400
-    ready_timeout_s: float = 600.0
-    stop_timeout_s: float = 300.0
+    image: str = setting(description="the trainer image (kale-dagster and the user's trainer installed)")
+    checkpoint_pvc: str = setting(
+        description="a ReadWriteMany PersistentVolumeClaim every worker pod mounts; it holds the checkpoints"
+    )
+    namespace: str = setting("default", description="where the Jobs and Services are created")
+    image_pull_policy: str = setting("IfNotPresent", choices=("Always", "IfNotPresent", "Never"))
+    image_pull_secrets: tuple[str, ...] = setting((), description="Secrets to pull the image with")
+    service_account: str | None = setting(None, description="the worker pods' service account")
+    gpus_per_worker: int = setting(1, ge=0, le=16, description="nvidia.com/gpu per worker pod")
+    cpu: str = setting("4", description="CPU request and limit per worker pod")
+    memory: str = setting("16Gi", description="memory request and limit per worker pod")
+    node_selector: dict = setting(default_factory=dict, description="the worker pods' nodeSelector")
+    tolerations: tuple[dict, ...] = setting((), description="the worker pods' tolerations")
+    kafka_secret: str | None = setting(
+        None, description="a Secret whose keys become the workers' environment (e.g. KAFKA_SASL_PASSWORD)"
+    )
+    trainer_args: tuple[str, ...] = setting((), description="extra arguments of the trainer (never credentials)")
+    termination_grace_period_s: int = setting(
+        120, ge=10, le=3600, unit="s", description="a stopped pod's time to checkpoint"
+    )
+    rdzv_port: int = setting(29400, ge=1, le=65535, description="torchrun's rendezvous port")
+    ready_timeout_s: float = setting(600.0, gt=0, unit="s", description="how long a new group may take to start")
+    stop_timeout_s: float = setting(300.0, gt=0, unit="s", description="how long an old group may take to stop")
 
     def __post_init__(self):
-        if not self.image:
-            raise KaleConfigError("image", "the trainer image is required (e.g. registry.example.com/ctr-trainer:1.4)")
-        if not self.checkpoint_pvc:
-            raise KaleConfigError(
+        check(
+            self,
+            need(bool(self.image), "image", "the trainer image is required (e.g. registry.example.com/trainer:1.4)"),
+            need(
+                bool(self.checkpoint_pvc),
                 "checkpoint_pvc",
                 "name the PersistentVolumeClaim (ReadWriteMany: every worker pod mounts it) that holds the checkpoints",
-            )
-        if self.gpus_per_worker < 0:
-            raise KaleConfigError("gpus_per_worker", f"must be >= 0, got {self.gpus_per_worker}")
-        if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
-            raise KaleConfigError(
-                "image_pull_policy", f"must be Always, IfNotPresent or Never, got {self.image_pull_policy!r}"
-            )
-        if self.termination_grace_period_s < 10:
-            raise KaleConfigError("termination_grace_period_s", "must leave time to checkpoint (>= 10 s)")
-        for arg in self.trainer_args:
-            if "password" in arg.lower() or "secret" in arg.lower():
-                raise KaleConfigError(
-                    "trainer_args", "credentials must come from kafka_secret, not command-line arguments"
-                )
+            ),
+            need(
+                not any("password" in str(a).lower() or "secret" in str(a).lower() for a in self.trainer_args),
+                "trainer_args",
+                "credentials must come from kafka_secret, not command-line arguments",
+            ),
+        )
 
     @property
     def rescale_timeout_s(self) -> float:  # the old Job's stop, the new one's readiness, and a margin for the API

@@ -25,6 +25,7 @@ address in ``Host`` (a rebound name does not), and, for POST, say
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import os
 import secrets
@@ -40,6 +41,7 @@ from pathlib import Path
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import LauncherConfig, LauncherStatus, RescaleRecord
 from kale_dagster.launchers.local import LocalLauncher
+from kale_dagster.rules import check, setting
 from kale_dagster.stream.source import KafkaSource
 
 DEFAULT_URL = "http://127.0.0.1:8765"
@@ -194,9 +196,29 @@ class LauncherService:
         self.token_file.unlink(missing_ok=True)
 
 
+def loopback_url_problem(url: str) -> KaleConfigError | None:
+    """Why ``url`` is not an http:// URL of this machine, or None.  The host is parsed, not prefix-matched:
+    ``http://127.0.0.1.evil.example`` and ``http://localhost@host`` are not loopback."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        ok = (
+            parts.scheme == "http"
+            and (host == "localhost" or ipaddress.ip_address(host).is_loopback)
+            and (parts.port is None or parts.port > 0)
+            and not (parts.username or parts.password)
+        )
+    except (ValueError, TypeError, AttributeError):  # not a URL, not an address, a port out of range
+        ok = False
+    if not ok:
+        return KaleConfigError("trainer_url", f"must be a loopback http:// URL (the local service), got {url!r}")
+    return None
+
+
 def check_loopback_url(url: str) -> str:
-    if not url.startswith(("http://127.", "http://localhost", "http://[::1]")):
-        raise KaleConfigError("trainer_url", f"must be a loopback http:// URL (the local trainer service), got {url!r}")
+    problem = loopback_url_problem(url)
+    if problem is not None:
+        raise problem
     return url.rstrip("/")
 
 
@@ -258,11 +280,11 @@ class LocalLauncherConfig(LauncherConfig):
 
     ``token_file``: where that service wrote its token; by default where it writes it for its port."""
 
-    trainer_url: str = DEFAULT_URL
-    token_file: str | None = None
+    trainer_url: str = setting(DEFAULT_URL, description="the local trainer service's URL (a loopback address)")
+    token_file: str | None = setting(None, description="where the service wrote its token; default: for its port")
 
     def __post_init__(self):
-        check_loopback_url(self.trainer_url)
+        check(self, lambda: loopback_url_problem(self.trainer_url))
 
     def build(self, pipeline: str, source: KafkaSource) -> LocalTrainerClient:
         return LocalTrainerClient(self.trainer_url, token_file=Path(self.token_file) if self.token_file else None)

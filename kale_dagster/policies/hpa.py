@@ -459,7 +459,7 @@ class HPAPolicy:
 def build(sizing: Sizing, **options) -> HPAPolicy:
     """An HPA between the sizing's worker bounds; ``options`` are further ``HPAPolicy`` fields
     (``behavior`` may be given as Kubernetes writes it, see ``HPABehavior.from_spec``)."""
-    return HPAPolicy(min_replicas=sizing.min_workers, max_replicas=sizing.max_workers, **options)
+    return HPAPolicy(min_replicas=sizing.limits.min_workers, max_replicas=sizing.limits.max_workers, **options)
 
 
 def sweep_behavior(scale_down_window_s: float, rate_policies: str) -> dict:

@@ -32,19 +32,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.estimator import estimate_workers, resample_max
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.projection import Option, project_options
 from kale_dagster.model.stabilizer import MODES, Mode, stabilize
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation
 from kale_dagster.policies.registry import PolicySpec, Sizing
+from kale_dagster.rules import check, setting
 
 
 @dataclass(frozen=True)
 class KaleConfig:
-    """Settings of the Kale policy; validated here, once.
+    """Kale's own knobs; the pipeline's limits (worker bounds, SLO, restart time) come with its ``Sizing``.
 
     Times are in seconds.  ``lag_weight`` prices one lag-minute integrated
     over one minute in GPU-minutes; when every duration is compressed by a
@@ -56,77 +57,31 @@ class KaleConfig:
     guard.
     """
 
-    min_workers: int = 1
-    max_workers: int = 32
-    slo_s: float = 1200.0
-    restart_s: float = 600.0
-    plan_step_s: float = 600.0
-    rho: int = 1
-    tau_s: float = 600.0
-    forecast_quantile: float | None = None
-    drain_window_s: float | None = None
-    fallback_lag_s: float | None = None
-    max_forecast_error: float = 0.5
+    plan_step_s: float = setting(600.0, gt=0, unit="s", description="the plan's step")
+    rho: int = setting(1, ge=1, description="the stabilizer's smallest change, in workers")
+    tau_s: float = setting(600.0, ge=0, unit="s", description="the shortest time between two rescales")
+    forecast_quantile: float | None = setting(
+        None, gt=0, lt=1, description="the forecast quantile planned for; None: the upper band"
+    )
+    drain_window_s: float | None = setting(None, gt=0, unit="s", description="a backlog is drained within this")
+    fallback_lag_s: float | None = setting(None, gt=0, unit="s", description="lag above this falls back to rates")
+    max_forecast_error: float = setting(0.5, gt=0, description="recent sMAPE above this falls back to rates")
     # A burst: the latest interval's arrival rate above this multiple of both the running workers' capacity and the
     # expected rate (the forecast's planning level now; without one, the windowed mean).  Acted on at once: the
     # windowed rate and the lag take a rate window or half an SLO to show it, too late to restart in time.
-    burst_ratio: float = 2.0
-    scale_in_lag_guard_s: float | None = None
-    lag_weight: float = 8.0
-    violation_weight: float = 100.0
-    projection_tick_s: float = 300.0
-    sync_period_s: float = 60.0
-    stabilizer: Mode = "kale"  # "paper": Algorithm 1 exactly as published
+    burst_ratio: float = setting(2.0, gt=1, description="a multiple of capacity and of the expected rate")
+    scale_in_lag_guard_s: float | None = setting(None, gt=0, unit="s", description="no scale-in above this lag")
+    lag_weight: float = setting(8.0, ge=0, description="GPU-minutes one lag-minute costs")
+    violation_weight: float = setting(100.0, ge=0, description="GPU-minutes one minute above the SLO costs")
+    projection_tick_s: float = setting(300.0, gt=0, unit="s", description="the backlog projection's step")
+    sync_period_s: float = setting(60.0, gt=0, unit="s", description="how often the policy is asked")
+    stabilizer: Mode = setting("kale", choices=MODES, description='"paper": Algorithm 1 exactly as published')
     # Judge a scale-in over as long as the forecast's outlook says the lower level lasts (see KalePolicy._choose).
     # Measured (README Results): far cheaper on bursty, mostly idle traffic, a little dearer on strongly daily traffic.
-    outlook_scale_in: bool = False
+    outlook_scale_in: bool = setting(False, description="judge a scale-in over the forecast's outlook")
 
     def __post_init__(self):
-        def need(ok: bool, name: str, problem: str):
-            if not ok:
-                raise KaleConfigError(name, problem)
-
-        need(self.min_workers >= 0, "min_workers", f"must be >= 0, got {self.min_workers}")
-        need(
-            self.max_workers >= max(self.min_workers, 1),
-            "max_workers",
-            f"must be >= min_workers ({self.min_workers}) and >= 1, got {self.max_workers}",
-        )
-        for name in ("slo_s", "plan_step_s", "sync_period_s"):
-            need(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
-        for name in ("restart_s", "tau_s"):
-            need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
-        need(self.rho >= 1, "rho", f"must be >= 1, got {self.rho}")
-        need(
-            self.forecast_quantile is None or 0 < self.forecast_quantile < 1,
-            "forecast_quantile",
-            f"must be in (0, 1) or None for the upper band, got {self.forecast_quantile}",
-        )
-        for name in ("drain_window_s", "fallback_lag_s", "scale_in_lag_guard_s"):
-            value = getattr(self, name)
-            need(value is None or value > 0, name, f"must be > 0 or None, got {value}")
-        need(self.max_forecast_error > 0, "max_forecast_error", f"must be > 0, got {self.max_forecast_error}")
-        need(
-            self.burst_ratio > 1,
-            "burst_ratio",
-            f"must be > 1 (a multiple of capacity and of the expected rate), got {self.burst_ratio}",
-        )
-        for name in ("lag_weight", "violation_weight"):
-            need(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
-        need(self.projection_tick_s > 0, "projection_tick_s", f"must be > 0, got {self.projection_tick_s}")
-        need(self.stabilizer in MODES, "stabilizer", f"must be 'kale' or 'paper', got {self.stabilizer!r}")
-
-    @property
-    def drain_window(self) -> float:
-        return self.drain_window_s or self.slo_s
-
-    @property
-    def fallback_lag(self) -> float:
-        return self.fallback_lag_s or self.slo_s / 2
-
-    @property
-    def scale_in_lag_guard(self) -> float:
-        return self.scale_in_lag_guard_s or self.slo_s / 4
+        check(self)
 
 
 #: The longest horizon the fallback projects a rescale over (a backlog that takes longer to clear is cleared anyway).
@@ -146,7 +101,7 @@ def _fmt_rate(rate: float) -> str:
 class KalePolicy:
     """The Kale policy.  Keeps only the time of its last rescale as state."""
 
-    model: ThroughputModel
+    sizing: Sizing
     config: KaleConfig = field(default_factory=KaleConfig)
     name: str = "kale"
     last_change_time: float | None = None
@@ -154,6 +109,26 @@ class KalePolicy:
     @property
     def sync_period_s(self) -> float:
         return self.config.sync_period_s
+
+    @property
+    def model(self) -> ThroughputModel:
+        return self.sizing.model
+
+    @property
+    def limits(self) -> Limits:
+        return self.sizing.limits
+
+    @property
+    def drain_window(self) -> float:
+        return self.config.drain_window_s or self.limits.slo_s
+
+    @property
+    def fallback_lag(self) -> float:
+        return self.config.fallback_lag_s or self.limits.slo_s / 2
+
+    @property
+    def scale_in_lag_guard(self) -> float:
+        return self.config.scale_in_lag_guard_s or self.limits.slo_s / 4
 
     def state(self) -> dict:
         return {"last_change_time": self.last_change_time}
@@ -185,8 +160,8 @@ class KalePolicy:
         cfg = self.config
         if obs.forecast is None or len(obs.forecast) == 0:
             return "no forecast available"
-        if obs.time_lag_s > cfg.fallback_lag:
-            return f"lag {obs.time_lag_s / 60:.1f} min above the fallback threshold {cfg.fallback_lag / 60:.0f} min"
+        if obs.time_lag_s > self.fallback_lag:
+            return f"lag {obs.time_lag_s / 60:.1f} min above the fallback threshold {self.fallback_lag / 60:.0f} min"
         if obs.forecast_error is not None and obs.forecast_error > cfg.max_forecast_error:
             return f"recent forecast error (sMAPE {obs.forecast_error:.2f}) above {cfg.max_forecast_error:.2f}"
         return ""
@@ -208,16 +183,16 @@ class KalePolicy:
             rates=rates,
             step_s=cfg.plan_step_s,
             model=self.model,
-            min_workers=cfg.min_workers,
-            max_workers=cfg.max_workers,
+            min_workers=self.limits.min_workers,
+            max_workers=self.limits.max_workers,
             backlog=obs.backlog,
             arrival_rate=obs.arrival_rate,
-            drain_window_s=cfg.drain_window,
+            drain_window_s=self.drain_window,
         )
         est = estimate_workers(**common, downtime_s=0.0)
         if est.plan[0] != obs.workers:
             # Changing costs a restart, during which the backlog grows.
-            est = estimate_workers(**common, downtime_s=cfg.restart_s)
+            est = estimate_workers(**common, downtime_s=self.sizing.restart_s)
         return list(est.plan), est.drain_rate
 
     def _project(self, obs: Observation, rates: np.ndarray, options: list[tuple[int, float]]) -> dict:
@@ -229,7 +204,7 @@ class KalePolicy:
             rates,
             cfg.plan_step_s,
             [Option(w, self.model.predict(w), d) for w, d in options],
-            cfg.slo_s,
+            self.limits.slo_s,
             tick_s=cfg.projection_tick_s,
         )
         return dict(zip(options, played))
@@ -254,7 +229,7 @@ class KalePolicy:
         only after hours, longer than the horizon.  A lower level that the outlook says will not last is also
         charged the restart back up, unless keeping would need that restart too.
         """
-        current, restart = obs.workers, self.config.restart_s
+        current, restart = obs.workers, self.sizing.restart_s
         judged = []  # (workers, the span it is judged over, charged a restart back up?)
         for w in sorted(candidates - {current}):
             span, back_up = rates, False
@@ -366,12 +341,12 @@ class KalePolicy:
             rates,
             cfg.plan_step_s,
             self.model,
-            cfg.min_workers,
-            cfg.max_workers,
+            self.limits.min_workers,
+            self.limits.max_workers,
             backlog=obs.backlog,
             arrival_rate=obs.arrival_rate,
-            downtime_s=cfg.restart_s,
-            drain_window_s=cfg.drain_window,
+            downtime_s=self.sizing.restart_s,
+            drain_window_s=self.drain_window,
         )
         target = est.plan[0]
         why = f"fallback ({trigger}): measured {_fmt_rate(rate)}"
@@ -382,7 +357,7 @@ class KalePolicy:
         # keep up only grows the lag beyond it.
         spare = float(self.model.predict(target)) - rate
         drain_s = obs.backlog / spare if spare > 0 else 0.0
-        horizon_s = min(max(2 * cfg.slo_s, cfg.restart_s + drain_s), MAX_FALLBACK_HORIZON_S)
+        horizon_s = min(max(2 * self.limits.slo_s, self.sizing.restart_s + drain_s), MAX_FALLBACK_HORIZON_S)
         horizon = np.full(max(1, math.ceil(horizon_s / cfg.plan_step_s)), rate)
         return self._apply_guards(obs, {target}, horizon, why, [target], {}, policy=f"{self.name}/fallback")
 
@@ -402,9 +377,9 @@ class KalePolicy:
         plan_t = tuple(int(p) for p in plan)
         held = []
         if any(c < current for c in candidates):
-            if obs.time_lag_s > cfg.scale_in_lag_guard:
+            if obs.time_lag_s > self.scale_in_lag_guard:
                 held.append(
-                    f"no scale-in while lag is {obs.time_lag_s / 60:.1f} min (> {cfg.scale_in_lag_guard / 60:.0f} min)"
+                    f"no scale-in while lag is {obs.time_lag_s / 60:.1f} min (> {self.scale_in_lag_guard / 60:.0f} min)"
                 )
             elif self.last_change_time is not None and obs.time - self.last_change_time < cfg.tau_s:
                 held.append(
@@ -422,15 +397,8 @@ class KalePolicy:
 
 
 def build(sizing: Sizing, **options) -> KalePolicy:
-    """Kale on the sizing's throughput model; ``options`` are further ``KaleConfig`` fields."""
-    config = KaleConfig(
-        min_workers=sizing.min_workers,
-        max_workers=sizing.max_workers,
-        slo_s=sizing.slo_s,
-        restart_s=sizing.restart_s,
-        **options,
-    )
-    return KalePolicy(sizing.model, config)
+    """Kale within the sizing's limits and on its throughput model; ``options`` are ``KaleConfig`` fields."""
+    return KalePolicy(sizing, KaleConfig(**options))
 
 
 SPEC = PolicySpec(

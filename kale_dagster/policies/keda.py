@@ -294,8 +294,8 @@ def build(
         lag_threshold = _lag_threshold(sizing, seconds_of_work)
     return KedaKafkaPolicy(
         KafkaScalerMetadata(lag_threshold=lag_threshold),
-        min_replicas=sizing.min_workers,
-        max_replicas=sizing.max_workers,
+        min_replicas=sizing.limits.min_workers,
+        max_replicas=sizing.limits.max_workers,
         partition_count=sizing.partitions or DEFAULT_PARTITIONS,
         **options,
     )

@@ -18,38 +18,33 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from kale_dagster.errors import KaleConfigError
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import ScalingPolicy
 
 
 @dataclass(frozen=True)
 class Sizing:
-    """What every policy is built from.
+    """What every policy is built from: the pipeline's declared ``limits`` and what is known about its trainer.
 
-    ``restart_s`` is the trainer's restart time as known to the controller
-    (declared, or measured from past rescales), ``adequate_workers`` the
-    fixed allocation that covers the peak (the static baseline; default
-    ``max_workers``), ``partitions`` the topic's partition count where a
-    policy needs it without per-partition offsets (KEDA in the simulator).
+    ``measured_restart_s`` is the restart time the controller measured from
+    past rescales (None until there is one: ``restart_s`` is then the
+    declared one), ``adequate_workers`` the fixed allocation that covers the
+    peak (the static baseline; default ``max_workers``), ``partitions`` the
+    topic's partition count where a policy needs it without per-partition
+    offsets (KEDA in the simulator).
     """
 
-    min_workers: int
-    max_workers: int
-    slo_s: float
-    restart_s: float
+    limits: Limits
     model: ThroughputModel
+    measured_restart_s: float | None = None
     adequate_workers: int | None = None
     partitions: int | None = None
 
-    def __post_init__(self):
-        if not 1 <= self.min_workers <= self.max_workers:
-            raise KaleConfigError(
-                "min_workers", f"need 1 <= min_workers <= max_workers, got {self.min_workers} and {self.max_workers}"
-            )
-        if self.slo_s <= 0:
-            raise KaleConfigError("slo_s", f"must be > 0, got {self.slo_s}")
-        if self.restart_s < 0:
-            raise KaleConfigError("restart_s", f"must be >= 0, got {self.restart_s}")
+    @property
+    def restart_s(self) -> float:
+        """The restart time to plan with: measured, else declared."""
+        return self.limits.restart_s if self.measured_restart_s is None else self.measured_restart_s
 
 
 Build = Callable[..., ScalingPolicy]

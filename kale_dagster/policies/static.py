@@ -34,11 +34,11 @@ class StaticPolicy:
 
 def build(sizing: Sizing, workers: int | None = None) -> StaticPolicy:
     """The "adequate" allocation by default: enough workers for the peak."""
-    return StaticPolicy(workers if workers is not None else (sizing.adequate_workers or sizing.max_workers))
+    return StaticPolicy(workers if workers is not None else (sizing.adequate_workers or sizing.limits.max_workers))
 
 
 def sweep(sizing: Sizing) -> list[tuple[dict, dict]]:
-    adequate = sizing.adequate_workers or sizing.max_workers
+    adequate = sizing.adequate_workers or sizing.limits.max_workers
     levels = sorted({max(1, round(share * adequate)) for share in SWEEP_SHARES})
     return [({"workers": w}, {"workers": w}) for w in levels]
 

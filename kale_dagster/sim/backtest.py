@@ -28,10 +28,12 @@ import pandas as pd
 
 from kale_dagster.control.controller import Controller, ControlSettings
 from kale_dagster.errors import KaleConfigError
-from kale_dagster.forecast import make_forecaster
+from kale_dagster.forecast import FORECASTERS, make_forecaster
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.policies import POLICIES, Sizing
 from kale_dagster.policies.kale import KaleConfig
+from kale_dagster.rules import check, need, setting
 from kale_dagster.sim.metrics import objective
 from kale_dagster.sim.oracle import Hindsight, OracleSchedule, SchedulePolicy, optimal_schedule
 from kale_dagster.sim.simulate import ForecastFeed, SimConfig, SimResult, simulate
@@ -43,45 +45,47 @@ DEFAULT_MODEL = ThroughputModel.asynchronous((1e-3, 0.0, 2e-6))
 
 @dataclass(frozen=True)
 class BacktestSettings:
-    peak_workers: int = 28
-    max_workers: int = 32
-    min_workers: int = 1
-    restart_minutes: float = 10.0
-    slo_minutes: float = 20.0
-    warmup_days: float = 0.0
-    forecaster: str = "prophet"
-    refit_minutes: float = 1440.0
-    forecast_minutes: float = 10.0
-    horizon_minutes: float = 120.0
+    """One backtest: the pipeline's ``limits``, the trace's scaling and the simulated world's noise."""
+
+    limits: Limits = field(default_factory=Limits)
+    peak_workers: int = setting(28, ge=1, description="the trace is scaled so its peak needs this many workers")
+    warmup_days: float = setting(0.0, ge=0, unit="days", description="simulated but not scored")
+    forecaster: str = setting("prophet", choices=lambda: FORECASTERS)
+    refit_minutes: float = setting(1440.0, gt=0, unit="min")
+    forecast_minutes: float = setting(10.0, gt=0, unit="min")
+    horizon_minutes: float = setting(120.0, gt=0, unit="min")
     model: ThroughputModel = field(default=DEFAULT_MODEL)
     scale_trace: bool = True  # False: replay recorded rates as they are (a pipeline's own history)
     policy_options: Mapping[str, Mapping] = field(default_factory=dict)  # policy name -> options of its build
-    throughput_noise: float = 0.05  # relative noise of each throughput measurement Kale fits F(w) on
-    restart_jitter: float = 0.2  # lognormal sigma of each restart around restart_minutes
+    throughput_noise: float = setting(0.05, ge=0, description="relative noise of each throughput measurement")
+    restart_jitter: float = setting(0.2, ge=0, description="lognormal sigma of each restart around the declared one")
     seed: int = 0
-    processes: int | None = None  # parallel simulations; None = the machine's cores
+    processes: int | None = setting(None, ge=1, description="parallel simulations; None: the machine's cores")
 
     def __post_init__(self):
-        if not 1 <= self.min_workers <= self.peak_workers <= self.max_workers:
-            raise KaleConfigError(
-                "peak_workers",
-                f"need 1 <= min_workers <= peak_workers <= max_workers, got {self.min_workers}, {self.peak_workers}, "
-                f"{self.max_workers}",
-            )
-        if self.model.peak_workers(self.max_workers) < self.peak_workers:
-            raise KaleConfigError(
-                "peak_workers",
-                f"the throughput model peaks at {self.model.peak_workers(self.max_workers)} workers, below "
-                f"--peak-workers {self.peak_workers}",
-            )
-        if self.restart_minutes < 0:
-            raise KaleConfigError("restart_minutes", f"must be >= 0, got {self.restart_minutes}")
-        if self.slo_minutes <= 0:
-            raise KaleConfigError("slo_minutes", f"must be > 0, got {self.slo_minutes}")
-        if self.warmup_days < 0:
-            raise KaleConfigError("warmup_days", f"must be >= 0, got {self.warmup_days}")
-        for name in self.policy_options:
-            POLICIES[name]  # an unknown name fails here, naming the choices
+        limits = self.limits
+        check(
+            self,
+            lambda: (
+                need(
+                    limits.min_workers <= self.peak_workers <= limits.max_workers,
+                    "peak_workers",
+                    f"must lie within min_workers and max_workers ({limits.min_workers}-{limits.max_workers}), "
+                    f"got {self.peak_workers}",
+                )
+                or need(
+                    self.model.peak_workers(limits.max_workers) >= self.peak_workers,
+                    "peak_workers",
+                    f"the throughput model peaks at {self.model.peak_workers(limits.max_workers)} workers, below "
+                    f"{self.peak_workers}",
+                )
+            ),
+            [
+                KaleConfigError("policy_options", f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+                for name in self.policy_options
+                if name not in POLICIES
+            ],
+        )
 
 
 def minute_rates(history: pd.DataFrame) -> tuple[np.ndarray, pd.DatetimeIndex]:
@@ -119,26 +123,18 @@ class Backtest:
             )
         s = settings
         # The "adequate" allocation covers the trace's peak: peak_workers by construction when scaled.
+        limits = s.limits
         adequate = (
             s.peak_workers
             if s.scale_trace
-            else s.model.min_workers_for(float(self.rates.max()), s.max_workers, s.min_workers)
+            else s.model.min_workers_for(float(self.rates.max()), limits.max_workers, limits.min_workers)
         )
-        self.sizing = Sizing(
-            min_workers=s.min_workers,
-            max_workers=s.max_workers,
-            slo_s=s.slo_minutes * 60,
-            restart_s=s.restart_minutes * 60,
-            model=s.model,
-            adequate_workers=adequate,
-        )
+        self.sizing = Sizing(limits, s.model, adequate_workers=adequate)
         # Before going live, F(w) is profiled at a few counts up to the peak (the paper's section 3.3).
         profile = tuple(sorted({1, max(1, -(-s.peak_workers // 4)), max(1, -(-s.peak_workers // 2)), s.peak_workers}))
         self.sim_config = SimConfig(
-            restart_s=s.restart_minutes * 60,
-            slo_s=s.slo_minutes * 60,
+            limits=limits,
             warmup_steps=warmup,
-            max_workers=s.max_workers,
             refit_every_s=s.refit_minutes * 60,
             forecast_every_s=s.forecast_minutes * 60,
             forecast_horizon_s=s.horizon_minutes * 60,
@@ -155,10 +151,7 @@ class Backtest:
         options = s.policy_options.get(name, {}) if options is None else options
         return ControlSettings(
             policy=name,
-            min_workers=z.min_workers,
-            max_workers=z.max_workers,
-            slo_s=z.slo_s,
-            restart_s=z.restart_s,
+            limits=z.limits,
             policy_options=dict(options),
             adequate_workers=z.adequate_workers,
             partitions=z.partitions,
@@ -262,10 +255,7 @@ class Backtest:
         schedule = optimal_schedule(
             self.rates,
             s.model,
-            z.restart_s,
-            z.slo_s,
-            z.min_workers,
-            z.max_workers,
+            z.limits,
             kale.plan_step_s,
             kale.lag_weight,
             kale.violation_weight,

@@ -30,6 +30,7 @@ import pandas as pd
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation
 
@@ -76,10 +77,7 @@ def _prune(cost: np.ndarray, backlog: np.ndarray, max_labels: int) -> np.ndarray
 def optimal_schedule(
     rates: np.ndarray,
     model: ThroughputModel,
-    restart_s: float,
-    slo_s: float,
-    min_workers: int = 1,
-    max_workers: int = 32,
+    limits: Limits,
     plan_step_s: float = 600.0,
     lag_weight: float = 8.0,
     violation_weight: float = 100.0,
@@ -89,15 +87,12 @@ def optimal_schedule(
     rates = np.asarray(rates, dtype=float)
     if len(rates) == 0:
         raise KaleConfigError("rates", "the trace is empty")
-    if not 1 <= min_workers <= max_workers:
-        raise KaleConfigError(
-            "min_workers", f"need 1 <= min_workers <= max_workers, got {min_workers} and {max_workers}"
-        )
+    restart_s, slo_s = limits.restart_s, limits.slo_s
     if max_labels < 1:
         raise KaleConfigError("max_labels", f"must be >= 1, got {max_labels}")
     step = max(int(round(plan_step_s / MINUTE)), math.ceil(restart_s / MINUTE), 1)
     arrivals = _Arrivals(rates)
-    counts = np.arange(min_workers, max_workers + 1)
+    counts = np.arange(limits.min_workers, limits.max_workers + 1)
     capacity = np.asarray(model.predict(counts), dtype=float)
     steps = math.ceil(len(rates) / step)
     # Share of each minute of a step that consumes after a restart at the step's start.

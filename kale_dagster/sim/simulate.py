@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -63,9 +63,11 @@ from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape, smape_terms
 from kale_dagster.launchers.base import Launcher, LauncherStatus
 from kale_dagster.model.backlog import FifoBacklog
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import FIT_WINDOW_S, ThroughputModel, estimate_throughput
 from kale_dagster.model.types import ScalingPolicy
 from kale_dagster.model.utilization import utilization
+from kale_dagster.rules import check, setting
 from kale_dagster.sim.metrics import PaperMetrics, score_readings
 
 TICK_S = 15.0
@@ -81,57 +83,40 @@ class SimResult:
 
 @dataclass(frozen=True)
 class SimConfig:
-    restart_s: float = 600.0
-    slo_s: float = 1200.0
-    warmup_steps: int = 0  # minutes simulated but not scored
-    initial_workers: int | None = None  # default: enough for the first minute
-    max_workers: int = 32
-    refit_every_s: float = 86_400.0
-    forecast_every_s: float = 600.0
-    forecast_horizon_s: float = 7200.0
-    rate_window_s: float = 300.0  # telemetry's averaging window for rates
-    error_window_s: float = 3600.0  # window of the recent forecast error fed to Kale's fallback
-    commit_interval_s: float = 0.0  # offsets committed this often (checkpoints); 0 = as consumed
-    pipeline_latency_s: float = 0.0  # a sample's time inside the trainer before it can be committed...
-    pipeline_latency_per_worker_s: float = 0.0  # ...plus this per worker
-    metrics_window_s: float = (
-        0.0  # the workers' metrics window: a reading's span, and a restarted group's wait for its first
+    """The simulated world and its controller's cadences; the pipeline's ``limits`` are the declared ones.
+
+    The world's restarts take ``limits.restart_s`` times a lognormal factor (``restart_jitter``)."""
+
+    limits: Limits = field(default_factory=Limits)
+    warmup_steps: int = setting(0, ge=0, unit="min", description="minutes simulated but not scored")
+    initial_workers: int | None = setting(None, ge=0, description="default: enough for the first minute")
+    refit_every_s: float = setting(86_400.0, gt=0, unit="s")
+    forecast_every_s: float = setting(600.0, gt=0, unit="s")
+    forecast_horizon_s: float = setting(7200.0, gt=0, unit="s")
+    rate_window_s: float = setting(300.0, gt=0, unit="s", description="telemetry's averaging window for rates")
+    error_window_s: float = setting(3600.0, gt=0, unit="s", description="the recent forecast error's window")
+    commit_interval_s: float = setting(0.0, ge=0, unit="s", description="offsets committed this often; 0: as consumed")
+    pipeline_latency_s: float = setting(
+        0.0, ge=0, unit="s", description="a sample's time inside the trainer before it can be committed..."
     )
-    act_latency_s: float = (
-        0.0  # from a decision to its rescale starting (live: the tick, then the rescale run's launch)
+    pipeline_latency_per_worker_s: float = setting(0.0, ge=0, unit="s", description="...plus this per worker")
+    metrics_window_s: float = setting(
+        0.0, ge=0, unit="s", description="the workers' metrics window: a reading's span, and a restarted group's wait"
+    )
+    act_latency_s: float = setting(
+        0.0, ge=0, unit="s", description="from a decision to its rescale starting (live: the tick, then the run)"
     )
     # What a controller cannot know exactly (see _Measurements):
-    throughput_noise: float = 0.05  # relative standard deviation of each measured (saturated) minute's throughput
-    restart_jitter: float = 0.2  # sigma of the lognormal factor on restart_s that each restart actually takes
+    throughput_noise: float = setting(
+        0.05, ge=0, description="relative standard deviation of each measured (saturated) minute's throughput"
+    )
+    restart_jitter: float = setting(0.2, ge=0, description="sigma of the lognormal factor on each restart's time")
     profile_workers: tuple[int, ...] = ()  # worker counts profiled before the run (the paper's section 3.3); () = none
     seed: int = 0
     oracle: bool = False  # a Controller plans with the true F(w) and the nominal restart_s instead of its estimates
 
     def __post_init__(self):
-        may_be_zero = (
-            "restart_s",
-            "commit_interval_s",
-            "pipeline_latency_s",
-            "pipeline_latency_per_worker_s",
-            "metrics_window_s",
-            "act_latency_s",
-            "throughput_noise",
-            "restart_jitter",
-        )
-        for name in (
-            *may_be_zero,
-            "refit_every_s",
-            "forecast_every_s",
-            "forecast_horizon_s",
-            "rate_window_s",
-            "error_window_s",
-        ):
-            if getattr(self, name) < 0 or (name not in may_be_zero and getattr(self, name) == 0):
-                raise KaleConfigError(name, f"must be > 0, got {getattr(self, name)}")
-        if self.slo_s <= 0:
-            raise KaleConfigError("slo_s", f"must be > 0, got {self.slo_s}")
-        if self.warmup_steps < 0:
-            raise KaleConfigError("warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        check(self)
 
 
 class _Measurements:
@@ -165,7 +150,7 @@ class _Measurements:
     def restart(self) -> float:
         """How long this restart takes (the world's draw), remembered as the controller measures it."""
         jitter = self._restart_rng.lognormal(0.0, self.config.restart_jitter) if self.config.restart_jitter > 0 else 1.0
-        self.restarts.append(self.config.restart_s * jitter)
+        self.restarts.append(self.config.limits.restart_s * jitter)
         if not self.config.oracle:
             self._downtimes = tuple(self.restarts[-Launcher.recent_restarts :])
         return self.restarts[-1]
@@ -362,23 +347,20 @@ def simulate(
         raise KaleConfigError("warmup_steps", f"warm-up ({config.warmup_steps} min) covers the whole trace ({n} min)")
     settings = ControlSettings(
         policy=policy.name if not isinstance(policy, Controller) else policy.settings.policy,
-        min_workers=1,
-        max_workers=config.max_workers,
-        slo_s=config.slo_s,
-        restart_s=config.restart_s,
+        limits=config.limits,
         rate_window_s=config.rate_window_s,
         error_window_s=config.error_window_s,
     )
     controller = policy if isinstance(policy, Controller) else Controller.fixed(policy, settings)
     learned = _Measurements(model, prior or model, config)
     # F(w) per count, once; per-tick reads as Python floats (numpy scalars' arithmetic is several times slower).
-    capacity_of = np.asarray(model.predict(np.arange(config.max_workers + 1)), dtype=float).tolist()
+    capacity_of = np.asarray(model.predict(np.arange(config.limits.max_workers + 1)), dtype=float).tolist()
     rate_at = rates.tolist()
     epoch = times[0].timestamp()
     workers = (
         config.initial_workers
         if config.initial_workers is not None
-        else model.min_workers_for(rates[0], config.max_workers)
+        else model.min_workers_for(rates[0], config.limits.max_workers)
     )
     queue = FifoBacklog(now=epoch)
     # What telemetry reads: committed offsets.  Same arrivals, consumed only at commits.
@@ -479,7 +461,7 @@ def simulate(
                 )
                 if sync_ticks is None:  # the policy's cadence, known once it is built
                     sync_ticks = max(int(round(controller.policy_in_use.sync_period_s / TICK_S)), 1)
-                target = max(min(step.decision.workers, config.max_workers), 0)
+                target = max(min(step.decision.workers, config.limits.max_workers), 0)
                 if minute == 0 and k == 0 and config.initial_workers is None:
                     workers = target  # the job starts at the policy's first answer, no restart
                 elif step.rescale_to is not None and target != workers:
@@ -527,7 +509,7 @@ def simulate(
             "scored": np.arange(n) >= config.warmup_steps,
         }
     )
-    return SimResult(score(timeline, config.slo_s, rescales_scored), timeline, decisions)
+    return SimResult(score(timeline, config.limits.slo_s, rescales_scored), timeline, decisions)
 
 
 def score(timeline: pd.DataFrame, slo_s: float, rescales: int) -> PaperMetrics:

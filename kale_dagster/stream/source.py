@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kale_dagster.errors import KaleConfigError
+from kale_dagster.rules import check, setting
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
@@ -35,7 +36,7 @@ WORKER_ENV = {
 }
 
 
-def check_kafka_settings(
+def connection_problems(
     *,
     bootstrap_servers: str,
     topics: Sequence[str],
@@ -44,46 +45,47 @@ def check_kafka_settings(
     sasl_mechanism: str | None,
     sasl_username: str | None,
     has_password: bool,
-    samples_per_record: int,
-    request_timeout_ms: int,
-) -> tuple[str, tuple[str, ...], str, str]:
-    """Validate Kafka connection settings; returns normalised (servers, topics, group, protocol).
+) -> list[KaleConfigError]:
+    """What no single field's rule can say about a connection: the server list's shape, and what SASL needs.
 
-    The one validation path for ``KafkaSource`` and ``KafkaStreamResource``:
-    each error names the field and says what to fix.
-    """
+    Shared by ``KafkaSource`` and ``KafkaStreamResource`` (whose password is a value, not a variable's name)."""
+    found = []
     servers = [s.strip() for s in bootstrap_servers.split(",") if s.strip()]
     if not servers:
-        raise KaleConfigError("bootstrap_servers", "is empty; give host:port[,host:port...]")
+        found.append(KaleConfigError("bootstrap_servers", "is empty; give host:port[,host:port...]"))
     for server in servers:
         host, sep, port = server.rpartition(":")
         if not sep or not host:
-            raise KaleConfigError("bootstrap_servers", f"{server!r} is not host:port")
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise KaleConfigError("bootstrap_servers", f"{server!r}: port must be a number in 1..65535")
-    if isinstance(topics, str) or not topics or any(not t or not t.strip() for t in topics):
-        raise KaleConfigError("topics", f"needs a list of at least one non-empty topic name, got {topics!r}")
-    if not group_id or not group_id.strip():
-        raise KaleConfigError("group_id", "must not be empty")
-    protocol = (security_protocol or "").upper()
-    if protocol not in SECURITY_PROTOCOLS:
-        raise KaleConfigError(
-            "security_protocol", f"unknown {security_protocol!r}; use one of {', '.join(SECURITY_PROTOCOLS)}"
-        )
-    if protocol.startswith("SASL"):
-        if sasl_mechanism not in SASL_MECHANISMS:
-            raise KaleConfigError(
-                "sasl_mechanism", f"{protocol} needs one of {', '.join(SASL_MECHANISMS)}, got {sasl_mechanism!r}"
+            found.append(KaleConfigError("bootstrap_servers", f"{server!r} is not host:port"))
+        elif not port.isdigit() or not 0 < int(port) < 65536:
+            found.append(KaleConfigError("bootstrap_servers", f"{server!r}: port must be a number in 1..65535"))
+    if isinstance(topics, str) or not topics or any(not isinstance(t, str) or not t.strip() for t in topics):
+        found.append(KaleConfigError("topics", f"needs a list of at least one non-empty topic name, got {topics!r}"))
+    if not group_id.strip():
+        found.append(KaleConfigError("group_id", "must not be empty"))
+    if security_protocol.startswith("SASL"):
+        if sasl_mechanism is None:
+            found.append(
+                KaleConfigError("sasl_mechanism", f"{security_protocol} needs one of {', '.join(SASL_MECHANISMS)}")
             )
-        if sasl_mechanism in _PASSWORD_MECHANISMS and not (sasl_username and has_password):
-            raise KaleConfigError(
-                "sasl_username", f"SASL {sasl_mechanism} needs a username and a password (from an environment variable)"
+        elif sasl_mechanism in _PASSWORD_MECHANISMS and not (sasl_username and has_password):
+            found.append(
+                KaleConfigError(
+                    "sasl_username",
+                    f"SASL {sasl_mechanism} needs a username and a password (from an environment variable)",
+                )
             )
-    if samples_per_record < 1:
-        raise KaleConfigError("samples_per_record", f"must be >= 1, got {samples_per_record}")
-    if request_timeout_ms < 100:
-        raise KaleConfigError("request_timeout_ms", f"must be >= 100 ms, got {request_timeout_ms}")
-    return ",".join(servers), tuple(t.strip() for t in topics), group_id.strip(), protocol
+    return found
+
+
+def normalised(bootstrap_servers: str, topics: Sequence[str], group_id: str, security_protocol: str) -> dict:
+    """The connection's text fields as they are kept: no blanks around names, the protocol in capitals."""
+    return {
+        "bootstrap_servers": ",".join(s.strip() for s in bootstrap_servers.split(",") if s.strip()),
+        "topics": tuple(t.strip() for t in topics) if not isinstance(topics, str) else topics,
+        "group_id": group_id.strip(),
+        "security_protocol": security_protocol.upper(),
+    }
 
 
 @dataclass(frozen=True)
@@ -95,36 +97,41 @@ class KafkaSource:
     ``sasl_password_env`` (an environment variable's name), never a value.
     """
 
-    bootstrap_servers: str
-    topics: tuple[str, ...]
-    group_id: str
-    security_protocol: str = "PLAINTEXT"
-    sasl_mechanism: str | None = None
-    sasl_username: str | None = None
-    sasl_password_env: str | None = None
-    ssl_cafile: str | None = None
-    samples_per_record: int = 1
-    request_timeout_ms: int = 10_000
+    bootstrap_servers: str = setting(description="host:port[,host:port...] of the Kafka brokers")
+    topics: tuple[str, ...] = setting(description="the topics the trainer consumes")
+    group_id: str = setting(
+        description="the trainer's consumer group: its committed offsets are where training resumes"
+    )
+    security_protocol: str = setting("PLAINTEXT", choices=SECURITY_PROTOCOLS, description="how clients connect")
+    sasl_mechanism: str | None = setting(None, choices=SASL_MECHANISMS, description="for SASL_* protocols")
+    sasl_username: str | None = setting(None, description="for SASL PLAIN and SCRAM")
+    sasl_password_env: str | None = setting(
+        None,
+        pattern=r"[A-Za-z_][A-Za-z0-9_]*",
+        hint="is not an environment variable's name; name the variable that holds the password, never the password",
+        description="the NAME of the environment variable that holds the SASL password (never the password itself)",
+    )
+    ssl_cafile: str | None = setting(None, description="CA bundle for SSL protocols")
+    samples_per_record: int = setting(1, ge=1, description="samples packed in each Kafka record")
+    request_timeout_ms: int = setting(10_000, ge=100, unit="ms", description="a broker request's timeout")
 
     def __post_init__(self):
-        servers, topics, group, protocol = check_kafka_settings(
-            bootstrap_servers=self.bootstrap_servers,
-            topics=self.topics,
-            group_id=self.group_id,
-            security_protocol=self.security_protocol,
-            sasl_mechanism=self.sasl_mechanism,
-            sasl_username=self.sasl_username,
-            has_password=bool(self.sasl_password_env),
-            samples_per_record=self.samples_per_record,
-            request_timeout_ms=self.request_timeout_ms,
+        text = (self.bootstrap_servers, self.group_id, self.security_protocol)
+        if all(isinstance(v, str) for v in text) and isinstance(self.topics, (list, tuple)):
+            for name, value in normalised(self.bootstrap_servers, self.topics, *text[1:]).items():
+                object.__setattr__(self, name, value)
+        check(
+            self,
+            lambda: connection_problems(
+                bootstrap_servers=self.bootstrap_servers,
+                topics=self.topics,
+                group_id=self.group_id,
+                security_protocol=self.security_protocol,
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_username=self.sasl_username,
+                has_password=bool(self.sasl_password_env),
+            ),
         )
-        for name, value in (
-            ("bootstrap_servers", servers),
-            ("topics", topics),
-            ("group_id", group),
-            ("security_protocol", protocol),
-        ):
-            object.__setattr__(self, name, value)
 
     @property
     def topic(self) -> str:

@@ -1,0 +1,42 @@
+"""Command-line flags derived from a declaration's field rules (``kale_dagster.rules``).
+
+A flag per ruled field, named after it (``max_workers`` -> ``--max-workers``), with the field's type,
+default and description, so a new field of ``Limits`` is a new flag of every command that takes limits,
+with nothing written here.  Errors name the flag, not the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, TypeVar
+
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.rules import field_types, rule_of
+
+T = TypeVar("T")
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One flag per ruled field of the dataclass ``cls``."""
+    kinds = field_types(cls)
+    for f in dataclasses.fields(cls):
+        rule = rule_of(f)
+        if rule is None:
+            continue
+        kind = kinds[f.name][0] or str
+        unit = f" ({rule.unit})" if rule.unit else ""
+        parser.add_argument(flag(f.name), dest=f.name, type=kind, default=f.default, help=f"{rule.description}{unit}")
+
+
+def from_flags(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
+    """``cls`` built from the flags ``add_flags`` declared; an error names each bad flag."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if rule_of(f) is not None}
+    try:
+        return cls(**{**values, **overrides})
+    except KaleConfigError as exc:
+        raise KaleConfigError.join([KaleConfigError(flag(e.field), e.problem) for e in exc.errors]) from None

@@ -1,0 +1,58 @@
+"""A pipeline's limits: what it may run and what it must keep, declared once.
+
+Every reader takes this one object: the pipeline declaration and its YAML
+twin, the controller, every policy (through ``Sizing``), the backtest, the
+simulator and the offline optimum.  The declaration is in minutes, the
+unit people think of SLOs in; ``slo_s`` and ``restart_s`` are the one
+place they become the seconds everything else computes in.  A new limit (a
+GPU-hour budget per day, say) is a field here and the code of the policy
+that honours it, nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kale_dagster.rules import check, need, setting
+
+#: The most workers a pipeline may declare: a decision's cost grows with the worker counts it weighs.
+MAX_WORKERS = 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Worker bounds, the lag SLO and the declared restart time of one pipeline."""
+
+    min_workers: int = setting(1, ge=1, le=MAX_WORKERS, description="the fewest workers the pipeline runs")
+    max_workers: int = setting(
+        32, ge=1, le=MAX_WORKERS, description="the most workers (GPUs) the pipeline may run at once"
+    )
+    slo_minutes: float = setting(
+        20.0, gt=0, le=7 * 1440, unit="min", description="how far, in minutes of arrivals, training may fall behind"
+    )
+    restart_minutes: float = setting(
+        10.0,
+        ge=0,
+        le=1440,
+        unit="min",
+        description="the declared time a rescale takes (stop, restore, rejoin); replaced by the median of measured "
+        "rescales once there are some",
+    )
+
+    def __post_init__(self):
+        check(
+            self,
+            lambda: need(
+                self.min_workers <= self.max_workers,
+                "min_workers",
+                f"must be <= max_workers ({self.max_workers}), got {self.min_workers}",
+            ),
+        )
+
+    @property
+    def slo_s(self) -> float:
+        return self.slo_minutes * 60.0
+
+    @property
+    def restart_s(self) -> float:
+        return self.restart_minutes * 60.0
