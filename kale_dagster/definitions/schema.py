@@ -104,9 +104,7 @@ def declared_model(
                 description=(rule.description + unit) or None,
             ),
         )
-    model = create_model(
-        f"{cls.__name__}Attributes", __base__=DeclaredModel, __doc__=doc or cls.__doc__, **definitions
-    )
+    model = create_model(f"{cls.__name__}Attributes", __base__=DeclaredModel, __doc__=doc or cls.__doc__, **definitions)
     model.declares = cls
     model.path = path
     return model

@@ -39,10 +39,10 @@ from kale_dagster.demo import GROUP, PIPELINE, TOPIC
 from kale_dagster.demo.definitions import DemoLocation
 from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
+from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.processes import stop_process_group
 from kale_dagster.sim.trace import START as SYNTH_START
-from kale_dagster.model.limits import Limits
 from kale_dagster.sim.trace import synth_trace
 from kale_dagster.stream.broker import start_broker
 from kale_dagster.stream.history import MetricsHistory
