@@ -39,6 +39,7 @@ from kale_dagster.errors import KaleConfigError
 RULE = "kale_rule"
 
 Choices = Collection[str] | Callable[[], Collection[str]]
+Problems = KaleConfigError | Iterable[KaleConfigError] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +87,7 @@ class Rule:
         allowed = self.allowed()
         if allowed is not None and value not in allowed:
             return f"unknown {value!r}; choose one of {', '.join(map(str, allowed))}"
-        if self.pattern is not None and not re.fullmatch(self.pattern, value):
+        if self.pattern is not None and not re.fullmatch(self.pattern, str(value)):
             return f"{value!r} {self.hint or f'must match {self.pattern}'}"
         return None
 
@@ -151,7 +152,7 @@ def problems_in(cls: type, values: Mapping[str, Any]) -> list[KaleConfigError]:
     return found
 
 
-def check(obj: Any, *more: Iterable[KaleConfigError] | KaleConfigError | None) -> None:
+def check(obj: Any, *more: Problems | Callable[[], Problems]) -> None:
     """Raise every broken field rule of ``obj`` and every further problem in ``more``, joined in one error.
 
     ``more`` may hold callables' results that only make sense once the fields are valid: pass them as a
@@ -162,9 +163,10 @@ def check(obj: Any, *more: Iterable[KaleConfigError] | KaleConfigError | None) -
             if found:
                 continue
             extra = extra()
-        if extra is None:
-            continue
-        found.extend([extra] if isinstance(extra, KaleConfigError) else extra)
+        if isinstance(extra, KaleConfigError):
+            found.append(extra)
+        elif extra is not None:
+            found.extend(extra)
     if found:
         raise KaleConfigError.join(found)
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, fields
-from typing import TypeVar
+from typing import Any, ClassVar, TypeVar
 
 C = TypeVar("C", bound="JsonCursor")
 
 
 class JsonCursor:
     """Mixin for ``@dataclass(frozen=True)`` cursors."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # a dataclass's, declared for type checkers
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -14,7 +14,7 @@ nothing: no invented zero rate, and no decision on missing data.  The same
 holds when the metrics history's database does not answer (down, locked):
 the next tick that reaches it computes its rates over the longer interval.
 
-With ``control`` (``definitions.control.PipelineControl``) the same tick
+With ``control`` (a ``control.tick.Decider``, ``definitions.control.PipelineControl``) the same tick
 runs the pipeline's controller on the reading: the decision is a
 ``gpu_allocation`` materialization, a change a rescale ``RunRequest``, a
 stale forecast a refit ``RunRequest`` (see that module).
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
+import pandas as pd
 from dagster import (
     AssetKey,
     AssetObservation,
@@ -42,14 +42,11 @@ from dagster import (
 from sqlalchemy.exc import DBAPIError as DatabaseError
 
 from kale_dagster.control.clock import PipelineClock
-from kale_dagster.control.controller import StreamReading
+from kale_dagster.control.tick import ControlCursor, Decider, reading_from
 from kale_dagster.model.types import PartitionOffsets
 from kale_dagster.stream.history import MetricsHistory, describe_database_error
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, previous_from
 from sensors.cursor import JsonCursor, is_number
-
-if TYPE_CHECKING:
-    from kale_dagster.definitions.control import PipelineControl
 
 
 @dataclass(frozen=True)
@@ -65,6 +62,7 @@ class StreamMetricsCursor(JsonCursor):
         return PreviousOffsets(self.time, self.offsets) if self.time is not None else None
 
     def valid(self) -> bool:
+        """The offsets' shapes; the control part is the decider's (``ControlCursor.from_dict`` checks its own)."""
         offsets_ok = isinstance(self.offsets, dict) and all(
             isinstance(parts, dict)
             and all(
@@ -73,22 +71,11 @@ class StreamMetricsCursor(JsonCursor):
             )
             for parts in self.offsets.values()
         )
-        control = self.control
-        control_ok = (
-            isinstance(control, dict)
-            and set(control) <= {"predictions", "plotted_at"}
-            and is_number(control.get("plotted_at"), optional=True)
-            and isinstance(control.get("predictions", []), list)
-            and all(
-                isinstance(p, list) and len(p) == 2 and all(is_number(v) for v in p)
-                for p in control.get("predictions", [])
-            )
-        )
         return (
             is_number(self.time, optional=True)
             and isinstance(self.warned_partitions, bool)
+            and isinstance(self.control, dict)
             and offsets_ok
-            and control_ok
         )
 
 
@@ -119,30 +106,6 @@ def snapshot_metadata(snap: StreamSnapshot, figures: dict) -> dict:
     }
 
 
-def reading_from(
-    history: MetricsHistory, pipeline: str, now: float, snap: StreamSnapshot, figures: dict, rate_window_s: float
-) -> StreamReading:
-    """The controller's reading: rates averaged over the window and the latest interval's (None on a first
-    snapshot), lag now."""
-    arrival = consumption = None
-    if figures["arrival_rate"] is not None:
-        recent = history.stream(pipeline, start=now - rate_window_s)
-        arrival = float(recent["arrival_rate"].dropna().mean())
-        consumption = (
-            float(recent["consumption_rate"].dropna().mean()) if recent["consumption_rate"].notna().any() else 0.0
-        )
-    partitions = tuple(PartitionOffsets(p.partition, p.end_offset, p.committed) for p in snap.partitions)
-    return StreamReading(
-        now,
-        arrival,
-        consumption,
-        float(snap.sample_lag),
-        figures["time_lag_s"],
-        partitions,
-        latest_arrival_rate=figures["arrival_rate"],
-    )
-
-
 def build_stream_metrics_sensor(
     *,
     name: str,
@@ -153,7 +116,7 @@ def build_stream_metrics_sensor(
     clock: PipelineClock = PipelineClock(),
     minimum_interval_seconds: int = 60,
     tick_timeout_s: float = 20.0,
-    control: PipelineControl | None = None,
+    control: Decider | None = None,
     jobs: Sequence[JobDefinition] = (),
     max_workers: int | None = None,
     plot_dir: Callable[[SensorEvaluationContext], str] | None = None,
@@ -201,7 +164,7 @@ def build_stream_metrics_sensor(
         figures = pipeline_figures(snap, clock)
         try:
             store = history() if callable(history) else history
-            store.append_stream(pipeline, now, figures)
+            recent = store.stream(pipeline, start=now - control.rate_window_s) if control is not None else None
         except DatabaseError as exc:
             return SkipReason(
                 f"the metrics history did not answer ({describe_database_error(exc)}); cursor kept, nothing recorded, "
@@ -217,29 +180,37 @@ def build_stream_metrics_sensor(
             if not warned:
                 context.log.warning(observation_meta["warning"].value)
                 warned = True
-        events, requests, control_cursor = (
-            [AssetObservation(asset_key=key, metadata=observation_meta)],
-            [],
-            cursor.control,
-        )
-        if control is not None:
-            from kale_dagster.definitions.control import ControlCursor
-
+        outcome, undecided = None, ""
+        if control is not None and recent is not None:
+            now_row = pd.DataFrame([{**figures, "ts": now}])
+            partitions = tuple(PartitionOffsets(p.partition, p.end_offset, p.committed) for p in snap.partitions)
+            reading = reading_from(pd.concat([recent, now_row], ignore_index=True), control.rate_window_s, partitions)
             try:
-                reading = reading_from(store, pipeline, now, snap, figures, control.controller.settings.rate_window_s)
-                result = control.tick(
-                    context.instance, reading, ControlCursor(**cursor.control), plot_dir(context) if plot_dir else None
+                outcome = control.tick(
+                    context.instance,
+                    reading,
+                    ControlCursor.from_dict(cursor.control),
+                    plot_dir(context) if plot_dir else None,
                 )
-                store.append_stream(pipeline, now, figures, workers=result.events[0].metadata["running_workers"].value)
-            except DatabaseError as exc:  # the reading is recorded; the decision waits for the database
-                return SkipReason(
-                    f"a database did not answer while deciding ({describe_database_error(exc)}); "
-                    "the reading is recorded, nothing decided, cursor kept"
-                )
-            events += result.events
-            requests = result.run_requests
-            control_cursor = asdict(result.cursor)
+            except DatabaseError as exc:  # the reading is still recorded; the decision waits for the database
+                undecided = describe_database_error(exc)
+        try:  # one row per reading, with the workers the decision saw
+            store.append_stream(pipeline, now, figures, workers=outcome.running_workers if outcome else None)
+        except DatabaseError as exc:
+            return SkipReason(
+                f"the metrics history did not answer ({describe_database_error(exc)}); cursor kept, nothing recorded, "
+                "nothing decided"
+            )
+        if undecided:
+            return SkipReason(
+                f"a database did not answer while deciding ({undecided}); the reading is recorded, nothing decided, "
+                "cursor kept"
+            )
+        events = [AssetObservation(asset_key=key, metadata=observation_meta), *(outcome.events if outcome else ())]
+        control_cursor = outcome.cursor.to_dict() if outcome else cursor.control
         new_cursor = StreamMetricsCursor(snap.time, previous_from(snap).offsets, control_cursor, warned)
-        return SensorResult(run_requests=requests, asset_events=events, cursor=new_cursor.to_json())
+        return SensorResult(
+            run_requests=list(outcome.run_requests) if outcome else [], asset_events=events, cursor=new_cursor.to_json()
+        )
 
     return _sensor

@@ -21,6 +21,7 @@ from kale_dagster.control.controller import (
     recent_forecast_error,
     restart_estimate,
 )
+from kale_dagster.control.tick import ControlCursor, reading_from
 from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
@@ -312,3 +313,42 @@ def test_threading_lock_is_not_held_by_status():
     slow.release.set()
     thread.join()
     assert not slow.status().rescaling and slow.status().downtimes_s
+
+
+@pytest.mark.parametrize(
+    "stored, expected",
+    [
+        ({"predictions": [[1.0, 2.0]], "plotted_at": 5.0}, ControlCursor(((1.0, 2.0),), 5.0)),
+        ({}, ControlCursor()),
+        (None, ControlCursor()),
+        ({"predictions": [[1.0, "x"]]}, ControlCursor()),
+        ({"predictions": [[1.0, float("nan")]]}, ControlCursor()),
+        ({"predictions": [[1.0, 2.0, 3.0]]}, ControlCursor()),
+        ({"plotted_at": True}, ControlCursor()),
+        ({"predictions": [], "other": 1}, ControlCursor()),
+    ],
+)
+def test_the_control_cursor_checks_its_own_shape(stored, expected):
+    cursor = ControlCursor.from_dict(stored)
+    assert cursor == expected
+    assert ControlCursor.from_dict(cursor.to_dict()) == cursor  # what is written reads back as written
+
+
+def test_one_function_reads_the_controller_s_reading_from_history():
+    import pandas as pd
+
+    rows = pd.DataFrame(
+        {
+            "ts": [0.0, 60.0, 120.0, 400.0],
+            "arrival_rate": [None, 100.0, 200.0, 300.0],
+            "consumption_rate": [None, 50.0, None, 150.0],
+            "sample_lag": [0, 10, 20, 30],
+            "time_lag_s": [0.0, 1.0, 2.0, 3.0],
+        }
+    )
+    reading = reading_from(rows, rate_window_s=300.0)
+    # The window is (100, 400]: the last two rates; the latest interval's is the last row's.
+    assert (reading.time, reading.arrival_rate, reading.consumption_rate) == (400.0, 250.0, 150.0)
+    assert (reading.latest_arrival_rate, reading.backlog, reading.time_lag_s) == (300.0, 30.0, 3.0)
+    first = reading_from(rows.iloc[:1], rate_window_s=300.0)  # a first snapshot measured no rate: none is made up
+    assert first.arrival_rate is None and first.consumption_rate is None and first.latest_arrival_rate is None

@@ -48,18 +48,23 @@ def test_several_pipelines_without_clashes():
 
 
 @pytest.mark.parametrize(
-    "kwargs, field",
+    "kwargs, fields",
     [
-        (dict(name="Bad-Name"), "name"),
-        (dict(name="x", min_workers=5, max_workers=2), "min_workers"),
-        (dict(name="x", forecaster="oracle"), "forecaster"),
+        (dict(name="Bad-Name"), ["name"]),
+        (dict(name="x", forecaster="oracle"), ["forecaster"]),
+        (dict(name="x", metrics_interval_seconds=1), ["metrics_interval_seconds"]),
+        (dict(name="x", limits={"max_workers": 4}), ["limits"]),
+        (dict(name="x", launcher="local"), ["launcher"]),
+        (dict(name="x", policy="hpa", policy_options={"target": 0.5}), ["policy_options"]),
+        # Every bad field at once, in the declaration's order.
+        (dict(name="Bad-Name", forecaster="oracle", advisory="yes"), ["name", "forecaster", "advisory"]),
     ],
 )
-def test_pipeline_config_errors(kwargs, field):
+def test_pipeline_config_errors(kwargs, fields):
     name = kwargs.pop("name")
     with pytest.raises(KaleConfigError) as err:
         OnlineTrainingPipeline(name=name, source=KafkaSource("127.0.0.1:9092", ("t",), "g"), **kwargs)
-    assert err.value.field == field
+    assert [e.field for e in err.value.errors] == fields
 
 
 def test_refit_and_decide_jobs_materialize_forecast_and_allocation(kafka_broker, tmp_path):

@@ -187,3 +187,9 @@ def test_worker_imports_no_pandas_scipy_dagster_or_planner():
     loaded = _modules_after("import kale_dagster.trainer.worker")
     assert "torch" in loaded
     assert not {"pandas", "scipy", "dagster", "kale_dagster.policies", "kale_dagster.model.throughput"} & loaded
+
+
+def test_the_sensor_depends_on_the_control_seam_not_on_the_dagster_wiring():
+    loaded = _modules_after("import sensors.stream_metrics")
+    assert "kale_dagster.control.tick" in loaded
+    assert not {m for m in loaded if m.startswith("kale_dagster.definitions")}

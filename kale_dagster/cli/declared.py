@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any, TypeVar
+from typing import Any
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.rules import field_types, rule_of
-
-T = TypeVar("T")
 
 
 def flag(name: str) -> str:
@@ -33,7 +31,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         parser.add_argument(flag(f.name), dest=f.name, type=kind, default=f.default, help=f"{rule.description}{unit}")
 
 
-def from_flags(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
+def from_flags(cls: Any, args: argparse.Namespace, **overrides: Any) -> Any:
     """``cls`` built from the flags ``add_flags`` declared; an error names each bad flag."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if rule_of(f) is not None}
     try:

@@ -28,6 +28,8 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape
 from kale_dagster.launchers.base import LauncherStatus
@@ -97,7 +99,11 @@ def restart_estimate(downtimes_s: Sequence[float], declared_s: float) -> tuple[f
 
 
 def recent_forecast_error(
-    times: Sequence[float], predicted: Sequence[float], actual: Sequence[float], now: float, window_s: float
+    times: Sequence[float] | np.ndarray,
+    predicted: Sequence[float],
+    actual: Sequence[float] | np.ndarray,
+    now: float,
+    window_s: float,
 ) -> float | None:
     """sMAPE of earlier one-step predictions against the rates that then arrived, over the last ``window_s``.
 
@@ -109,7 +115,7 @@ def recent_forecast_error(
     if not pairs or max(used) - min(used) < window_s / 2:
         return None
     measured, forecast = zip(*pairs)
-    return smape(list(measured), list(forecast))
+    return smape(np.asarray(measured), np.asarray(forecast))
 
 
 class Controller:

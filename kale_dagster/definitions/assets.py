@@ -21,7 +21,8 @@ import pandas as pd
 from dagster import AssetExecutionContext, AssetIn, AssetKey, AssetsDefinition, AssetSpec, MetadataValue, Output, asset
 
 from kale_dagster.control.controller import StreamReading
-from kale_dagster.definitions.control import PipelineControl
+from kale_dagster.control.tick import reading_from
+from kale_dagster.definitions.control import PipelineControl, allocation_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.definitions.plots import png_markdown
 from kale_dagster.forecast import make_forecaster
@@ -98,8 +99,9 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
         fc = model.predict(steps)
         # The controller re-anchors this fit on fresh metrics at every reading until the next refit.
         store.save_forecaster(p.name, fitted_at, {"model": model, "steps": steps})
-        if getattr(model, "holdout_smape", None) is not None and not fc.fallback:
-            fc.extras["holdout_smape"] = model.holdout_smape
+        holdout = getattr(model, "holdout_smape", None)
+        if holdout is not None and not fc.fallback:
+            fc.extras["holdout_smape"] = holdout
         fit_s = time.perf_counter() - started
         figures = forecast_figures(clean, fc, step_s)
         png = plot_forecast(
@@ -166,18 +168,19 @@ def gpu_allocation_asset(p: OnlineTrainingPipeline, control: PipelineControl) ->
         "The metrics sensor decides at every reading; materializing it decides once more from the latest metrics.",
     )
     def gpu_allocation(context: AssetExecutionContext) -> Output:
-        step, metadata = control.decide(context.instance, latest_reading(p, control.controller.settings.rate_window_s))
-        decision = step.decision
+        decision = control.decide(context.instance, latest_reading(p, control.rate_window_s))
+        control.record(decision)
+        d = decision.step.decision
         value = {
-            "workers": decision.workers,
-            "plan": list(decision.plan),
-            "plan_step_s": decision.plan_step_s,
-            "policy": decision.policy,
-            "reason": decision.reason,
+            "workers": d.workers,
+            "plan": list(d.plan),
+            "plan_step_s": d.plan_step_s,
+            "policy": d.policy,
+            "reason": d.reason,
             "advisory": p.advisory,
-            "time": metadata["time"],
+            "time": decision.time,
         }
-        return Output(value, metadata=metadata)
+        return Output(value, metadata=allocation_metadata(p, decision))
 
     return gpu_allocation
 
@@ -185,25 +188,13 @@ def gpu_allocation_asset(p: OnlineTrainingPipeline, control: PipelineControl) ->
 def latest_reading(p: OnlineTrainingPipeline, rate_window_s: float) -> StreamReading:
     """The latest recorded stream metrics as a reading (what the last sensor tick saw)."""
     now = p.clock.now()
-    latest = p.history().stream(p.name, start=now - max(STALE_METRICS_S, rate_window_s))
-    if latest.empty:
+    recorded = p.history().stream(p.name, start=now - max(STALE_METRICS_S, rate_window_s))
+    if recorded.empty:
         raise RuntimeError(
             f"no stream metrics for {p.name!r} in the last {STALE_METRICS_S / 60:.0f} min; is the "
             f"{p.name}_stream_metrics sensor running?"
         )
-    row = latest.iloc[-1]
-    window = latest[latest["ts"] >= row["ts"] - rate_window_s]
-    arrival = float(window["arrival_rate"].dropna().mean()) if window["arrival_rate"].notna().any() else None
-    consumption = float(window["consumption_rate"].dropna().mean()) if window["consumption_rate"].notna().any() else 0.0
-    last_interval = float(row["arrival_rate"]) if pd.notna(row["arrival_rate"]) else None
-    return StreamReading(
-        float(row["ts"]),
-        arrival,
-        consumption,
-        float(row["sample_lag"] or 0),
-        float(row["time_lag_s"] or 0.0),
-        latest_arrival_rate=last_interval,
-    )
+    return reading_from(recorded, rate_window_s)
 
 
 def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:

@@ -20,18 +20,15 @@ asset runs ``decide`` when an operator materializes it.
 """
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from dagster import AssetKey, AssetMaterialization, DagsterRunStatus, MetadataValue, RunRequest, RunsFilter
 
-from kale_dagster.control.controller import (
-    Controller,
-    ControlStep,
-    StreamReading,
-    recent_forecast_error,
-)
+from kale_dagster.control.controller import Controller, ControlStep, StreamReading, recent_forecast_error
+from kale_dagster.control.tick import ControlCursor, TickOutcome
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.launchers.base import LauncherStatus
@@ -53,19 +50,18 @@ def latest_metadata(instance, key: AssetKey) -> dict:
 
 
 @dataclass(frozen=True)
-class ControlCursor:
-    """What control ticks hand on: the one-step predictions made, for the forecast's recent error."""
+class ControlDecision:
+    """One decision and what it was made from, typed: what the sensor, the asset and the metadata read."""
 
-    predictions: list = field(default_factory=list)  # [pipeline time, predicted rate]
-    plotted_at: float | None = None  # when the decision plot was last drawn (pipeline time)
-
-
-@dataclass
-class TickResult:
     step: ControlStep
-    events: list
-    run_requests: list
-    cursor: ControlCursor
+    time: float
+    status: LauncherStatus | None
+    running_workers: int  # as the launcher reported, else as last known
+    model_source: str
+    forecast: Forecast | None
+    forecast_error: float | None
+    action: str
+    stale_run: str = ""  # a rescale run whose process was gone, marked failed
 
 
 class PipelineControl:
@@ -76,7 +72,7 @@ class PipelineControl:
         self.rescale_job, self.refit_job = rescale_job, refit_job
         self.allocation_key = AssetKey(p.key("gpu_allocation"))
         self.controller = Controller(p.control_settings())
-        self._forecaster: tuple | None = None  # (fitted_at, model, steps): loaded once per fit
+        self._forecaster: tuple[float, Any, int] | None = None  # (fitted_at, model, steps): loaded once per fit
         self._last_forecast: Forecast | None = None
         self._history = None
 
@@ -141,17 +137,18 @@ class PipelineControl:
 
     # --- the step ------------------------------------------------------------------------
 
-    def decide(
-        self, instance, reading: StreamReading, cursor: ControlCursor = ControlCursor()
-    ) -> tuple[ControlStep, dict]:
-        """One decision from everything the pipeline knows now; returns it and its metadata."""
+    @property
+    def rate_window_s(self) -> float:
+        return self.controller.settings.rate_window_s
+
+    def decide(self, instance, reading: StreamReading, cursor: ControlCursor = ControlCursor()) -> ControlDecision:
+        """One decision from everything the pipeline knows now; reads only (``record`` writes what it measured)."""
         p = self.p
-        history = self.history
         previous = latest_metadata(instance, self.allocation_key)
         status, launcher_error = self.launcher_status()
         model, model_source = self.throughput_model(instance)
         forecast = self.forecast()
-        error = self._forecast_error(history, cursor, reading.time)
+        error = self._forecast_error(self.history, cursor, reading.time)
         in_flight, stale = self._rescale_in_flight(instance)
         step = self.controller.step(
             reading,
@@ -170,101 +167,59 @@ class PipelineControl:
             wait, note = self._retry_wait(instance)
             if wait:
                 step = replace(step, rescale_to=None)
-        if status is not None and not status.rescaling and status.samples_per_s and status.saturated:
-            # F(w) is what the workers deliver while they never wait for data (the paper's profiling); a group
-            # that waited delivered the arrival rate, not its capacity.  A backlog is no sign of saturation:
-            # offsets committed at checkpoints keep one while the workers idle.
-            history.append_throughput(
-                p.name, reading.time, status.workers, p.clock.rate(status.samples_per_s), emulated=status.emulated
-            )
-        obs = step.observation
-        action = (
-            f"rescale to {step.rescale_to} requested"
-            if step.rescale_to is not None
-            else "advisory: nothing applied"
-            if p.advisory and step.decision.workers != (status.workers if status else None)
-            else note or "none"
-        )
-        metadata = {
-            "workers": step.decision.workers,
-            "running_workers": status.workers
-            if status is not None
-            else previous.get("running_workers", p.limits.min_workers),
-            "policy": step.decision.policy,
-            "reason": MetadataValue.text(step.decision.reason),
-            "action": action,
-            "plan": MetadataValue.json(
-                {"step_minutes": step.decision.plan_step_s / 60, "workers": list(step.decision.plan)}
-            ),
-            "policy_state": MetadataValue.json(step.policy_state),
-            "restart_s": round(step.restart_s, 1),
-            "restart_estimate": step.restart_source,
-            "throughput_model": model_source,
-            "forecast": "none"
-            if forecast is None
-            else forecast.model + (f" (fallback: {forecast.fallback})" if forecast.fallback else ""),
-            "time": reading.time,
-            "time_scale": p.clock.time_scale,
-            "advisory": p.advisory,
-        }
-        if obs is not None:
-            metadata.update(
-                {
-                    "arrival_rate": obs.arrival_rate,
-                    "time_lag_s": obs.time_lag_s,
-                    "backlog": obs.backlog,
-                    "utilization": round(obs.utilization, 4),
-                    "restarting": obs.restarting,
-                }
-            )
-            if obs.latest_arrival_rate is not None:
-                metadata["latest_arrival_rate"] = obs.latest_arrival_rate
-        if error is not None:
-            metadata["forecast_recent_smape"] = round(error, 4)
-        if step.held:
-            metadata["held"] = step.held
-        if status is not None and status.failed:
-            metadata["group_failed"] = status.failed
-        if stale:
-            metadata["stale_rescale_run"] = stale
-        if status is not None and status.poison_records:
-            metadata["poison_records"] = status.poison_records
-        if status is not None and status.checkpoint_error:
-            metadata["checkpoint_error"] = status.checkpoint_error
-        return step, metadata
-
-    def tick(self, instance, reading: StreamReading, cursor: ControlCursor, plot_dir: str | None = None) -> TickResult:
-        """``decide``, then the events and run requests of the sensor tick."""
-        step, metadata = self.decide(instance, reading, cursor)
-        requests = []
+        running = status.workers if status is not None else previous.get("running_workers", p.limits.min_workers)
         if step.rescale_to is not None:
-            # The wall time of the decision, so a run's start and its rescale's end say how long acting took.
-            requests.append(
-                RunRequest(
-                    job_name=self.rescale_job,
-                    run_key=f"{self.p.name}-rescale-{reading.time:.0f}-{step.rescale_to}",
-                    tags={
-                        "kale/pipeline": self.p.name,
-                        TARGET_TAG: str(step.rescale_to),
-                        DECIDED_TAG: f"{time.time():.3f}",
-                        # Dagster's run monitoring, where enabled, fails it past this too.
-                        "dagster/max_runtime": str(int(self.p.launcher.rescale_timeout_s)),
-                    },
-                )
-            )
+            action = f"rescale to {step.rescale_to} requested"
+        elif p.advisory and step.decision.workers != (status.workers if status else None):
+            action = "advisory: nothing applied"
+        else:
+            action = note or "none"
+        return ControlDecision(step, reading.time, status, int(running), model_source, forecast, error, action, stale)
+
+    def record(self, decision: ControlDecision) -> None:
+        """Write what the decision measured: the workers' throughput, where it shows their capacity.
+
+        F(w) is what the workers deliver while they never wait for data (the paper's profiling); a group that
+        waited delivered the arrival rate, not its capacity.  A backlog is no sign of saturation: offsets
+        committed at checkpoints keep one while the workers idle."""
+        status = decision.status
+        if status is not None and not status.rescaling and status.samples_per_s and status.saturated:
+            rate = self.p.clock.rate(status.samples_per_s)
+            self.history.append_throughput(self.p.name, decision.time, status.workers, rate, emulated=status.emulated)
+
+    def tick(self, instance, reading: StreamReading, cursor: ControlCursor, plot_dir: str | None = None) -> TickOutcome:
+        """``decide`` and ``record``, then the events and run requests of the sensor tick."""
+        decision = self.decide(instance, reading, cursor)
+        self.record(decision)
+        step, metadata = decision.step, allocation_metadata(self.p, decision)
+        requests = [self._rescale_request(step.rescale_to, reading.time)] if step.rescale_to is not None else []
         refit = self._refit_request(instance, reading.time)
         if refit is not None:
             requests.append(refit)
         plotted_at = cursor.plotted_at
-        changed = step.decision.workers != metadata["running_workers"]
+        changed = step.decision.workers != decision.running_workers
         if plot_dir is not None and (changed or plotted_at is None or reading.time - plotted_at >= 600):
             metadata["plot"] = self._plot(step, reading.time, plot_dir)
             plotted_at = reading.time
         predictions = self._remember_prediction(cursor, reading.time)
         event = AssetMaterialization(self.allocation_key, metadata=metadata)
-        return TickResult(step, [event], requests, ControlCursor(predictions, plotted_at))
+        return TickOutcome(step, decision.running_workers, ControlCursor(predictions, plotted_at), [event], requests)
 
     # --- helpers -------------------------------------------------------------------------
+
+    def _rescale_request(self, workers: int, now: float) -> RunRequest:
+        # The wall time of the decision, so a run's start and its rescale's end say how long acting took.
+        return RunRequest(
+            job_name=self.rescale_job,
+            run_key=f"{self.p.name}-rescale-{now:.0f}-{workers}",
+            tags={
+                "kale/pipeline": self.p.name,
+                TARGET_TAG: str(workers),
+                DECIDED_TAG: f"{time.time():.3f}",
+                # Dagster's run monitoring, where enabled, fails it past this too.
+                "dagster/max_runtime": str(int(self.p.launcher.rescale_timeout_s)),
+            },
+        )
 
     def _retry_wait(self, instance) -> tuple[bool, str]:
         """After failed rescales, wait RETRY_S x 2^(failures - 1) from the last failure."""
@@ -300,11 +255,11 @@ class PipelineControl:
             tags={"kale/pipeline": self.p.name},
         )
 
-    def _remember_prediction(self, cursor: ControlCursor, now: float) -> list:
+    def _remember_prediction(self, cursor: ControlCursor, now: float) -> tuple[tuple[float, float], ...]:
         keep = [pair for pair in cursor.predictions if now - pair[0] <= self.controller.settings.error_window_s]
         if self._last_forecast is not None and len(self._last_forecast):
-            keep.append([float(self._last_forecast.start), float(self._last_forecast.point[0])])
-        return keep
+            keep.append((float(self._last_forecast.start), float(self._last_forecast.point[0])))
+        return tuple(keep)
 
     def _forecast_error(self, history, cursor: ControlCursor, now: float) -> float | None:
         if not cursor.predictions:
@@ -339,3 +294,50 @@ class PipelineControl:
             title=f"{self.p.name}: {step.decision.workers} workers ({step.decision.policy})",
         )
         return png_markdown(png)
+
+
+def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) -> dict:
+    """The ``gpu_allocation`` materialization's metadata: the decision, its reason, and what it saw."""
+    step, status, forecast = decision.step, decision.status, decision.forecast
+    metadata = {
+        "workers": step.decision.workers,
+        "running_workers": decision.running_workers,
+        "policy": step.decision.policy,
+        "reason": MetadataValue.text(step.decision.reason),
+        "action": decision.action,
+        "plan": MetadataValue.json(
+            {"step_minutes": step.decision.plan_step_s / 60, "workers": list(step.decision.plan)}
+        ),
+        "policy_state": MetadataValue.json(step.policy_state),
+        "restart_s": round(step.restart_s, 1),
+        "restart_estimate": step.restart_source,
+        "throughput_model": decision.model_source,
+        "forecast": "none"
+        if forecast is None
+        else forecast.model + (f" (fallback: {forecast.fallback})" if forecast.fallback else ""),
+        "time": decision.time,
+        "time_scale": p.clock.time_scale,
+        "advisory": p.advisory,
+    }
+    obs = step.observation
+    if obs is not None:
+        metadata.update(
+            arrival_rate=obs.arrival_rate,
+            time_lag_s=obs.time_lag_s,
+            backlog=obs.backlog,
+            utilization=round(obs.utilization, 4),
+            restarting=obs.restarting,
+        )
+        if obs.latest_arrival_rate is not None:
+            metadata["latest_arrival_rate"] = obs.latest_arrival_rate
+    if decision.forecast_error is not None:
+        metadata["forecast_recent_smape"] = round(decision.forecast_error, 4)
+    optional = {  # shown when there is something to say
+        "held": step.held,
+        "group_failed": status.failed if status is not None else "",
+        "stale_rescale_run": decision.stale_run,
+        "poison_records": status.poison_records if status is not None else 0,
+        "checkpoint_error": status.checkpoint_error if status is not None else "",
+    }
+    metadata.update({k: v for k, v in optional.items() if v})
+    return metadata

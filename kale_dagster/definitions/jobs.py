@@ -14,6 +14,10 @@
   an observation of ``gpu_allocation``.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from dagster import (
     AssetKey,
     AssetObservation,
@@ -32,8 +36,11 @@ from kale_dagster.definitions.control import TARGET_TAG, latest_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.launchers.base import RescaleFailed, RescaleRecord
 
+if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export the type
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, JobDefinition]:
+
+def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, UnresolvedAssetJobDefinition]:
     """refit, decide and backtest, keyed by role."""
     forecast, model, allocation = (
         AssetKey(p.key(a)) for a in ("traffic_forecast", "throughput_model", "gpu_allocation")
@@ -63,7 +70,7 @@ def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, JobDefinition]:
     }
 
 
-def schedules(p: OnlineTrainingPipeline, jobs: dict[str, JobDefinition]) -> list[ScheduleDefinition]:
+def schedules(p: OnlineTrainingPipeline, jobs: dict[str, UnresolvedAssetJobDefinition]) -> list[ScheduleDefinition]:
     status = DefaultScheduleStatus.RUNNING if p.autostart else DefaultScheduleStatus.STOPPED
     return [
         ScheduleDefinition(
@@ -157,7 +164,7 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
     return rescale
 
 
-def rescale_observation(allocation_key: AssetKey, workers: int, record: "RescaleRecord | None") -> AssetObservation:
+def rescale_observation(allocation_key: AssetKey, workers: int, record: RescaleRecord | None) -> AssetObservation:
     meta = {"workers": workers, "changed": record is not None}
     if record is not None:
         meta.update(

@@ -25,9 +25,10 @@ import numpy as np
 import pandas as pd
 
 from kale_dagster.errors import InputDataError
+from kale_dagster.forecast.base import Forecaster
 from kale_dagster.forecast.naive import DAY_S, WEEK_S, window_means
 
-Factory = Callable[[], object]
+Factory = Callable[[], Forecaster]
 
 
 def smape_terms(actual: np.ndarray, forecast: np.ndarray) -> np.ndarray:
@@ -81,7 +82,7 @@ class EvaluationResult:
     @property
     def best_simple(self) -> tuple[str, float]:
         """The simple baseline with the lowest MAE, and that MAE."""
-        name = min(self.simple_mae, key=self.simple_mae.get) if self.simple_mae else ""
+        name = min(self.simple_mae, key=lambda k: self.simple_mae[k]) if self.simple_mae else ""
         return name, self.simple_mae.get(name, float("nan"))
 
     @property
@@ -263,6 +264,7 @@ def rolling_origin_horizons(
             fit_s.append(time.perf_counter() - started)
             refits += 1
             next_refit = origin + refit_steps
+        assert model is not None  # the first origin always refits
         fc = model.predict(longest, history=past)
         paths.append(fc.point[:longest])
         lows.append(fc.lower[:longest])
@@ -285,7 +287,7 @@ def rolling_origin_horizons(
         if not seasonal:
             raise InputDataError("not enough history before the evaluated tail for a seasonal-naive baseline")
         base = {name: smape(actual[ok], guess[ok]) for name, guess in seasonal.items()}
-        best = min(base, key=base.get)
+        best = min(base, key=lambda k: base[k])
         simple_mae = {name: _mae(actual, guess) for name, guess in simple.items()}
         # The plan step ending at the horizon, averaged, as the allocation uses the rate.
         width = min(plan_width, horizon)

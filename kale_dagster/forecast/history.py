@@ -16,6 +16,7 @@ What is handled and what is rejected, so models can assume clean input:
 from __future__ import annotations
 
 import warnings
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -97,11 +98,11 @@ def _is_regular(ts: pd.Series, rate: np.ndarray, step_s: float | None) -> bool:
     """Whether the history is already clean: sorted, one row per step on the step's grid, no gaps (UTC ``ts``)."""
     if len(ts) < 2 or np.isnan(rate).any():
         return False
-    stamps = ts.array.asi8  # in the column's own unit
+    stamps = cast(pd.arrays.DatetimeArray, ts.array).asi8  # in the column's own unit
     first_step = int(stamps[1] - stamps[0])
     if first_step <= 0 or np.any(np.diff(stamps) != first_step):
         return False
-    per_second = pd.Timedelta(1, unit="s") // pd.Timedelta(1, unit=ts.dtype.unit)
+    per_second = pd.Timedelta(1, unit="s") // pd.Timedelta(1, unit=cast(pd.DatetimeTZDtype, ts.dtype).unit)
     if step_s is not None and first_step != step_s * per_second:
         return False
     # On the grid resampling would put it on: whole steps from midnight (UTC, so midnight is a whole day in epoch time).

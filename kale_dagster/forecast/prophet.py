@@ -186,7 +186,7 @@ class ProphetForecaster(_FittedSeries):
             seasonality_prior_scale=self.seasonality_prior_scale,
             uncertainty_samples=0,
         )
-        model.fit(pd.DataFrame({"ds": coarse.index.tz_localize(None), "y": coarse.to_numpy()}))
+        model.fit(pd.DataFrame({"ds": pd.DatetimeIndex(coarse.index).tz_localize(None), "y": coarse.to_numpy()}))
         self._prophet = model
         self._prophet_cache: dict[int, float] = {}
         self._prophet_table = np.zeros(0)  # the positions prefetched at the fit, 0 to len - 1: read by index

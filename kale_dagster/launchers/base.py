@@ -27,7 +27,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kale_dagster.errors import KaleConfigError
 
@@ -192,6 +192,14 @@ class Launcher(ABC):
         return record
 
 
+class Rescalable(Protocol):
+    """What a launcher config builds: a launcher, or a client of one in another process."""
+
+    def status(self) -> LauncherStatus: ...
+
+    def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None: ...
+
+
 class LauncherConfig(ABC):
     """Where a pipeline's workers run; ``build`` makes the launcher the rescale job drives.
 
@@ -202,7 +210,7 @@ class LauncherConfig(ABC):
     rescale_timeout_s: float = 900.0
 
     @abstractmethod
-    def build(self, pipeline: str, source: KafkaSource):
+    def build(self, pipeline: str, source: KafkaSource) -> Rescalable:
         """The launcher (or a client of one) for ``pipeline``, consuming ``source``."""
 
     @abstractmethod

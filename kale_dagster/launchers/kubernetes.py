@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed
@@ -193,7 +193,7 @@ def render(
         job_metadata={"labels": {**labels, WORKERS_LABEL: str(workers)}},
     )
     job = construct_dagster_k8s_job(job_config, torchrun, name, user_defined_k8s_config=user_config, labels=labels)
-    job_dict = ApiClient().sanitize_for_serialization(job)
+    job_dict: dict[str, Any] = cast(dict, ApiClient().sanitize_for_serialization(job))  # a Job serialises to a dict
     job_dict.setdefault("apiVersion", "batch/v1")
     job_dict.setdefault("kind", "Job")
     job_dict["metadata"]["namespace"] = config.namespace

@@ -135,6 +135,7 @@ class WorkerProcess:
         self._reader.start()
 
     def _read(self) -> None:
+        assert self.proc.stdout is not None  # started with a pipe
         for line in self.proc.stdout:
             parsed = parse_event(line)
             if parsed is None:
@@ -182,14 +183,15 @@ class WorkerProcess:
         self.rank = group.rank
         self.ready.clear()  # set again when it is back in standby
         self.latest_metrics = None
+        assert self.proc.stdin is not None  # started with a pipe
         self.proc.stdin.write(group.to_line() + "\n")
         self.proc.stdin.flush()
 
     def release(self) -> None:
         """A standby worker that is not needed: an empty line makes it exit 0."""
         self.released = True
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.write("\n")
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.proc.stdin.write("\n")  # type: ignore[union-attr]  # started with a pipe
             self.proc.stdin.flush()
 
     def signal(self, sig: int) -> None:
@@ -286,7 +288,9 @@ class LocalLauncher(Launcher):
 
     def per_rank_rates(self) -> dict[int, float]:
         """Latest samples/s of each rank that has reported (imbalance shows here)."""
-        return {w.rank: w.latest_metrics["samples_per_s"] for w in self._group if w.latest_metrics}
+        return {
+            w.rank: w.latest_metrics["samples_per_s"] for w in self._group if w.latest_metrics and w.rank is not None
+        }
 
     def _measurements(self) -> dict:
         """The workers' latest metrics events: samples/s in total, and the mean busy share

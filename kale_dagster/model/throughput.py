@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.optimize import nnls
 
 from kale_dagster.errors import InputDataError, KaleConfigError
@@ -98,8 +99,8 @@ class ThroughputModel:
     @classmethod
     def fit(
         cls,
-        workers: Sequence[float],
-        rates: Sequence[float],
+        workers: ArrayLike,
+        rates: ArrayLike,
         form: Form = "sync",
         global_batch: float | None = None,
     ) -> ThroughputModel:
@@ -134,8 +135,9 @@ class ThroughputModel:
             return tuple(float(t) for t in theta)
 
         theta = solve(np.ones_like(w, dtype=bool))
-        model = cls(form, theta, global_batch=float(global_batch) if form == "sync" else None)
-        fit_mape = _mape(r, model.predict(w))
+        batch = float(global_batch) if form == "sync" and global_batch is not None else None
+        model = cls(form, theta, global_batch=batch)
+        fit_mape = _mape(r, np.asarray(model.predict(w)))
         holdout = None
         if len(distinct) > need:
             errors = []
@@ -182,7 +184,7 @@ class ThroughputModel:
         table = self._cache.get("table")
         if table is None or len(table) <= max_workers:
             size = max(max_workers + 1, 2 * len(table) if table is not None else 33)
-            table = self._evaluate(np.arange(size))
+            table = np.asarray(self._evaluate(np.arange(size)), dtype=float)
             table.flags.writeable = False
             self._cache["table"] = table
         return table
@@ -265,8 +267,8 @@ FIT_WINDOW_S = 7 * 86_400.0
 
 
 def estimate_throughput(
-    workers: Sequence[float],
-    rates: Sequence[float],
+    workers: ArrayLike,
+    rates: ArrayLike,
     prior: ThroughputModel,
     form: Form = "async",
     global_batch: float | None = None,

@@ -70,8 +70,11 @@ class ScalingPolicy(Protocol):
     JSON-serialisable dict, and ``load_state`` restores it.
     """
 
-    name: str
-    sync_period_s: float
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def sync_period_s(self) -> float: ...
 
     def decide(self, obs: Observation) -> Decision: ...
 

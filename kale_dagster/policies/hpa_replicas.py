@@ -167,7 +167,7 @@ def resource_replicas(
     unset = next((pod for pod in pods if pod.request is None), None)
     if unset is not None:
         raise ReplicaCalculationError(f"missing request for {resource} in pod {unset.name}")
-    requests = {pod.name: pod.request for pod in pods}
+    requests = {pod.name: pod.request for pod in pods if pod.request is not None}  # all of them, as checked
 
     usage_ratio, utilization = utilization_ratio(values, requests, target_utilization)
     scale_up_with_unready = bool(unready) and usage_ratio > 1.0

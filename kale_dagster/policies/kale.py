@@ -27,6 +27,7 @@ One decision, in stages that are each small and testable:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ import numpy as np
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.estimator import estimate_workers, resample_max
 from kale_dagster.model.limits import Limits
-from kale_dagster.model.projection import Option, project_options
+from kale_dagster.model.projection import Option, Projection, project_options
 from kale_dagster.model.stabilizer import MODES, Mode, stabilize
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation
@@ -90,7 +91,9 @@ MAX_FALLBACK_HORIZON_S = 6 * 3600.0
 
 def _steps_past(obs: Observation) -> int:
     """How many steps of the observation's forecast lie in the past: the index of "now"."""
-    return max(int((obs.time - obs.forecast.start) // obs.forecast.step_s), 0)
+    fc = obs.forecast
+    assert fc is not None  # asked only of observations with a forecast
+    return max(int((obs.time - fc.start) // fc.step_s), 0)
 
 
 def _fmt_rate(rate: float) -> str:
@@ -178,10 +181,10 @@ class KalePolicy:
         return resample_max(levels, fc.step_s, self.config.plan_step_s)
 
     def _estimate(self, obs: Observation, rates: np.ndarray) -> tuple[list[int], float]:
-        cfg = self.config
-        common = dict(
+        estimate = functools.partial(
+            estimate_workers,
             rates=rates,
-            step_s=cfg.plan_step_s,
+            step_s=self.config.plan_step_s,
             model=self.model,
             min_workers=self.limits.min_workers,
             max_workers=self.limits.max_workers,
@@ -189,13 +192,15 @@ class KalePolicy:
             arrival_rate=obs.arrival_rate,
             drain_window_s=self.drain_window,
         )
-        est = estimate_workers(**common, downtime_s=0.0)
+        est = estimate(downtime_s=0.0)
         if est.plan[0] != obs.workers:
             # Changing costs a restart, during which the backlog grows.
-            est = estimate_workers(**common, downtime_s=self.sizing.restart_s)
+            est = estimate(downtime_s=self.sizing.restart_s)
         return list(est.plan), est.drain_rate
 
-    def _project(self, obs: Observation, rates: np.ndarray, options: list[tuple[int, float]]) -> dict:
+    def _project(
+        self, obs: Observation, rates: np.ndarray, options: list[tuple[int, float]]
+    ) -> dict[tuple[int, float], Projection]:
         """Each (workers, downtime s) held over ``rates`` from what is waiting now, keyed by the option."""
         cfg = self.config
         start = FifoBacklog.from_observation(obs.time, obs.backlog, obs.time_lag_s)
@@ -203,13 +208,13 @@ class KalePolicy:
             start,
             rates,
             cfg.plan_step_s,
-            [Option(w, self.model.predict(w), d) for w, d in options],
+            [Option(w, float(self.model.predict(w)), d) for w, d in options],
             self.limits.slo_s,
             tick_s=cfg.projection_tick_s,
         )
         return dict(zip(options, played))
 
-    def _cost(self, p) -> float:
+    def _cost(self, p: Projection) -> float:
         cfg = self.config
         return p.gpu_minutes + cfg.lag_weight * p.accumulated_lag_min + cfg.violation_weight * p.violation_min
 
@@ -237,7 +242,7 @@ class KalePolicy:
                 span, back_up = self._lasting(w, current, rates, outlook)
             judged.append((w, span, back_up))
         # One projection per span: keeping, each candidate after its restart, and (for a restart back up) without it.
-        projected: dict[tuple[int, int, float], object] = {}
+        projected: dict[tuple[int, int, float], Projection] = {}
         for span in {len(span): span for _, span, _ in [(current, rates, False), *judged]}.values():
             options = [(current, 0.0)] + [(w, restart) for w, s, _ in judged if len(s) == len(span)]
             options += [(w, 0.0) for w, s, back_up in judged if back_up and len(s) == len(span)]

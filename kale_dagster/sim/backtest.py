@@ -228,7 +228,7 @@ class Backtest:
                     self._feed(kind),
                     [pool.submit(_record_adopted, kind, *period) for period in self._feed(kind).periods()],
                 )
-                for kind in set(needs) - {None}
+                for kind in {k for k in needs if k is not None}
             }
             in_flight = {part for _, parts in recording.values() for part in parts}
             while ready or in_flight:
@@ -237,7 +237,7 @@ class Backtest:
                     futures[i] = (
                         pool.submit(_optimum_adopted)
                         if i < 0
-                        else pool.submit(_run_adopted, runs[i], self._feeds.get(needs[i]))
+                        else pool.submit(_run_adopted, runs[i], self._recorded(needs[i]))
                     )
                     in_flight.add(futures[i])
                 in_flight = wait(in_flight, return_when=FIRST_COMPLETED).not_done
@@ -248,6 +248,10 @@ class Backtest:
                         ready.extendleft(reversed([i for i, k in enumerate(needs) if k == kind]))
             results = [finish(futures[i].result()) for i in range(len(runs))]
             return results, finish(futures[-1].result()) if optimum else None
+
+    def _recorded(self, kind: bool | None) -> ForecastFeed | None:
+        """The forecasts recorded since the pool forked, for a run that needed them (None: it did not)."""
+        return self._feeds.get(kind) if kind is not None else None
 
     def optimum(self, max_labels: int = 24) -> tuple[OracleSchedule, SimResult]:
         """The offline optimum of Kale's own cost (``sim.oracle``), replayed in the simulator."""
@@ -284,16 +288,19 @@ def _adopt(backtest: Backtest) -> None:
 
 
 def _run_adopted(run: Run, forecasts: ForecastFeed | None = None) -> SimResult:
+    assert _ADOPTED is not None  # set by the pool's initializer
     if forecasts is not None:  # recorded in another process after this one was forked
         _ADOPTED._feeds.setdefault(run.perfect_forecast, forecasts)
     return _ADOPTED.run(*run)
 
 
 def _record_adopted(perfect: bool, start: int, stop: int) -> tuple[list, np.ndarray]:
+    assert _ADOPTED is not None
     return _ADOPTED._feed(perfect).record_period(start, stop)
 
 
 def _optimum_adopted() -> tuple[OracleSchedule, SimResult]:
+    assert _ADOPTED is not None
     return _ADOPTED.optimum()
 
 
@@ -384,7 +391,7 @@ def compare(
     kale = report["policies"].get("kale")
     report["headline"] = {}
     report["kale_dominated_by"] = dominating_baselines(kale, swept) if kale else []
-    if optimum:
+    if optimum and best is not None:
         minutes = float(len(backtest.rates) - backtest.sim_config.warmup_steps)
         schedule, replay = best
         report["optimum"] = {

@@ -194,6 +194,7 @@ class Hindsight:
     def predict(self, steps: int, history: pd.DataFrame | None = None) -> Forecast:
         if history is not None:
             self.fit(history)
+        assert self._last is not None, "fit() or a history first"
         start = self._last + MINUTE
         first = int(np.searchsorted(self.starts, start))
         point = self.rates[first : first + steps]

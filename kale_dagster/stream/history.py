@@ -21,6 +21,7 @@ import os
 import pickle
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import sqlalchemy as sa
@@ -163,7 +164,7 @@ class MetricsHistory:
                 )
             )
 
-    def latest_forecaster(self, pipeline: str, after: float | None = None) -> tuple[float, object] | None:
+    def latest_forecaster(self, pipeline: str, after: float | None = None) -> tuple[float, Any] | None:
         """(fitted_at, forecaster) of the latest fit, or None; with ``after``, only a fit newer than it."""
         query = sa.select(FORECASTERS.c.ts, FORECASTERS.c.model).where(FORECASTERS.c.pipeline == pipeline)
         if after is not None:

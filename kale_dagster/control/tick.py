@@ -1,0 +1,103 @@
+"""The seam between the metrics sensor and a pipeline's control: what a tick hands over, and what comes back.
+
+The sensor (``sensors/stream_metrics.py``) reads the stream and records
+it; a ``Decider`` (``definitions.control.PipelineControl``) decides on the
+reading.  The sensor knows only this module: the protocol, the cursor the
+decider keeps between ticks, and the typed outcome, so no import runs from
+the sensor up to the Dagster wiring, and nothing reaches into events or
+metadata.  One function, ``reading_from``, turns recorded stream metrics
+into the controller's reading, for the sensor and the assets alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pandas as pd
+
+from kale_dagster.control.controller import ControlStep, StreamReading
+from kale_dagster.model.types import PartitionOffsets
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class ControlCursor:
+    """What control ticks hand on: the one-step predictions made (pipeline time, predicted rate), for the
+    forecast's recent error, and when the decision plot was last drawn."""
+
+    predictions: tuple[tuple[float, float], ...] = ()
+    plotted_at: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"predictions": [list(p) for p in self.predictions], "plotted_at": self.plotted_at}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ControlCursor:
+        """The cursor a previous tick stored; a fresh one for anything of another shape (another version's)."""
+        if not isinstance(data, dict) or not set(data) <= {"predictions", "plotted_at"}:
+            return cls()
+        predictions, plotted_at = data.get("predictions", []), data.get("plotted_at")
+        pairs_ok = isinstance(predictions, list) and all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and all(_finite(v) for v in p) for p in predictions
+        )
+        if not pairs_ok or not (plotted_at is None or _finite(plotted_at)):
+            return cls()
+        return cls(tuple((float(t), float(v)) for t, v in predictions), plotted_at)
+
+
+@dataclass(frozen=True)
+class TickOutcome:
+    """What a decider made of one reading: the step, the workers that run (as the launcher reported, or as
+    last known), and the Dagster events and run requests to emit."""
+
+    step: ControlStep
+    running_workers: int
+    cursor: ControlCursor
+    events: Sequence[Any] = field(default=())
+    run_requests: Sequence[Any] = field(default=())
+
+
+class Decider(Protocol):
+    """A pipeline's control, as the metrics sensor uses it."""
+
+    @property
+    def rate_window_s(self) -> float:
+        """Rates are averaged over this window (pipeline seconds)."""
+        ...
+
+    def tick(self, instance: Any, reading: StreamReading, cursor: ControlCursor, plot_dir: str | None) -> TickOutcome:
+        """Decide on ``reading``: the step, its events and run requests, and the cursor for the next tick."""
+        ...
+
+
+def reading_from(
+    recorded: pd.DataFrame, rate_window_s: float, partitions: Sequence[PartitionOffsets] = ()
+) -> StreamReading:
+    """The controller's reading from recorded stream metrics (``MetricsHistory.stream``), oldest first; the
+    last row is now.  Rates are averaged over the rate window; the latest interval's arrival rate is the last
+    row's.  Without an arrival rate in the last row (a first snapshot) there are no rates: no decision is
+    made on a rate that was not measured now."""
+    row = recorded.iloc[-1]
+    now = float(row["ts"])
+    latest = float(row["arrival_rate"]) if pd.notna(row["arrival_rate"]) else None
+    arrival = consumption = None
+    if latest is not None:
+        window = recorded[recorded["ts"] >= now - rate_window_s]
+        arrival = float(window["arrival_rate"].dropna().mean())
+        consumed = window["consumption_rate"].dropna()
+        consumption = float(consumed.mean()) if len(consumed) else 0.0
+    return StreamReading(
+        now,
+        arrival,
+        consumption,
+        float(row["sample_lag"] or 0),
+        float(row["time_lag_s"] or 0.0),
+        tuple(partitions),
+        latest_arrival_rate=latest,
+    )
