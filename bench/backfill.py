@@ -74,6 +74,7 @@ def main() -> int:
             result = rebuild_arrivals(consumer, ["bench"], days=args.days, bucket_s=bucket, now=now)
             seconds.append(time.monotonic() - began)
             consumer.close()
+        assert result is not None  # --repeats >= 1
         rebuilt = list(result.rows["records"])
         skipped = buckets - len(rebuilt)  # buckets before the first record are left out
         exact = rebuilt == produced[skipped:]

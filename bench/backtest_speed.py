@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 import pandas as pd
 
@@ -35,7 +36,7 @@ def backtest(processes=None) -> Backtest:
     return Backtest(history, BacktestSettings(warmup_days=7, processes=processes))
 
 
-def timed(fn, repeats: int, processes=None) -> tuple[float, object]:
+def timed(fn, repeats: int, processes=None) -> tuple[float, Any]:
     """Median wall time of ``fn(backtest)``, each call on a new backtest (its preparation not timed)."""
     walls, result = [], None
     for _ in range(repeats):

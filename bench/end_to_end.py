@@ -206,7 +206,7 @@ def calibrate(speed: float, counts=(1, 2, 4, MAX_WORKERS)) -> Calibration:
                 stop = threading.Event()
                 keep_up = _produce(servers, 0.4 * WORKER_RATE * w, 120.0, stop)
                 record = launcher.rescale(w) if launcher.workers else launcher.start(w)
-                if len(launcher.records) > 1:
+                if len(launcher.records) > 1 and record is not None:
                     restarts.append(record.downtime_s)
                 launcher.wait_warm()
                 # Latency once the restart's backlog has drained.

@@ -14,9 +14,9 @@ import statistics
 import sys
 import time
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
-from kafka.structs import OffsetAndMetadata
+from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.stream.broker import embedded_broker

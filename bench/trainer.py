@@ -30,11 +30,17 @@ import torch
 
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
+from kale_dagster.launchers.base import RescaleRecord
 from kale_dagster.stream.broker import embedded_broker
 from kale_dagster.stream.producer import ReplaySettings, replay, replay_in_background
 from kale_dagster.stream.samples import GroundTruth
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.model import CTRModel, batch_tensors
+
+
+def _downtime(record: RescaleRecord | None) -> float:
+    assert record is not None  # every target differs from the one before
+    return record.downtime_s
 
 
 def _flat(rate: float, minutes: int = 30) -> pd.DataFrame:
@@ -73,6 +79,7 @@ def rescale_downtime(servers: str, rescales: int) -> None:
         for t in targets:
             time.sleep(3)
             record = warm.rescale(t)
+            assert record is not None  # every target differs from the one before
             downs.append(record.downtime_s)
             phases.append(record.phases)
     finally:
@@ -83,7 +90,7 @@ def rescale_downtime(servers: str, rescales: int) -> None:
         fresh.start(1)
         for t in targets:
             time.sleep(3)
-            freshs.append(fresh.rescale(t).downtime_s)
+            freshs.append(_downtime(fresh.rescale(t)))
     finally:
         fresh.stop()
     cold = LocalLauncher(settings, pool_size=0, reuse_workers=False)
@@ -91,7 +98,7 @@ def rescale_downtime(servers: str, rescales: int) -> None:
     try:
         for t in (1, 2, 1):
             time.sleep(2)
-            colds.append((cold.rescale(t) if cold.workers else cold.start(t)).downtime_s)
+            colds.append(_downtime(cold.rescale(t) if cold.workers else cold.start(t)))
     finally:
         cold.stop()
         stop.set()

@@ -56,7 +56,38 @@ _EXPORTS = {
     "OnlineTrainingPipelineComponent": "kale_dagster.definitions.component",
 }
 
-__all__ = ["InputDataError", "KaleConfigError", *_EXPORTS]
+# Spelled out for type checkers; test_registries checks it lists every lazy export.
+__all__ = [
+    "InputDataError",
+    "KaleConfigError",
+    "Decision",
+    "Observation",
+    "PartitionOffsets",
+    "ScalingPolicy",
+    "Limits",
+    "ThroughputModel",
+    "stabilize",
+    "Forecast",
+    "Forecaster",
+    "POLICIES",
+    "PolicySpec",
+    "Sizing",
+    "HPABehavior",
+    "HPAPolicy",
+    "HPAScalingPolicy",
+    "HPAScalingRules",
+    "KafkaScalerMetadata",
+    "KaleConfig",
+    "KalePolicy",
+    "KedaKafkaPolicy",
+    "StaticPolicy",
+    "KafkaSource",
+    "LocalLauncherConfig",
+    "KubernetesLauncherConfig",
+    "OnlineTrainingPipeline",
+    "build_definitions",
+    "OnlineTrainingPipelineComponent",
+]
 
 
 def __getattr__(name: str):

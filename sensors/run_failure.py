@@ -7,6 +7,7 @@ sensors track the run records they have seen).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dagster import (
     AssetKey,
@@ -18,13 +19,16 @@ from dagster import (
     run_failure_sensor,
 )
 
+if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export the type
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
 
 def build_run_failure_sensor(
     *,
     name: str,
     pipeline: str,
     allocation_key: AssetKey,
-    monitored_jobs: Sequence[JobDefinition],
+    monitored_jobs: Sequence[JobDefinition | UnresolvedAssetJobDefinition],
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
 ) -> SensorDefinition:
     """Build the sensor that records each failed run of ``monitored_jobs`` as an observation of ``allocation_key``."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from dagster import (
@@ -47,6 +48,9 @@ from kale_dagster.model.types import PartitionOffsets
 from kale_dagster.stream.history import MetricsHistory, describe_database_error
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, previous_from
 from sensors.cursor import JsonCursor, is_number
+
+if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export the type
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ def build_stream_metrics_sensor(
     minimum_interval_seconds: int = 60,
     tick_timeout_s: float = 20.0,
     control: Decider | None = None,
-    jobs: Sequence[JobDefinition] = (),
+    jobs: Sequence[JobDefinition | UnresolvedAssetJobDefinition] = (),
     max_workers: int | None = None,
     plot_dir: Callable[[SensorEvaluationContext], str] | None = None,
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,

@@ -193,3 +193,10 @@ def test_the_sensor_depends_on_the_control_seam_not_on_the_dagster_wiring():
     loaded = _modules_after("import sensors.stream_metrics")
     assert "kale_dagster.control.tick" in loaded
     assert not {m for m in loaded if m.startswith("kale_dagster.definitions")}
+
+
+def test_the_public_api_lists_every_lazy_export():
+    import kale_dagster
+
+    assert set(kale_dagster.__all__) == {"InputDataError", "KaleConfigError", *kale_dagster._EXPORTS}
+    assert all(getattr(kale_dagster, name) is not None for name in kale_dagster.__all__)

@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export the 
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 
-def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, UnresolvedAssetJobDefinition]:
+def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, JobDefinition | UnresolvedAssetJobDefinition]:
     """refit, decide and backtest, keyed by role."""
     forecast, model, allocation = (
         AssetKey(p.key(a)) for a in ("traffic_forecast", "throughput_model", "gpu_allocation")
@@ -70,7 +70,9 @@ def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, UnresolvedAssetJobDefinit
     }
 
 
-def schedules(p: OnlineTrainingPipeline, jobs: dict[str, UnresolvedAssetJobDefinition]) -> list[ScheduleDefinition]:
+def schedules(
+    p: OnlineTrainingPipeline, jobs: dict[str, JobDefinition | UnresolvedAssetJobDefinition]
+) -> list[ScheduleDefinition]:
     status = DefaultScheduleStatus.RUNNING if p.autostart else DefaultScheduleStatus.STOPPED
     return [
         ScheduleDefinition(

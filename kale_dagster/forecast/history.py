@@ -98,7 +98,7 @@ def _is_regular(ts: pd.Series, rate: np.ndarray, step_s: float | None) -> bool:
     """Whether the history is already clean: sorted, one row per step on the step's grid, no gaps (UTC ``ts``)."""
     if len(ts) < 2 or np.isnan(rate).any():
         return False
-    stamps = cast(pd.arrays.DatetimeArray, ts.array).asi8  # in the column's own unit
+    stamps = pd.DatetimeIndex(ts).asi8  # in the column's own unit
     first_step = int(stamps[1] - stamps[0])
     if first_step <= 0 or np.any(np.diff(stamps) != first_step):
         return False

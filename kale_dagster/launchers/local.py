@@ -190,9 +190,11 @@ class WorkerProcess:
     def release(self) -> None:
         """A standby worker that is not needed: an empty line makes it exit 0."""
         self.released = True
+        stdin = self.proc.stdin  # started with a pipe
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            self.proc.stdin.write("\n")  # type: ignore[union-attr]  # started with a pipe
-            self.proc.stdin.flush()
+            assert stdin is not None
+            stdin.write("\n")
+            stdin.flush()
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

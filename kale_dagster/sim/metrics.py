@@ -11,10 +11,10 @@ holds until the next, so every figure is time-weighted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,9 @@ class PaperMetrics:
 
 
 def score_readings(
-    minutes: Sequence[float],
-    lag_s: Sequence[float],
-    workers: Sequence[float],
+    minutes: ArrayLike,
+    lag_s: ArrayLike,
+    workers: ArrayLike,
     end_minute: float,
     slo_s: float,
     downtime_minutes: float,

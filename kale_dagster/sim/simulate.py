@@ -139,7 +139,7 @@ class _Measurements:
         self._noise_rng = np.random.default_rng([config.seed, 2])
         self.restarts: list[float] = []
         self._downtimes: tuple[float, ...] = ()
-        self.profile = [(float(w), self._noisy(truth.predict(w))) for w in config.profile_workers]
+        self.profile = [(float(w), self._noisy(float(truth.predict(w)))) for w in config.profile_workers]
         self.online: list[tuple[int, float, float]] = []  # (minute, workers, samples/s)
         self._model, self._next_fit = prior, 0
         self._refit_minutes = max(int(config.refit_every_s // MINUTE), 1)
@@ -257,6 +257,7 @@ class ForecastFeed:
     def _predict(self, minute: int) -> Forecast | None:
         if not self._forecasts_at(minute):
             return self.forecast
+        assert self._history is not None and self.factory is not None, "a replayed feed predicts nothing"
         history = self._history.iloc[: len(self.prior) + minute]
         steps = max(int(self.cfg.forecast_horizon_s // MINUTE), 1)
         if self.model is None or minute >= self.next_refit:
@@ -340,176 +341,236 @@ def simulate(
     policy (built on the same ``rates``, ``times`` and ``config``).
     """
     rates = np.asarray(rates, dtype=float)
-    n = len(rates)
-    if n == 0:
+    if len(rates) == 0:
         raise KaleConfigError("rates", "the trace is empty")
-    if n <= config.warmup_steps:
-        raise KaleConfigError("warmup_steps", f"warm-up ({config.warmup_steps} min) covers the whole trace ({n} min)")
-    settings = ControlSettings(
-        policy=policy.name if not isinstance(policy, Controller) else policy.settings.policy,
-        limits=config.limits,
-        rate_window_s=config.rate_window_s,
-        error_window_s=config.error_window_s,
-    )
-    controller = policy if isinstance(policy, Controller) else Controller.fixed(policy, settings)
-    learned = _Measurements(model, prior or model, config)
-    # F(w) per count, once; per-tick reads as Python floats (numpy scalars' arithmetic is several times slower).
-    capacity_of = np.asarray(model.predict(np.arange(config.limits.max_workers + 1)), dtype=float).tolist()
-    rate_at = rates.tolist()
-    epoch = times[0].timestamp()
-    workers = (
-        config.initial_workers
-        if config.initial_workers is not None
-        else model.min_workers_for(rates[0], config.limits.max_workers)
-    )
-    queue = FifoBacklog(now=epoch)
-    # What telemetry reads: committed offsets.  Same arrivals, consumed only at commits.
-    committed = FifoBacklog(now=epoch) if config.commit_interval_s > 0 else None
-    seen = committed or queue
-    next_commit = epoch + config.commit_interval_s
-    restart_until = -math.inf
-    pending: tuple[float, int, str, str] | None = (
-        None  # a decided rescale waiting act_latency_s: (when, workers, policy, reason)
-    )
-    # The busy share's span: since the last sync (running sums), or the latest metrics window (its ticks' (consumed,
-    # capacity)).
-    busy_consumed = busy_capacity = 0.0
-    window_ticks: deque | None = (
-        deque(maxlen=max(int(round(config.metrics_window_s / TICK_S)), 1)) if config.metrics_window_s > 0 else None
-    )
+    if len(rates) <= config.warmup_steps:
+        raise KaleConfigError(
+            "warmup_steps", f"warm-up ({config.warmup_steps} min) covers the whole trace ({len(rates)} min)"
+        )
+    if not isinstance(policy, Controller):
+        settings = ControlSettings(
+            policy=policy.name,
+            limits=config.limits,
+            rate_window_s=config.rate_window_s,
+            error_window_s=config.error_window_s,
+        )
+        policy = Controller.fixed(policy, settings)
+    return _Run(rates, times, policy, model, config, forecasts, _Measurements(model, prior or model, config)).run()
 
-    def commit() -> None:
-        committed.take(queue.consumed_total - committed.consumed_total)
 
-    def apply(at: float, target: int, policy: str, reason: str, minute: int) -> None:
-        """The rescale starts: the group stops (checkpointing and committing) and restarts at ``target``."""
-        nonlocal workers, restart_until, rescales_scored, next_commit
-        decisions.append((at, target, policy, reason))
-        workers = target
-        restart_until = at + learned.restart()
-        rescales_scored += minute >= config.warmup_steps
-        if committed is not None:  # the next group's commit clock starts after the restart
-            commit()
-            next_commit = restart_until + config.commit_interval_s
+class _Run:
+    """One simulation: the world (arrivals, the workers' queue, commits, restarts) and the controller's syncs.
 
-    def reported_lag(minute: int) -> float:
-        lag = seen.time_lag()
-        latency = config.pipeline_latency_s + config.pipeline_latency_per_worker_s * workers
-        return lag + latency if lag > 0 or rate_at[minute] > 0 else 0.0
+    Each minute (``_minute``) is ``TICK_S`` ticks; a tick (``_tick``) first
+    starts a rescale whose latency has passed, lets the controller decide
+    when its cadence says so (``_sync``), then moves the world on by one
+    tick (``_advance``).  All state is declared here; per-tick reads are
+    Python floats (numpy scalars' arithmetic is several times slower)."""
 
-    ticks_per_min = int(MINUTE // TICK_S)
-    sync_ticks = None
-    rows = np.zeros((n, 5))  # workers, capacity, lag_s, restarting, consumed
-    decisions = []
-    rescales_scored = 0
-    forecast = None
-    window = max(int(config.rate_window_s // MINUTE), 1)
-    measured_at = windowed_means(rates, window).tolist()
-    rates_read = -1
-    for minute in range(n):
-        if forecasts is not None:
-            forecast = forecasts.update(minute)
-        planning_model = learned.model(minute)
-        restarting_ticks = 0
-        consumed_minute = 0.0
-        for k in range(ticks_per_min):
-            now = epoch + minute * MINUTE + k * TICK_S
-            if pending is not None and now >= pending[0]:
-                apply(*pending, minute)
-                pending = None
-            restarting = now < restart_until
-            if sync_ticks is None or (minute * ticks_per_min + k) % sync_ticks == 0:
-                if rates_read != minute:  # telemetry's windowed rates move once a minute
-                    measured = measured_at[minute]
-                    consumption = (
-                        float(np.mean(rows[max(minute - window, 0) : minute, 4])) / MINUTE if minute > 0 else 0.0
-                    )
-                    rates_read = minute
-                # The workers' busy share over its span is what GPU utilization reads; with no capacity in it
-                # (the first sync, the one a restart ends at), what the stream implies.  A restarted group reports
-                # only after a full metrics window.
-                if window_ticks is not None:
-                    busy_consumed, busy_capacity = sum(c for c, _ in window_ticks), sum(c for _, c in window_ticks)
-                if busy_capacity > 0:
-                    busy_share = busy_consumed / busy_capacity
-                else:
-                    busy_share = utilization(None, queue.backlog, measured, 0.0 if restarting else capacity_of[workers])
-                starting = now < restart_until + config.metrics_window_s
-                busy_consumed = busy_capacity = 0.0
-                reading = StreamReading(
-                    now,
-                    measured,
-                    consumption,
-                    seen.backlog,
-                    reported_lag(minute),
-                    latest_arrival_rate=rate_at[minute - 1] if minute > 0 else None,
-                )
-                status = LauncherStatus(
-                    workers,
-                    rescaling=restarting,
-                    measures=True,
-                    busy_share=None if starting else busy_share,
-                    downtimes_s=learned.downtimes(),
-                )
-                step = controller.step(
-                    reading,
-                    status,
-                    planning_model,
-                    forecast=forecast,
-                    forecast_error=forecasts.recent_error(minute) if forecasts else None,
-                    rescale_in_flight=pending is not None,
-                )
-                if sync_ticks is None:  # the policy's cadence, known once it is built
-                    sync_ticks = max(int(round(controller.policy_in_use.sync_period_s / TICK_S)), 1)
-                target = max(min(step.decision.workers, config.limits.max_workers), 0)
-                if minute == 0 and k == 0 and config.initial_workers is None:
-                    workers = target  # the job starts at the policy's first answer, no restart
-                elif step.rescale_to is not None and target != workers:
-                    # Acted on after act_latency_s (at once by default): the running group works until then.
-                    pending = (now + config.act_latency_s, target, step.decision.policy, step.decision.reason)
-                    if config.act_latency_s == 0:
-                        apply(*pending, minute)
-                        pending = None
-                        restarting = restart_until > now
-            capacity = 0.0 if restarting else capacity_of[workers]
-            consumed = queue.step(TICK_S, rate_at[minute] * TICK_S, capacity)
-            consumed_minute += consumed
-            if window_ticks is not None:
-                window_ticks.append((consumed, capacity * TICK_S))
-            else:
-                busy_consumed += consumed
-                busy_capacity += capacity * TICK_S
-            if committed is not None:
-                committed.step(TICK_S, rate_at[minute] * TICK_S, 0.0)
-                if now + TICK_S >= next_commit and not restarting:
-                    commit()
-                    next_commit += config.commit_interval_s
+    def __init__(
+        self,
+        rates: np.ndarray,
+        times: pd.DatetimeIndex,
+        controller: Controller,
+        model: ThroughputModel,
+        config: SimConfig,
+        forecasts: ForecastFeed | None,
+        learned: _Measurements,
+    ):
+        self.rates, self.times, self.controller, self.config = rates, times, controller, config
+        self.forecasts, self.learned = forecasts, learned
+        max_workers = config.limits.max_workers
+        # F(w) per count, once.
+        self.capacity_of: list[float] = np.asarray(model.predict(np.arange(max_workers + 1)), dtype=float).tolist()
+        self.rate_at: list[float] = rates.tolist()
+        self.epoch = times[0].timestamp()
+        self.workers: int = (
+            config.initial_workers
+            if config.initial_workers is not None
+            else model.min_workers_for(rates[0], max_workers)
+        )
+        self.queue = FifoBacklog(now=self.epoch)
+        # What telemetry reads: committed offsets.  Same arrivals, consumed only at commits.
+        self.committed = FifoBacklog(now=self.epoch) if config.commit_interval_s > 0 else None
+        self.seen = self.committed or self.queue
+        self.next_commit = self.epoch + config.commit_interval_s
+        self.restart_until = -math.inf
+        self.pending: tuple[float, int, str, str] | None = None  # a decided rescale waiting act_latency_s
+        # The busy share's span: since the last sync (running sums), or the latest metrics window (its ticks'
+        # (consumed, capacity)).
+        self.busy_consumed = self.busy_capacity = 0.0
+        self.window_ticks: deque | None = (
+            deque(maxlen=max(int(round(config.metrics_window_s / TICK_S)), 1)) if config.metrics_window_s > 0 else None
+        )
+        self.ticks_per_min = int(MINUTE // TICK_S)
+        self.sync_ticks: int | None = None  # the policy's cadence in ticks, known once it is built
+        self.rows = np.zeros((len(rates), 5))  # workers, capacity, lag_s, restarting, consumed
+        self.decisions: list = []
+        self.rescales_scored = 0
+        self.forecast: Forecast | None = None
+        self.window = max(int(config.rate_window_s // MINUTE), 1)
+        self.measured_at: list[float] = windowed_means(rates, self.window).tolist()
+        self.rates_read = -1  # the minute telemetry's windowed rates were last read at
+        self.measured = self.consumption = 0.0
+        self.planning_model = model
+
+    def run(self) -> SimResult:
+        for minute in range(len(self.rates)):
+            self._minute(minute)
+        return self._result()
+
+    # --- stages, in order -------------------------------------------------------------
+
+    def _minute(self, minute: int) -> None:
+        """The forecast and the model known at the minute's start, its ticks, then what the minute measured."""
+        if self.forecasts is not None:
+            self.forecast = self.forecasts.update(minute)
+        self.planning_model = self.learned.model(minute)
+        restarting_ticks, consumed_minute = 0, 0.0
+        for k in range(self.ticks_per_min):
+            restarting, consumed = self._tick(minute, k)
             restarting_ticks += restarting
-        restarting_share = restarting_ticks / ticks_per_min
-        if restarting_ticks == 0 and workers > 0 and consumed_minute >= capacity_of[workers] * MINUTE * (1 - 1e-9):
-            learned.saturated(
-                minute, workers, consumed_minute / MINUTE
-            )  # never waited for data: a throughput measurement
-        rows[minute] = (
+            consumed_minute += consumed
+        restarting_share = restarting_ticks / self.ticks_per_min
+        workers, capacity = self.workers, self.capacity_of[self.workers]
+        if restarting_ticks == 0 and workers > 0 and consumed_minute >= capacity * MINUTE * (1 - 1e-9):
+            # Never waited for data: a throughput measurement.
+            self.learned.saturated(minute, workers, consumed_minute / MINUTE)
+        self.rows[minute] = (
             workers,
-            capacity_of[workers] * (1 - restarting_share),
-            reported_lag(minute),
+            capacity * (1 - restarting_share),
+            self._reported_lag(minute),
             restarting_share,
             consumed_minute,
         )
-    timeline = pd.DataFrame(
-        {
-            "time": times,
-            "arrival_rate": rates,
-            "workers": rows[:, 0].astype(int),
-            "capacity": rows[:, 1],
-            "lag_s": rows[:, 2],
-            "restarting": rows[:, 3],  # share of the minute spent restarting
-            "consumed": rows[:, 4],
-            "scored": np.arange(n) >= config.warmup_steps,
-        }
-    )
-    return SimResult(score(timeline, config.limits.slo_s, rescales_scored), timeline, decisions)
+
+    def _tick(self, minute: int, k: int) -> tuple[bool, float]:
+        """One tick: a pending rescale starts, the controller syncs when due, the world moves on.  Returns
+        whether the workers were restarting and what they consumed."""
+        now = self.epoch + minute * MINUTE + k * TICK_S
+        if self.pending is not None and now >= self.pending[0]:
+            self._apply(*self.pending, minute)
+            self.pending = None
+        restarting = now < self.restart_until
+        if self.sync_ticks is None or (minute * self.ticks_per_min + k) % self.sync_ticks == 0:
+            restarting = self._sync(now, minute, k, restarting)
+        return restarting, self._advance(now, minute, restarting)
+
+    def _sync(self, now: float, minute: int, k: int, restarting: bool) -> bool:
+        """The controller decides from what telemetry and the launcher report; a rescale is scheduled (or
+        started at once, without an act latency).  Returns whether the workers are restarting now."""
+        config, minute_rows = self.config, self.rows
+        if self.rates_read != minute:  # telemetry's windowed rates move once a minute
+            self.measured = self.measured_at[minute]
+            self.consumption = (
+                float(np.mean(minute_rows[max(minute - self.window, 0) : minute, 4])) / MINUTE if minute > 0 else 0.0
+            )
+            self.rates_read = minute
+        # The workers' busy share over its span is what GPU utilization reads; with no capacity in it (the first
+        # sync, the one a restart ends at), what the stream implies.  A restarted group reports only after a
+        # full metrics window.
+        if self.window_ticks is not None:
+            self.busy_consumed = sum(c for c, _ in self.window_ticks)
+            self.busy_capacity = sum(c for _, c in self.window_ticks)
+        if self.busy_capacity > 0:
+            busy_share = self.busy_consumed / self.busy_capacity
+        else:
+            capacity = 0.0 if restarting else self.capacity_of[self.workers]
+            busy_share = utilization(None, self.queue.backlog, self.measured, capacity)
+        starting = now < self.restart_until + config.metrics_window_s
+        self.busy_consumed = self.busy_capacity = 0.0
+        reading = StreamReading(
+            now,
+            self.measured,
+            self.consumption,
+            self.seen.backlog,
+            self._reported_lag(minute),
+            latest_arrival_rate=self.rate_at[minute - 1] if minute > 0 else None,
+        )
+        status = LauncherStatus(
+            self.workers,
+            rescaling=restarting,
+            measures=True,
+            busy_share=None if starting else busy_share,
+            downtimes_s=self.learned.downtimes(),
+        )
+        step = self.controller.step(
+            reading,
+            status,
+            self.planning_model,
+            forecast=self.forecast,
+            forecast_error=self.forecasts.recent_error(minute) if self.forecasts else None,
+            rescale_in_flight=self.pending is not None,
+        )
+        if self.sync_ticks is None:
+            policy = self.controller.policy_in_use
+            assert policy is not None  # the step built it
+            self.sync_ticks = max(int(round(policy.sync_period_s / TICK_S)), 1)
+        target = max(min(step.decision.workers, config.limits.max_workers), 0)
+        if minute == 0 and k == 0 and config.initial_workers is None:
+            self.workers = target  # the job starts at the policy's first answer, no restart
+        elif step.rescale_to is not None and target != self.workers:
+            # Acted on after act_latency_s (at once by default): the running group works until then.
+            self.pending = (now + config.act_latency_s, target, step.decision.policy, step.decision.reason)
+            if config.act_latency_s == 0:
+                self._apply(*self.pending, minute)
+                self.pending = None
+                restarting = self.restart_until > now
+        return restarting
+
+    def _advance(self, now: float, minute: int, restarting: bool) -> float:
+        """The world moves on by one tick: arrivals, consumption at the group's capacity, commits.  Returns
+        what the workers consumed."""
+        capacity = 0.0 if restarting else self.capacity_of[self.workers]
+        arrived = self.rate_at[minute] * TICK_S
+        consumed = self.queue.step(TICK_S, arrived, capacity)
+        if self.window_ticks is not None:
+            self.window_ticks.append((consumed, capacity * TICK_S))
+        else:
+            self.busy_consumed += consumed
+            self.busy_capacity += capacity * TICK_S
+        if self.committed is not None:
+            self.committed.step(TICK_S, arrived, 0.0)
+            if now + TICK_S >= self.next_commit and not restarting:
+                self._commit(self.committed)
+                self.next_commit += self.config.commit_interval_s
+        return consumed
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _apply(self, at: float, target: int, policy: str, reason: str, minute: int) -> None:
+        """The rescale starts: the group stops (checkpointing and committing) and restarts at ``target``."""
+        self.decisions.append((at, target, policy, reason))
+        self.workers = target
+        self.restart_until = at + self.learned.restart()
+        self.rescales_scored += minute >= self.config.warmup_steps
+        if self.committed is not None:  # the next group's commit clock starts after the restart
+            self._commit(self.committed)
+            self.next_commit = self.restart_until + self.config.commit_interval_s
+
+    def _commit(self, committed: FifoBacklog) -> None:
+        committed.take(self.queue.consumed_total - committed.consumed_total)
+
+    def _reported_lag(self, minute: int) -> float:
+        lag = self.seen.time_lag()
+        latency = self.config.pipeline_latency_s + self.config.pipeline_latency_per_worker_s * self.workers
+        return lag + latency if lag > 0 or self.rate_at[minute] > 0 else 0.0
+
+    def _result(self) -> SimResult:
+        rows, n = self.rows, len(self.rates)
+        timeline = pd.DataFrame(
+            {
+                "time": self.times,
+                "arrival_rate": self.rates,
+                "workers": rows[:, 0].astype(int),
+                "capacity": rows[:, 1],
+                "lag_s": rows[:, 2],
+                "restarting": rows[:, 3],  # share of the minute spent restarting
+                "consumed": rows[:, 4],
+                "scored": np.arange(n) >= self.config.warmup_steps,
+            }
+        )
+        return SimResult(score(timeline, self.config.limits.slo_s, self.rescales_scored), timeline, self.decisions)
 
 
 def score(timeline: pd.DataFrame, slo_s: float, rescales: int) -> PaperMetrics:

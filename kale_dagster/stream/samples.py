@@ -74,11 +74,11 @@ def decode(values: list[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
     """
     if not values:
         return np.empty(0, dtype=RECORD), np.empty(0, dtype=np.int64)
-    values = [v or b"" for v in values]
-    lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
+    blobs = [v or b"" for v in values]  # a tombstone's None carries no sample
+    lengths = np.fromiter((len(v) for v in blobs), dtype=np.int64, count=len(blobs))
     whole = (lengths % RECORD_SIZE == 0) & (lengths > 0)
     counts = np.where(whole, lengths // RECORD_SIZE, 0)
-    samples = np.frombuffer(b"".join(v for v, ok in zip(values, whole) if ok), dtype=RECORD)
+    samples = np.frombuffer(b"".join(v for v, ok in zip(blobs, whole) if ok), dtype=RECORD)
     valid = (samples["label"] <= 1) & np.isfinite(samples["dense"]).all(axis=1)
     if not valid.all():  # a value with any invalid sample is skipped whole
         owner = np.repeat(np.flatnonzero(whole), counts[whole])

@@ -107,6 +107,7 @@ class PreviousOffsets:
 
 def partition_lag(p: PartitionOffsets) -> int:
     """Message lag with the trainer's earliest-reset rule for a missing committed offset."""
+    assert p.end_offset is not None  # read_offsets has every partition's (a KEDA port's readings may not)
     if p.committed is None or p.committed < 0:
         return max(p.end_offset - p.earliest_offset, 0)
     return max(p.end_offset - p.committed, 0)
@@ -117,12 +118,14 @@ def build_snapshot(
 ) -> StreamSnapshot:
     """Pure arithmetic from raw offsets (and an earlier snapshot) to a snapshot."""
     dt = raw.time - previous.time if previous is not None else 0.0
+    earlier = previous.offsets if previous is not None else {}
     k = samples_per_record
     stats = []
     for p, topic, oldest_ms in zip(raw.partitions, raw.topic_of, raw.oldest_unconsumed_ms):
         lag = partition_lag(p) * k
+        assert p.end_offset is not None
         arrival = consumption = None
-        before = previous.offsets.get(topic, {}).get(str(p.partition)) if previous is not None else None
+        before = earlier.get(topic, {}).get(str(p.partition))
         # An end offset that went backwards means the topic was recreated
         # (or an in-memory broker restarted): no rate rather than a false one.
         if before is not None and dt > 0 and p.end_offset >= before[0]:
@@ -161,7 +164,7 @@ def previous_from(snapshot: StreamSnapshot) -> PreviousOffsets:
 
 def topic_partitions(consumer, topics: Sequence[str]) -> list:
     """Every partition of ``topics``, in order; a topic without partitions is a LookupError naming it."""
-    from kafka import TopicPartition
+    from kafka.structs import TopicPartition
 
     tps = []
     for topic in topics:

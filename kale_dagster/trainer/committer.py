@@ -63,6 +63,7 @@ class OffsetCommitter:
                 if self._closed:
                     return
                 offsets = self._pending
+            assert offsets is not None  # woken with offsets to commit
             try:
                 self._commit(offsets)
             except Exception as exc:  # the broker is down or slow: keep the offsets unless newer ones came
@@ -81,8 +82,8 @@ class OffsetCommitter:
                     self._idle.set()
 
     def _commit(self, offsets: dict[int, int]) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-        from kafka.structs import OffsetAndMetadata
+        from kafka import KafkaConsumer
+        from kafka.structs import OffsetAndMetadata, TopicPartition
 
         if self._consumer is None:  # kept open: a connection per checkpoint would add to every rescale
             self._consumer = KafkaConsumer(**self.kafka_config, group_id=self.group_id, enable_auto_commit=False)

@@ -66,7 +66,7 @@ def kafka_config(servers: str) -> dict:
     On Kubernetes the environment comes from the pipeline's Secret (envFrom),
     so credentials never appear in a manifest or on a command line.
     """
-    config = {"bootstrap_servers": servers.split(",")}
+    config: dict[str, object] = {"bootstrap_servers": servers.split(",")}
     for env, key in WORKER_ENV.items():
         if os.environ.get(env):
             config[key] = os.environ[env]
@@ -80,7 +80,12 @@ def _unblock_resumed_partitions(consumer) -> None:
     again, and the rank stops training it.  An emptied line is cleared so the next poll restores the parked data."""
     fetcher = getattr(consumer, "_fetcher", None)
     in_line = getattr(fetcher, "_next_partition_records", None)
-    if in_line is not None and not in_line and getattr(fetcher, "_paused_partition_records", None):
+    if (
+        fetcher is not None
+        and in_line is not None
+        and not in_line
+        and getattr(fetcher, "_paused_partition_records", None)
+    ):
         fetcher._next_partition_records = None
 
 
@@ -241,7 +246,8 @@ class Worker:
     # --- data ----------------------------------------------------------------------
 
     def open_consumer(self, state: dict):
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import KafkaConsumer
+        from kafka.structs import TopicPartition
 
         consumer = KafkaConsumer(
             **kafka_config(self.args.bootstrap_servers),
