@@ -136,7 +136,7 @@ def field_types(cls: type) -> dict[str, tuple[type | None, bool]]:
 
 def problems(obj: Any) -> list[KaleConfigError]:
     """Every field of the dataclass ``obj`` that breaks its rule, as errors naming the field."""
-    return problems_in(type(obj), {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+    return problems_in(type(obj), {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if rule_of(f)})
 
 
 def problems_in(cls: type, values: Mapping[str, Any]) -> list[KaleConfigError]:

@@ -68,7 +68,7 @@ def test_yaml_and_python_declare_the_same_definitions():
         ),
         limits=Limits(min_workers=2, max_workers=32, slo_minutes=15),
         policy="hpa",
-        policy_options={"target_utilization": 0.5},
+        policy_options={"target_utilization": 50},
         throughput_prior=ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786)),
         global_batch=16384,
         advisory=True,
@@ -94,7 +94,7 @@ def test_yaml_and_python_declare_the_same_definitions():
           sasl_password_env: KALE_CTR_KAFKA_PASSWORD
         limits: {min_workers: 2, max_workers: 32, slo_minutes: 15}
         policy: hpa
-        policy_options: {target_utilization: 0.5}
+        policy_options: {target_utilization: 50}
         throughput_prior: {form: sync, global_batch: 16384, theta: [0.00035, 2.5726, 0.9824, 0.02786]}
         global_batch: 16384
         advisory: true

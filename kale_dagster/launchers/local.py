@@ -39,6 +39,7 @@ import numpy as np
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import Launcher, RescaleRecord
+from kale_dagster.rules import check, setting
 from kale_dagster.stream.broker import free_loopback_port
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S, GroupAssignment, WorkerEvent, parse_event
@@ -50,27 +51,23 @@ class TrainerSettings:
 
     source: KafkaSource
     checkpoint_dir: str
-    batch_size: int = 256
-    emulate_gpu_rate: float = 0.0  # EMULATION of one GPU's samples/s; 0 = off
-    emulate_restore_s: float = 0.0  # EMULATION of a large model's restore time at every (re)start; 0 = off
-    checkpoint_every_s: float = 5.0
-    metrics_every_s: float = 2.0
-    balance: str = "rates"
-    order_lead_s: float = (
-        0.5  # how far (record time) a rank's partition may run ahead of its oldest backlog (trainer.ordering)
+    batch_size: int = setting(256, ge=1, description="samples per worker step")
+    emulate_gpu_rate: float = setting(0.0, ge=0, description="EMULATION of one GPU's samples/s; 0: off")
+    emulate_restore_s: float = setting(
+        0.0, ge=0, unit="s", description="EMULATION of a large model's restore at every (re)start; 0: off"
+    )
+    checkpoint_every_s: float = setting(5.0, gt=0, unit="s", description="how often a checkpoint is written")
+    metrics_every_s: float = setting(2.0, gt=0, unit="s", description="the workers' metrics window")
+    balance: str = setting("rates", choices=("rates", "round-robin"), description="how partitions are spread")
+    order_lead_s: float = setting(
+        0.5, ge=0, unit="s", description="how far (record time) a partition may run ahead of the rank's oldest backlog"
     )
     trained_log: str | None = None
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S
 
     def __post_init__(self):
         _ = self.source.topic  # the kale trainer consumes one topic: fail here, naming the field
-        if self.batch_size < 1:
-            raise KaleConfigError("batch_size", f"must be >= 1, got {self.batch_size}")
-        for name in ("emulate_gpu_rate", "emulate_restore_s", "order_lead_s"):
-            if getattr(self, name) < 0:
-                raise KaleConfigError(name, f"must be >= 0, got {getattr(self, name)}")
-        if self.balance not in ("rates", "round-robin"):
-            raise KaleConfigError("balance", f"must be 'rates' or 'round-robin', got {self.balance!r}")
+        check(self)
 
     def argv(self) -> list[str]:
         src = self.source

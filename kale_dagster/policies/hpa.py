@@ -40,6 +40,7 @@ from kale_dagster.policies.hpa_replicas import (
     resource_replicas,
 )
 from kale_dagster.policies.registry import PolicySpec, Sizing
+from kale_dagster.rules import check, need, setting
 
 #: What a backtest sweeps, as users tune an HPA in front of slow restarts: the target utilization (percent),
 #: the scale-down stabilization window (s) and the rate policies (upstream's, or damped ones that allow
@@ -332,14 +333,14 @@ class HPAPolicy:
     direction.
     """
 
-    min_replicas: int = 1
-    max_replicas: int = 32
-    metric: Literal["utilization", "lag"] = "utilization"
-    target_utilization: int = 80
-    target_lag_per_worker: float = 100_000.0
+    min_replicas: int = setting(1, ge=1, description="minReplicas")
+    max_replicas: int = setting(32, ge=1, description="maxReplicas")
+    metric: Literal["utilization", "lag"] = setting("utilization", choices=("utilization", "lag"))
+    target_utilization: int = setting(80, gt=0, unit="%", description="averageUtilization of a worker's capacity")
+    target_lag_per_worker: float = setting(100_000.0, gt=0, description="averageValue of the lag metric")
     behavior: HPABehavior | None = None  # or a Mapping, as Kubernetes writes it
-    tolerance: float = DEFAULT_TOLERANCE
-    sync_period_s: float = 15.0
+    tolerance: float = setting(DEFAULT_TOLERANCE, ge=0, description="--horizontal-pod-autoscaler-tolerance")
+    sync_period_s: float = setting(15.0, gt=0, unit="s", description="--horizontal-pod-autoscaler-sync-period")
     name: str = "hpa"
     recommendations: Recommendations = field(default_factory=Recommendations)
     up_events: list = field(default_factory=list)
@@ -348,19 +349,14 @@ class HPAPolicy:
     def __post_init__(self):
         if isinstance(self.behavior, Mapping):  # as Kubernetes writes it (HPABehavior.from_spec)
             self.behavior = HPABehavior.from_spec(self.behavior)
-        if not 1 <= self.min_replicas <= self.max_replicas:
-            raise KaleConfigError(
+        check(
+            self,
+            lambda: need(
+                self.min_replicas <= self.max_replicas,
                 "min_replicas",
-                f"need 1 <= min_replicas <= max_replicas, got {self.min_replicas} and {self.max_replicas}",
-            )
-        if self.metric not in ("utilization", "lag"):
-            raise KaleConfigError("metric", f"must be 'utilization' or 'lag', got {self.metric!r}")
-        if not 0 < self.target_utilization:
-            raise KaleConfigError("target_utilization", f"must be a percentage > 0, got {self.target_utilization}")
-        if self.target_lag_per_worker <= 0:
-            raise KaleConfigError("target_lag_per_worker", f"must be > 0, got {self.target_lag_per_worker}")
-        if self.tolerance < 0:
-            raise KaleConfigError("tolerance", f"must be >= 0, got {self.tolerance}")
+                f"must be <= max_replicas ({self.max_replicas}), got {self.min_replicas}",
+            ),
+        )
 
     @property
     def tolerances(self) -> Tolerances:

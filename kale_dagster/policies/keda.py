@@ -33,6 +33,7 @@ from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation, PartitionOffsets
 from kale_dagster.policies.hpa import HPABehavior, HPAPolicy, sweep_behavior
 from kale_dagster.policies.registry import PolicySpec, Sizing
+from kale_dagster.rules import check, need, setting
 
 OffsetResetPolicy = Literal["latest", "earliest"]
 
@@ -97,9 +98,9 @@ def next_factor_balancing_partitions(total_lag: int, partitions: int, lag_thresh
 class KafkaScalerMetadata:
     """The scaler's trigger metadata (defaults as in KEDA)."""
 
-    lag_threshold: int = 10
-    activation_lag_threshold: int = 0
-    offset_reset_policy: OffsetResetPolicy = "latest"
+    lag_threshold: int = setting(10, gt=0, description="lagThreshold: the lag one replica handles")
+    activation_lag_threshold: int = setting(0, ge=0, description="activationLagThreshold")
+    offset_reset_policy: OffsetResetPolicy = setting("latest", choices=("latest", "earliest"))
     allow_idle_consumers: bool = False
     scale_to_zero_on_invalid_offset: bool = False
     limit_to_partitions_with_lag: bool = False
@@ -114,23 +115,19 @@ class KafkaScalerMetadata:
                 "partition_limitation",
                 parse_partition_limitation(self.partition_limitation) if self.partition_limitation.strip() else None,
             )
-        if self.lag_threshold <= 0:
-            raise KaleConfigError("lag_threshold", f"must be > 0, got {self.lag_threshold}")
-        if self.activation_lag_threshold < 0:
-            raise KaleConfigError("activation_lag_threshold", f"must be >= 0, got {self.activation_lag_threshold}")
-        if self.offset_reset_policy not in ("latest", "earliest"):
-            raise KaleConfigError(
-                "offset_reset_policy", f"must be 'latest' or 'earliest', got {self.offset_reset_policy!r}"
-            )
-        if self.allow_idle_consumers and self.limit_to_partitions_with_lag:
-            raise KaleConfigError(
-                "limit_to_partitions_with_lag", "cannot be combined with allow_idle_consumers (KEDA rejects it too)"
-            )
-        if self.limit_to_partitions_with_lag and self.ensure_even_distribution_of_partitions:
-            raise KaleConfigError(
+        check(
+            self,
+            need(
+                not (self.allow_idle_consumers and self.limit_to_partitions_with_lag),
+                "limit_to_partitions_with_lag",
+                "cannot be combined with allow_idle_consumers (KEDA rejects it too)",
+            ),
+            need(
+                not (self.limit_to_partitions_with_lag and self.ensure_even_distribution_of_partitions),
                 "ensure_even_distribution_of_partitions",
                 "cannot be combined with limit_to_partitions_with_lag (KEDA rejects it too)",
-            )
+            ),
+        )
 
 
 def total_lag(
@@ -171,10 +168,10 @@ class KedaKafkaPolicy:
     """
 
     metadata: KafkaScalerMetadata = field(default_factory=KafkaScalerMetadata)
-    min_replicas: int = 0
-    max_replicas: int = 100
-    partition_count: int | None = None
-    cooldown_period_s: float = 300.0
+    min_replicas: int = setting(0, ge=0, description="minReplicaCount")
+    max_replicas: int = setting(100, ge=1, description="maxReplicaCount")
+    partition_count: int | None = setting(None, ge=1, description="partitions, when readings carry no offsets")
+    cooldown_period_s: float = setting(300.0, ge=0, unit="s", description="cooldownPeriod")
     behavior: HPABehavior | None = (
         None  # the HPA's; or a Mapping, as Kubernetes writes it; None: upstream's legacy path
     )
@@ -186,12 +183,14 @@ class KedaKafkaPolicy:
     _previous_offsets: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
-        if not 0 <= self.min_replicas <= self.max_replicas or self.max_replicas < 1:
-            raise KaleConfigError(
+        check(
+            self,
+            lambda: need(
+                self.min_replicas <= self.max_replicas,
                 "min_replicas",
-                f"need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got {self.min_replicas}, "
-                f"{self.max_replicas}",
-            )
+                f"must be <= max_replicas ({self.max_replicas}), got {self.min_replicas}",
+            ),
+        )
         self._hpa = HPAPolicy(
             min_replicas=max(self.min_replicas, 1),
             max_replicas=self.max_replicas,

@@ -9,31 +9,24 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kale_dagster.errors import KaleConfigError
+from kale_dagster.rules import check, setting
 from kale_dagster.stream.samples import GroundTruth, encode, partition_weights
 
 
 @dataclass(frozen=True)
 class ReplaySettings:
     topic: str = "samples"
-    speedup: float = 1.0  # trace seconds per wall second
-    rate_scale: float = 1.0  # multiplies the trace's rates (samples per trace second)
-    partitions: int = 8
-    hot_share: float = 0.0  # share of traffic on partition 0 (hot partition), 0 = even
+    speedup: float = setting(1.0, gt=0, description="trace seconds per wall second")
+    rate_scale: float = setting(1.0, gt=0, description="multiplies the trace's rates (samples per trace second)")
+    partitions: int = setting(8, ge=1, le=10_000, description="the topic's partitions")
+    hot_share: float = setting(0.0, ge=0, lt=1, description="share of traffic on partition 0; 0: even")
     seed: int = 0
-    samples_per_record: int = 1  # >1 packs micro-batches: far fewer records for a consumer to parse
+    samples_per_record: int = setting(
+        1, ge=1, le=100_000, description=">1 packs micro-batches: far fewer records for a consumer to parse"
+    )
 
     def __post_init__(self):
-        if self.speedup <= 0:
-            raise KaleConfigError("speedup", f"must be > 0, got {self.speedup}")
-        if self.rate_scale <= 0:
-            raise KaleConfigError("rate_scale", f"must be > 0, got {self.rate_scale}")
-        if self.partitions < 1:
-            raise KaleConfigError("partitions", f"must be >= 1, got {self.partitions}")
-        if not 0 <= self.hot_share < 1:
-            raise KaleConfigError("hot_share", f"must be in [0, 1), got {self.hot_share}")
-        if self.samples_per_record < 1:
-            raise KaleConfigError("samples_per_record", f"must be >= 1, got {self.samples_per_record}")
+        check(self)
 
 
 def ensure_topic(servers: str, topic: str, partitions: int) -> None:
