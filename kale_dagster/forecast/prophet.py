@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -160,8 +161,23 @@ class ProphetForecaster(_FittedSeries):
         if seasons < 1:
             raise KaleConfigError("seasons", f"must be >= 1, got {seasons}")
         self.seasons = seasons
-        self.fallback = ""
+        # What fit() learns, declared here in one place (``horizon``, ``step_s`` and ``log_rate`` come with the
+        # history, ``_set_history``).
+        self.fallback = ""  # why the fit fell back to the EWMA level ("" when it did not)
         self.fit_seconds = 0.0
+        self.horizon = 0  # steps the corrections are fitted for
+        self._ewma: EwmaForecaster | None = None  # the fallback's model
+        self._prophet_table = np.zeros(0)  # Prophet's log-rate at positions 0 .. history + prefetch
+        self._base_prophet = np.zeros(0)  # the same over the history
+        self._band = (np.zeros(0), np.zeros(0))  # the held-out log errors' band, per step
+        self._prophet: Any = None  # the fitted Prophet model
+        self._calendar = (0, 0, 0)  # the calendar's seasonal median: (period, first, count) in steps
+        self._season = (0, 0, 0)  # the seasonal base chosen (the calendar, or a job's cycle)
+        self._corr_p = _Correction(1.0, 1)  # Prophet's residual correction
+        self._corr_n = _Correction(1.0, 1)  # the seasonal base's
+        self.recent_k, self.recent_mean = 1, "geometric"  # the recent level's window (buckets) and mean
+        self.blend_weights = np.zeros((0, 3))  # per step: Prophet, the seasonal base, the recent level
+        self.holdout_smape: float | None = None
 
     # --- fitting --------------------------------------------------------------
 
@@ -298,40 +314,48 @@ class ProphetForecaster(_FittedSeries):
     def _fit_blend(self, n: int) -> None:
         """Three branches, each judged on held-out days: Prophet and the seasonal median, each with its correction,
         and the recent level (its window chosen there too); per horizon step, the blend of the three with the lowest
-        held-out MAE on the rate scale (the error capacity feels; sMAPE would favour predicting zero)."""
+        held-out MAE on the rate scale (the error capacity feels; sMAPE would favour predicting zero).  The stages:
+        the held-out split, Prophet's correction, the seasonal base, the recent level, the weights, the band."""
         resid_p = self.log_rate - self._base_prophet
         candidates = self._season_candidates(n)
         self._calendar = candidates[0]
+        lasts, train, held = self._held_out(n)
+        self._corr_p = _Correction(self.step_s, self.horizon).fit(resid_p, train)
+        positions = np.minimum(held.origins[:, None] + held.steps[None, :], n - 1)
+        pred_p = self._base_prophet[positions] + self._corr_p.predict(resid_p, held.origins)
+        resid_n, pred_n, refit_n = self._choose_seasonal_base(candidates, n, train, held, pred_p)
+        pred_r = self._choose_recent_level(held, pred_p)
+        final = self._choose_weights(np.stack([pred_p, pred_n, pred_r]), held)  # (branch, origin, step) in
+        self._band = empirical_band(held.target - final, self.interval_width)
+        a, f = held.actual, self.from_log(final)
+        self.holdout_smape = float(np.nanmean(2 * np.abs(f - a) / (np.abs(a) + np.abs(f) + 1e-9)))
+        # Refit the corrections on everything now that the weights are chosen.
+        self._corr_p.fit(resid_p, lasts)
+        if refit_n is not None:
+            self._corr_n.fit(resid_n, refit_n)
+
+    def _held_out(self, n: int) -> tuple[np.ndarray, np.ndarray, _HeldOut]:
+        """Every origin a correction can learn from, those it learns from while the blend is chosen, and the
+        held-out origins it is judged on: several days when the history has them (one day's weights would follow
+        that day's accidents)."""
         first = self._calendar[0] + max(self._windows_len(), 1)
-        # Several held-out days when the history has them: one day's weights would follow that day's accidents.
         holdout = max(int(min(_HOLDOUT_S, n * self.step_s / 3) // self.step_s), self.horizon)
         lasts = np.arange(first, n - 1)
         train, test = lasts[lasts < n - 1 - holdout], lasts[lasts >= n - 1 - holdout]
         if len(train) < 10 or len(test) < 1:
             train = test = lasts
-        self._corr_p = _Correction(self.step_s, self.horizon).fit(resid_p, train)
-        steps = np.arange(1, self.horizon + 1)
-        target = np.stack([self.log_rate[np.minimum(test + h, n - 1)] for h in steps], axis=1)
-        target[test[:, None] + steps[None, :] >= n] = np.nan
-        actual = self.from_log(target)
+        return lasts, train, _HeldOut(self, test, n)
 
-        def mae(log_pred: np.ndarray) -> np.ndarray:
-            """Per step, the mean absolute error on the rate scale, NaN ignored (``np.nanmean``'s sums, without its
-            copies: dozens of calls a fit, each on an (origins x steps) array)."""
-            error = self.from_log(log_pred) - actual
-            np.abs(error, out=error)
-            unknown = np.isnan(error)
-            error[unknown] = 0.0
-            with np.errstate(invalid="ignore"):  # a step no origin reaches has no error: NaN, as nanmean gives
-                return error.sum(axis=0) / np.count_nonzero(~unknown, axis=0)
-
-        pred_p = self._base_prophet[np.minimum(test[:, None] + steps[None, :], n - 1)] + self._corr_p.predict(
-            resid_p, test
-        )
-        # The seasonal base (a cycle's with or without its correction) whose forecasts have the lowest held-out MAE, the
-        # calendar's on a tie: judged as the blend will use it, not as a plain median (which on smooth traffic
-        # favours any short cycle).
+    def _choose_seasonal_base(
+        self, candidates: list[tuple[int, int, int]], n: int, train: np.ndarray, held: _HeldOut, pred_p: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The seasonal base (a cycle's with or without its correction) whose forecasts have the lowest held-out
+        MAE, the calendar's on a tie: judged as the blend will use it, not as a plain median (which on smooth
+        traffic favours any short cycle).  Sets ``_season`` and ``_corr_n``; returns the base's residuals, its
+        held-out forecasts and the origins its correction is refitted on (None: it has none)."""
+        test, steps = held.origins, held.steps
         best_err = None  # the calendar's, judged first, is taken whatever its error: a base is always chosen
+        chosen: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None
         for season in candidates:
             calendar = season == self._calendar
             # Each base's correction learns from every origin its median has history for (a cycle's from before the
@@ -343,43 +367,45 @@ class ProphetForecaster(_FittedSeries):
             # step.
             naive = self._naive_log(self.log_rate, np.arange(n + self.horizon), season)
             resid = self.log_rate - naive[:n]
-            # A cycle's median is hours old at the target, so its correction may only add noise: judged both ways. The
-            # calendar's is a day or a week old, and its correction (the level since then) is what the blend is built
-            # on.
+            # A cycle's median is hours old at the target, so its correction may only add noise: judged both ways.
+            # The calendar's is a day or a week old, and its correction (the level since then) is what the blend is
+            # built on.
             options = (_Correction(self.step_s, self.horizon).fit(resid, own),)
             options += () if calendar else (_Correction(self.step_s, self.horizon).off(),)
             for corr in options:
                 pred = naive[test[:, None] + steps[None, :]] + corr.predict(resid, test)
                 pred = np.where(np.isnan(pred), pred_p, pred)
-                err = float(np.nansum(mae(pred)))
+                err = float(np.nansum(held.mae(pred)))
                 if best_err is None or err < best_err:
-                    best_err, self._season, resid_n, self._corr_n, pred_n = err, season, resid, corr, pred
-                    refit_n = np.arange(own[0], n - 1) if corr.on else None
+                    best_err, self._season, self._corr_n = err, season, corr
+                    chosen = (resid, pred, np.arange(own[0], n - 1) if corr.on else None)
+        assert chosen is not None  # the calendar is always judged
+        return chosen
+
+    def _choose_recent_level(self, held: _HeldOut, pred_p: np.ndarray) -> np.ndarray:
+        """The recent level's window and mean with the lowest held-out MAE (sets ``recent_k``, ``recent_mean``);
+        returns its held-out forecasts, one level for every step."""
         windows = [k for k in _RECENT_BUCKETS if k * self.step_s <= DAY_S] or [1]
         levels = {
-            (k, mean): self._recent_log(self.log_rate, test, k, mean)[:, None]  # one level for every step
+            (k, mean): self._recent_log(self.log_rate, held.origins, k, mean)[:, None]
             for k in windows
             for mean in (("geometric", "arithmetic") if k > 1 else ("geometric",))
         }
-        chosen = min(levels, key=lambda km: float(np.nansum(mae(levels[km]))))
+        chosen = min(levels, key=lambda km: float(np.nansum(held.mae(levels[km]))))
         self.recent_k, self.recent_mean = chosen
-        pred_r = np.where(np.isnan(levels[chosen]), pred_p, levels[chosen])
-        branches = np.stack([pred_p, pred_n, pred_r])  # (branch, origin, step)
+        return np.where(np.isnan(levels[chosen]), pred_p, levels[chosen])
+
+    def _choose_weights(self, branches: np.ndarray, held: _HeldOut) -> np.ndarray:
+        """Per horizon step, the blend of the (branch, origin, step) forecasts with the lowest held-out MAE (sets
+        ``blend_weights``); returns the blended held-out forecasts, (origin, step)."""
         best_w = np.tile([1.0, 0.0, 0.0], (self.horizon, 1))
         best_err = np.full(self.horizon, np.inf)
         for w in _SIMPLEX:
-            err = mae(np.tensordot(w, branches, axes=1))
+            err = held.mae(np.tensordot(w, branches, axes=1))
             better = err < best_err
             best_w[better], best_err[better] = w, err[better]
         self.blend_weights = best_w
-        final = np.einsum("sb,bos->os", best_w, branches)
-        self._band = empirical_band(target - final, self.interval_width)
-        a, f = actual, self.from_log(final)
-        self.holdout_smape = float(np.nanmean(2 * np.abs(f - a) / (np.abs(a) + np.abs(f) + 1e-9)))
-        # Refit the corrections on everything now that the weights are chosen.
-        self._corr_p.fit(resid_p, lasts)
-        if refit_n is not None:
-            self._corr_n.fit(resid_n, refit_n)
+        return np.einsum("sb,bos->os", best_w, branches)
 
     def _windows_len(self) -> int:
         return max(_Correction(self.step_s, 1).windows)
@@ -401,6 +427,7 @@ class ProphetForecaster(_FittedSeries):
                 f"{horizon}",
             )
         if self.fallback:
+            assert self._ewma is not None  # fitted with the fallback
             fc = self._ewma.predict(horizon, history=history)
             return _with(fc, fallback=self.fallback, fit_seconds=self.fit_seconds, model=self.name)
         if history is not None:
@@ -438,6 +465,30 @@ class ProphetForecaster(_FittedSeries):
         return _with(
             fc, fit_seconds=self.fit_seconds, extras={"blend_weight_prophet": float(np.mean(w[:, 0]))}, outlook=outlook
         )
+
+
+class _HeldOut:
+    """The held-out origins of a blend's fit, what then arrived at each step of the horizon, and the error a
+    forecast of it makes."""
+
+    def __init__(self, forecaster: ProphetForecaster, origins: np.ndarray, n: int):
+        self.origins = origins
+        self.steps = np.arange(1, forecaster.horizon + 1)
+        target = np.stack([forecaster.log_rate[np.minimum(origins + h, n - 1)] for h in self.steps], axis=1)
+        target[origins[:, None] + self.steps[None, :] >= n] = np.nan
+        self.target = target
+        self.actual = forecaster.from_log(target)
+        self._from_log = forecaster.from_log
+
+    def mae(self, log_pred: np.ndarray) -> np.ndarray:
+        """Per step, the mean absolute error on the rate scale, NaN ignored (``np.nanmean``'s sums, without its
+        copies: dozens of calls a fit, each on an (origins x steps) array)."""
+        error = self._from_log(log_pred) - self.actual
+        np.abs(error, out=error)
+        unknown = np.isnan(error)
+        error[unknown] = 0.0
+        with np.errstate(invalid="ignore"):  # a step no origin reaches has no error: NaN, as nanmean gives
+            return error.sum(axis=0) / np.count_nonzero(~unknown, axis=0)
 
 
 def _with(fc: Forecast, **changes) -> Forecast:
