@@ -87,70 +87,106 @@ def optimal_schedule(
     rates = np.asarray(rates, dtype=float)
     if len(rates) == 0:
         raise KaleConfigError("rates", "the trace is empty")
-    restart_s, slo_s = limits.restart_s, limits.slo_s
     if max_labels < 1:
         raise KaleConfigError("max_labels", f"must be >= 1, got {max_labels}")
-    step = max(int(round(plan_step_s / MINUTE)), math.ceil(restart_s / MINUTE), 1)
-    arrivals = _Arrivals(rates)
-    counts = np.arange(limits.min_workers, limits.max_workers + 1)
-    capacity = np.asarray(model.predict(counts), dtype=float)
-    steps = math.ceil(len(rates) / step)
-    # Share of each minute of a step that consumes after a restart at the step's start.
-    serving = np.clip((np.arange(1, step + 1) * MINUTE - restart_s) / MINUTE, 0.0, 1.0)
+    program = _Program(rates, model, limits, plan_step_s, lag_weight, violation_weight, max_labels)
+    # The first step starts at any count without a restart; each later one from its predecessor's labels.
+    labels, parents = program.first(), []
+    for k in range(1, program.steps):
+        labels, step_parents = program.stage(k, labels)
+        parents.append(step_parents)
+    cost, per_step = program.backtrack(labels, parents)
+    return OracleSchedule(np.repeat(per_step, program.step)[: len(rates)], cost, program.step, max_labels)
 
-    def advance(k: int, backlog: np.ndarray, cap: np.ndarray, restarted: np.ndarray, workers: np.ndarray):
+
+#: One worker count's labels: (costs, backlogs), each undominated by another of the count's.
+Labels = tuple[np.ndarray, np.ndarray]
+
+
+class _Program:
+    """The dynamic program's stages: play a step for many labels at once, advance every count's labels one step
+    (staying, or restarting into it from any label), and backtrack the cheapest schedule."""
+
+    def __init__(
+        self,
+        rates: np.ndarray,
+        model: ThroughputModel,
+        limits: Limits,
+        plan_step_s: float,
+        lag_weight: float,
+        violation_weight: float,
+        max_labels: int,
+    ):
+        self.rates, self.slo_s, self.max_labels = rates, limits.slo_s, max_labels
+        self.lag_weight, self.violation_weight = lag_weight, violation_weight
+        self.step = max(int(round(plan_step_s / MINUTE)), math.ceil(limits.restart_s / MINUTE), 1)
+        self.steps = math.ceil(len(rates) / self.step)
+        self.arrivals = _Arrivals(rates)
+        self.counts = np.arange(limits.min_workers, limits.max_workers + 1)
+        self.capacity = np.asarray(model.predict(self.counts), dtype=float)
+        # Share of each minute of a step that consumes after a restart at the step's start.
+        self.serving = np.clip((np.arange(1, self.step + 1) * MINUTE - limits.restart_s) / MINUTE, 0.0, 1.0)
+
+    def play(
+        self, k: int, backlog: np.ndarray, cap: np.ndarray, restarted: np.ndarray, workers: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Play step ``k`` for labels (backlog, capacity, restarted?): the backlog after it, and its cost."""
+        rates, step = self.rates, self.step
         cost = workers * float(min(step, len(rates) - k * step))  # GPU-minutes
         for i in range(step):
             m = k * step + i
             if m >= len(rates):
                 break
-            share = np.where(restarted, serving[i], 1.0)
+            share = np.where(restarted, self.serving[i], 1.0)
             backlog = np.maximum(backlog + (rates[m] - cap * share) * MINUTE, 0.0)
-            lag = arrivals.time_lag(m + 1, backlog)
-            cost = cost + lag_weight * lag / MINUTE + violation_weight * (lag > slo_s)
+            lag = self.arrivals.time_lag(m + 1, backlog)
+            cost = cost + self.lag_weight * lag / MINUTE + self.violation_weight * (lag > self.slo_s)
         return backlog, cost
 
-    # Labels per worker count: cost, backlog, and for the backtrack (parent count index, parent label index).
-    # The first step starts at any count without a restart.
-    b, c = advance(0, np.zeros(len(counts)), capacity, np.zeros(len(counts), bool), counts)
-    labels = [(c[wi : wi + 1], b[wi : wi + 1]) for wi in range(len(counts))]
-    parents: list[list[tuple[np.ndarray, np.ndarray]]] = []
-    for k in range(1, steps):
+    def first(self) -> list[Labels]:
+        """Each count's one label after the first step, started there without a restart."""
+        n = len(self.counts)
+        b, c = self.play(0, np.zeros(n), self.capacity, np.zeros(n, bool), self.counts)
+        return [(c[wi : wi + 1], b[wi : wi + 1]) for wi in range(n)]
+
+    def stage(self, k: int, labels: list[Labels]) -> tuple[list[Labels], list[tuple[np.ndarray, np.ndarray]]]:
+        """Every count's labels after step ``k``, and each label's parent (count index, label index)."""
         # A restart can come from any label of any count: only the union's undominated labels matter.
         all_cost = np.concatenate([c for c, _ in labels])
         all_backlog = np.concatenate([b for _, b in labels])
         origin_w = np.concatenate([np.full(len(c), wi) for wi, (c, _) in enumerate(labels)])
         origin_l = np.concatenate([np.arange(len(c)) for c, _ in labels])
-        union = _prune(all_cost, all_backlog, max_labels)
+        union = _prune(all_cost, all_backlog, self.max_labels)
         # Every count's candidates (its own labels staying, the union's restarting into it) advance in one pass.
         stays = [len(c) for c, _ in labels]
         sizes = np.array(stays) + len(union)
-        into = np.repeat(np.arange(len(counts)), sizes)
+        into = np.repeat(np.arange(len(self.counts)), sizes)
         pw = np.concatenate([np.concatenate([np.full(n, wi), origin_w[union]]) for wi, n in enumerate(stays)])
         pl = np.concatenate([np.concatenate([np.arange(n), origin_l[union]]) for n in stays])
         before = np.concatenate([np.concatenate([c, all_cost[union]]) for c, _ in labels])
         backlog = np.concatenate([np.concatenate([b, all_backlog[union]]) for _, b in labels])
-        b, c = advance(k, backlog, capacity[into], pw != into, counts[into])
+        b, c = self.play(k, backlog, self.capacity[into], pw != into, self.counts[into])
         c = c + before
-        new_labels, step_parents = [], []
+        new_labels, parents = [], []
         for wi, end in enumerate(np.cumsum(sizes)):
             part = slice(end - sizes[wi], end)
-            keep = _prune(c[part], b[part], max_labels)
+            keep = _prune(c[part], b[part], self.max_labels)
             new_labels.append((c[part][keep], b[part][keep]))
-            step_parents.append((pw[part][keep], pl[part][keep]))
-        labels = new_labels
-        parents.append(step_parents)
-    # Backtrack from the cheapest final label.
-    finals = [(float(c.min()), wi, int(c.argmin())) for wi, (c, _) in enumerate(labels)]
-    cost, wi, li = min(finals)
-    chosen = [wi]
-    for k in range(steps - 2, -1, -1):
-        pw, pl = parents[k][wi]
-        wi, li = int(pw[li]), int(pl[li])
-        chosen.append(wi)
-    per_step = counts[np.array(chosen[::-1])]
-    return OracleSchedule(np.repeat(per_step, step)[: len(rates)], cost, step, max_labels)
+            parents.append((pw[part][keep], pl[part][keep]))
+        return new_labels, parents
+
+    def backtrack(
+        self, labels: list[Labels], parents: list[list[tuple[np.ndarray, np.ndarray]]]
+    ) -> tuple[float, np.ndarray]:
+        """The cheapest final label's cost and the worker count of each step that led to it."""
+        finals = [(float(c.min()), wi, int(c.argmin())) for wi, (c, _) in enumerate(labels)]
+        cost, wi, li = min(finals)
+        chosen = [wi]
+        for k in range(self.steps - 2, -1, -1):
+            pw, pl = parents[k][wi]
+            wi, li = int(pw[li]), int(pl[li])
+            chosen.append(wi)
+        return cost, self.counts[np.array(chosen[::-1])]
 
 
 @dataclass
