@@ -227,15 +227,34 @@ def rolling_origin_horizons(
     progress: Callable[[int, int], None] | None = None,
     plan_step_s: float = 600.0,
 ) -> list[EvaluationResult]:
-    """One rolling-origin pass scored at several horizons (one fit and one forecast per origin serve all)."""
+    """One rolling-origin pass scored at several horizons (one fit and one forecast per origin serve all): the
+    evaluated tail, the folds (a forecast from every origin, refitted every ``refit_every_s``), then each
+    horizon's scores."""
     ts = history["timestamp"]
-    rate = history["rate"].to_numpy(dtype=float)
     step = float((ts.iloc[1] - ts.iloc[0]).total_seconds())
     horizons = [max(1, int(round(h / step))) for h in horizons_s]
-    longest = max(horizons)
-    n = len(rate)
+    start, evaluated_days, note = _evaluated_tail(len(history), step, max(horizons), horizons_s, eval_days, min_train_s)
+    every = max(1, int(round((origin_every_s or step) / step)))
+    origins = np.arange(start, len(history) - max(horizons) + 1, every)  # origin = first forecast index
+    folds = _Folds.forecast(
+        history, factory, origins, max(horizons), max(1, int(round(refit_every_s / step))), progress
+    )
+    rate = history["rate"].to_numpy(dtype=float)
+    # Held-out origins for choosing the recent mean's window: up to a week before the evaluated tail.
+    held_out = np.arange(max(start - int(WEEK_S / step), max(RECENT_MEAN_WINDOWS)), start - max(horizons) + 1, every)
+    plan_width = max(1, int(round(plan_step_s / step)))
+    return [
+        _score(folds, rate, step, horizon_s, horizon, held_out, plan_width, evaluated_days, note)
+        for horizon_s, horizon in zip(horizons_s, horizons)
+    ]
+
+
+def _evaluated_tail(
+    n: int, step: float, longest: int, horizons_s: Sequence[float], eval_days: float, min_train_s: float
+) -> tuple[int, float, str]:
+    """Where the evaluated tail starts, how many days it spans, and a note when that is fewer than asked.  It starts
+    after the training minimum and a day of history (the daily baseline's), whatever was asked."""
     eval_steps = int(eval_days * DAY_S / step)
-    # The tail starts after the training minimum and a day of history (the daily baseline's), whatever was asked.
     start = max(n - eval_steps, int(min_train_s / step), int(round(DAY_S / step)))
     if start >= n - longest:
         raise InputDataError(
@@ -247,79 +266,111 @@ def rolling_origin_horizons(
     if start > n - eval_steps:
         note = (
             f"the trace has {n * step / DAY_S:.1f} days; evaluated its last {evaluated_days:.1f} days instead of "
-            f"{eval_days:g}, "
-            f"after the {max(min_train_s, DAY_S) / DAY_S:.0f} days of history the first fit needs"
+            f"{eval_days:g}, after the {max(min_train_s, DAY_S) / DAY_S:.0f} days of history the first fit needs"
         )
-    every = max(1, int(round((origin_every_s or step) / step)))
-    refit_steps = max(1, int(round(refit_every_s / step)))
-    origins = np.arange(start, n - longest + 1, every)  # origin = first forecast index
-    paths, lows, highs, fit_s, refits, fallbacks = [], [], [], [], 0, 0
-    model = None
-    next_refit = -1
-    for k, origin in enumerate(origins):
-        past = history.iloc[:origin]
-        if origin >= next_refit:
-            started = time.perf_counter()
-            model = factory().fit(past)
-            fit_s.append(time.perf_counter() - started)
-            refits += 1
-            next_refit = origin + refit_steps
-        assert model is not None  # the first origin always refits
-        fc = model.predict(longest, history=past)
-        paths.append(fc.point[:longest])
-        lows.append(fc.lower[:longest])
-        highs.append(fc.upper[:longest])
-        fallbacks += bool(fc.fallback)
-        if progress:
-            progress(k + 1, len(origins))
-    paths, lows, highs = np.array(paths), np.array(lows), np.array(highs)
-    # Held-out origins for choosing the recent mean's window: up to a week before the evaluated tail.
-    held_out = np.arange(max(start - int(WEEK_S / step), max(RECENT_MEAN_WINDOWS)), start - longest + 1, every)
-    plan_width = max(1, int(round(plan_step_s / step)))
-    results = []
-    for horizon_s, horizon in zip(horizons_s, horizons):
-        target = origins + horizon - 1
-        actual = rate[target]
-        ok = np.isfinite(actual)
-        preds = paths[:, horizon - 1]
-        simple = simple_baselines(rate, origins, horizon, step, held_out)
-        seasonal = {name: guess for name, guess in simple.items() if name.startswith("seasonal-naive")}
-        if not seasonal:
-            raise InputDataError("not enough history before the evaluated tail for a seasonal-naive baseline")
-        base = {name: smape(actual[ok], guess[ok]) for name, guess in seasonal.items()}
-        best = min(base, key=lambda k: base[k])
-        simple_mae = {name: _mae(actual, guess) for name, guess in simple.items()}
-        # The plan step ending at the horizon, averaged, as the allocation uses the rate.
-        width = min(plan_width, horizon)
-        steps_back = np.arange(horizon - width, horizon)
-        window = origins[:, None] + steps_back[None, :]
-        actual_plan = np.nanmean(rate[window], axis=1)
-        # The baseline of the plan step is, as baseline_mae is, the season with the lower MAE (here on the step's mean).
-        naive_plan_mae = min(
-            _mae(actual_plan, np.nanmean(rate[np.maximum(window - int(round(SEASONAL_NAIVE[name] / step)), 0)], axis=1))
-            for name in seasonal
-        )
-        results.append(
-            EvaluationResult(
-                model=getattr(model, "name", type(model).__name__),
-                horizon_minutes=horizon_s / 60,
-                smape=smape(actual[ok], preds[ok]),
-                mape=mape(actual[ok], preds[ok]),
-                mae=float(np.mean(np.abs(preds[ok] - actual[ok]))),
-                coverage=float(np.mean((actual[ok] >= lows[ok, horizon - 1]) & (actual[ok] <= highs[ok, horizon - 1]))),
-                baseline=best,
-                baseline_smape=base[best],
-                folds=int(ok.sum()),
-                refits=refits,
-                fallbacks=fallbacks,
-                baseline_mae=min(simple_mae[name] for name in seasonal),
-                eval_days=evaluated_days,
-                note=note,
-                simple_mae=simple_mae,
-                floor_mae=noise_floor(rate, target[ok]),
-                plan_step_mae=_mae(actual_plan, _plan_step_mean(paths[:, :horizon], width)),
-                plan_step_baseline_mae=naive_plan_mae,
-                fit_seconds=float(np.median(fit_s)),
-            )
-        )
-    return results
+    return start, evaluated_days, note
+
+
+@dataclass
+class _Folds:
+    """The forecasts from every origin of the evaluated tail: point, band, and how the fits went."""
+
+    origins: np.ndarray
+    paths: np.ndarray  # (origin, step) point forecasts
+    lows: np.ndarray
+    highs: np.ndarray
+    fit_s: list[float]
+    refits: int
+    fallbacks: int
+    model: str
+
+    @classmethod
+    def forecast(
+        cls,
+        history: pd.DataFrame,
+        factory: Factory,
+        origins: np.ndarray,
+        longest: int,
+        refit_steps: int,
+        progress: Callable[[int, int], None] | None,
+    ) -> _Folds:
+        """Each origin forecast from the history before it, by a model refitted every ``refit_steps``."""
+        paths, lows, highs, fit_s, refits, fallbacks = [], [], [], [], 0, 0
+        model = None
+        next_refit = -1
+        for k, origin in enumerate(origins):
+            past = history.iloc[:origin]
+            if origin >= next_refit:
+                started = time.perf_counter()
+                model = factory().fit(past)
+                fit_s.append(time.perf_counter() - started)
+                refits += 1
+                next_refit = origin + refit_steps
+            assert model is not None  # the first origin always refits
+            fc = model.predict(longest, history=past)
+            paths.append(fc.point[:longest])
+            lows.append(fc.lower[:longest])
+            highs.append(fc.upper[:longest])
+            fallbacks += bool(fc.fallback)
+            if progress:
+                progress(k + 1, len(origins))
+        name = getattr(model, "name", type(model).__name__)
+        return cls(origins, np.array(paths), np.array(lows), np.array(highs), fit_s, refits, fallbacks, name)
+
+
+def _score(
+    folds: _Folds,
+    rate: np.ndarray,
+    step: float,
+    horizon_s: float,
+    horizon: int,
+    held_out: np.ndarray,
+    plan_width: int,
+    evaluated_days: float,
+    note: str,
+) -> EvaluationResult:
+    """One horizon's scores: the model's against the simple baselines', and on the plan step ending there."""
+    origins = folds.origins
+    target = origins + horizon - 1
+    actual = rate[target]
+    ok = np.isfinite(actual)
+    preds = folds.paths[:, horizon - 1]
+    simple = simple_baselines(rate, origins, horizon, step, held_out)
+    seasonal = {name: guess for name, guess in simple.items() if name.startswith("seasonal-naive")}
+    if not seasonal:
+        raise InputDataError("not enough history before the evaluated tail for a seasonal-naive baseline")
+    base = {name: smape(actual[ok], guess[ok]) for name, guess in seasonal.items()}
+    best = min(base, key=lambda k: base[k])
+    simple_mae = {name: _mae(actual, guess) for name, guess in simple.items()}
+    # The plan step ending at the horizon, averaged, as the allocation uses the rate.
+    width = min(plan_width, horizon)
+    steps_back = np.arange(horizon - width, horizon)
+    window = origins[:, None] + steps_back[None, :]
+    actual_plan = np.nanmean(rate[window], axis=1)
+    # The baseline of the plan step is, as baseline_mae is, the season with the lower MAE (here on the step's mean).
+    naive_plan_mae = min(
+        _mae(actual_plan, np.nanmean(rate[np.maximum(window - int(round(SEASONAL_NAIVE[name] / step)), 0)], axis=1))
+        for name in seasonal
+    )
+    lows, highs = folds.lows[ok, horizon - 1], folds.highs[ok, horizon - 1]
+    return EvaluationResult(
+        model=folds.model,
+        horizon_minutes=horizon_s / 60,
+        smape=smape(actual[ok], preds[ok]),
+        mape=mape(actual[ok], preds[ok]),
+        mae=float(np.mean(np.abs(preds[ok] - actual[ok]))),
+        coverage=float(np.mean((actual[ok] >= lows) & (actual[ok] <= highs))),
+        baseline=best,
+        baseline_smape=base[best],
+        folds=int(ok.sum()),
+        refits=folds.refits,
+        fallbacks=folds.fallbacks,
+        baseline_mae=min(simple_mae[name] for name in seasonal),
+        eval_days=evaluated_days,
+        note=note,
+        simple_mae=simple_mae,
+        floor_mae=noise_floor(rate, target[ok]),
+        plan_step_mae=_mae(actual_plan, _plan_step_mean(folds.paths[:, :horizon], width)),
+        plan_step_baseline_mae=naive_plan_mae,
+        fit_seconds=float(np.median(folds.fit_s)),
+    )
