@@ -176,6 +176,13 @@ def need(ok: bool, name: str, problem: str) -> KaleConfigError | None:
     return None if ok else KaleConfigError(name, problem)
 
 
+def ordered(obj: Any, low: str, high: str) -> KaleConfigError | None:
+    """A further problem for ``check`` when field ``low`` is above field ``high`` (``min_workers`` and
+    ``max_workers``, say), naming ``low``."""
+    lo, hi = getattr(obj, low), getattr(obj, high)
+    return need(lo <= hi, low, f"must be <= {high} ({hi}), got {lo}")
+
+
 def at(path: str, build: Callable[..., Any], **kwargs) -> Any:
     """``build(**kwargs)``, each configuration error's field prefixed with ``path`` (a YAML or CLI location)."""
     try:

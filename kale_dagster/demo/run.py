@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kale_dagster.control.clock import PipelineClock
 from kale_dagster.demo import GROUP, PIPELINE, TOPIC
 from kale_dagster.demo.definitions import DemoLocation
 from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
@@ -141,144 +142,190 @@ def latest_decision(instance) -> dict:
 def run_demo(
     settings: DemoSettings, stop: threading.Event | None = None, max_wall_s: float | None = None, out=sys.stdout
 ) -> dict:
-    """Run the demo until the day ends, ``stop`` is set, or ``max_wall_s`` passes; returns a summary."""
+    """Run the demo until the day ends, ``stop`` is set, or ``max_wall_s`` passes; returns a summary.
+
+    The phases, in order: the trace (prior days and the live day), a fresh home, the broker and the trainer
+    service with warm standbys, Dagster with the seeded history, the producer and the first group, then the
+    status line until the day ends, and the summary."""
     stop = stop or threading.Event()
-    k = settings.time_scale
-    # Prior days and the live day, in pipeline time (samples per pipeline second).
-    first_ts = pd.Timestamp(SYNTH_START) + pd.Timedelta(hours=settings.start_hour)
-    trace = synth_trace(
-        days=settings.prior_days + 1,
-        seed=settings.seed,
-        step_s=60,
-        peak_rate=settings.peak_rate / k,
-        start=str(first_ts),
-    )
-    day_start = pd.Timestamp(trace["timestamp"].iloc[-1440], tz="UTC").timestamp()
-    live = trace.iloc[-1440:]
-    history_in = pd.DataFrame(
-        {"timestamp": pd.to_datetime(live["timestamp"], utc=True), "rate": live["value"].to_numpy(float) / 60.0}
-    )
+    day = DemoDay.synth(settings)
     home = Path(settings.home).resolve()
     shutil.rmtree(home, ignore_errors=True)  # every demo starts from an empty instance and history
     (home / "kale").mkdir(parents=True)
-    history = MetricsHistory(
-        f"sqlite:///{home / 'kale' / 'metrics.db'}"
-    )  # what the pipeline's default history opens there
-    broker = start_broker(port=settings.port)
-    dagster_proc = launcher = producer = service = instance = None
-    summary: dict = {}
+    demo = _RunningDemo(settings, home, out)
     try:
-        servers = broker.bootstrap_servers
-        source = KafkaSource(servers, (TOPIC,), GROUP, request_timeout_ms=3000)
+        demo.start_trainer(day)
+        demo.start_dagster(day)
+        demo.start_stream(day, stop)
+        lags = demo.watch(stop, max_wall_s)
+        return demo.summary(lags)
+    finally:
+        stop.set()
+        demo.close()
+
+
+@dataclass(frozen=True)
+class DemoDay:
+    """The synthetic trace in pipeline time (samples per pipeline second): the prior days and the live day."""
+
+    trace: pd.DataFrame  # every day, as the trace generator writes it (arrivals per minute)
+    live: pd.DataFrame  # the live day as a rate history (timestamp, rate)
+    start: float  # the live day's first second, epoch
+
+    @classmethod
+    def synth(cls, settings: DemoSettings) -> DemoDay:
+        k = settings.time_scale
+        first_ts = pd.Timestamp(SYNTH_START) + pd.Timedelta(hours=settings.start_hour)
+        trace = synth_trace(
+            days=settings.prior_days + 1,
+            seed=settings.seed,
+            step_s=60,
+            peak_rate=settings.peak_rate / k,
+            start=str(first_ts),
+        )
+        live = trace.iloc[-1440:]
+        rates = pd.DataFrame(
+            {"timestamp": pd.to_datetime(live["timestamp"], utc=True), "rate": live["value"].to_numpy(float) / 60.0}
+        )
+        return cls(trace, rates, pd.Timestamp(trace["timestamp"].iloc[-1440], tz="UTC").timestamp())
+
+
+class _RunningDemo:
+    """The demo's processes and clients, started phase by phase and closed together."""
+
+    def __init__(self, settings: DemoSettings, home: Path, out):
+        self.settings, self.home, self.out = settings, home, out
+        self.history = MetricsHistory(f"sqlite:///{home / 'kale' / 'metrics.db'}")  # the pipeline's default there
+        self.broker = start_broker(port=settings.port)
+        self.servers = self.broker.bootstrap_servers
+        # Two partitions per worker at most: a worker that owns none trains only forwarded samples.
+        self.partitions = 2 * settings.max_workers
+        self.launcher: LocalLauncher | None = None
+        self.service: LauncherService | None = None
+        self.dagster: subprocess.Popen | None = None
+        self.producer: threading.Thread | None = None
+        self.instance = None
+        self.clock: PipelineClock | None = None
+        self.first_workers = 1
+
+    def start_trainer(self, day: DemoDay) -> None:
+        """The trainer service with a warm standby for every worker the policy may add (stopped workers rejoin
+        the pool), and the topic, created before the workers look for its partitions."""
+        s, k = self.settings, self.settings.time_scale
+        source = KafkaSource(self.servers, (TOPIC,), GROUP, request_timeout_ms=3000)
         # Offsets are committed at checkpoints: one a pipeline minute, or lag would read up to the interval x time
         # scale.
         trainer = TrainerSettings(
             source,
-            str(home / "checkpoints"),
+            str(self.home / "checkpoints"),
             batch_size=64,
-            emulate_gpu_rate=settings.worker_rate,
-            emulate_restore_s=settings.restore_minutes * 60 / k,
+            emulate_gpu_rate=s.worker_rate,
+            emulate_restore_s=s.restore_minutes * 60 / k,
             checkpoint_every_s=max(60 / k, 0.5),
             metrics_every_s=2.0,
         )
-        # A standby for every worker the policy may add; stopped workers rejoin the pool.
-        launcher = LocalLauncher(trainer, pool_size=settings.max_workers, max_workers=settings.max_workers)
-        service = LauncherService(launcher, port=0).start()
-        prior = ThroughputModel.linear(settings.worker_rate)
-        first = prior.min_workers_for(float(history_in["rate"].iloc[0]) * k, settings.max_workers)
+        self.launcher = LocalLauncher(trainer, pool_size=s.max_workers, max_workers=s.max_workers)
+        self.service = LauncherService(self.launcher, port=0).start()
+        prior = ThroughputModel.linear(s.worker_rate)
+        self.first_workers = prior.min_workers_for(float(day.live["rate"].iloc[0]) * k, s.max_workers)
         print(
-            f"broker {servers}; one day in {settings.day_minutes:g} min (time scale {k:g}x: one wall second is {k:g} "
-            "pipeline seconds); "
-            f"{first} trainer workers to start, each EMULATING one GPU at {settings.worker_rate:g} samples/s and a "
-            f"{settings.restore_minutes:g}-minute model restore",
-            file=out,
+            f"broker {self.servers}; one day in {s.day_minutes:g} min (time scale {k:g}x: one wall second is {k:g} "
+            f"pipeline seconds); {self.first_workers} trainer workers to start, each EMULATING one GPU at "
+            f"{s.worker_rate:g} samples/s and a {s.restore_minutes:g}-minute model restore",
+            file=self.out,
             flush=True,
         )
         # Standbys importing torch would slow the first hour into a backlog: the day starts when they are warm.
-        launcher.wait_warm()
-        partitions = (
-            2 * settings.max_workers
-        )  # two per worker at most: a worker that owns none trains only forwarded samples
-        ensure_topic(servers, TOPIC, partitions=partitions)  # before the workers look for its partitions
-        wall_start = time.time()
+        self.launcher.wait_warm()
+        ensure_topic(self.servers, TOPIC, partitions=self.partitions)
+
+    def start_dagster(self, day: DemoDay) -> None:
+        """The demo's code location settings, the prior days seeded into the history, and ``dagster dev``."""
+        s = self.settings
+        assert self.service is not None  # start_trainer first
         location = DemoLocation(
-            bootstrap_servers=servers,
-            trainer_url=service.url,
-            time_scale=k,
-            wall_start=wall_start,
-            pipeline_start=day_start,
-            worker_rate=settings.worker_rate,
+            bootstrap_servers=self.servers,
+            trainer_url=self.service.url,
+            time_scale=s.time_scale,
+            wall_start=time.time(),
+            pipeline_start=day.start,
+            worker_rate=s.worker_rate,
             limits=Limits(
-                max_workers=settings.max_workers,
-                slo_minutes=settings.slo_minutes,
-                restart_minutes=settings.restore_minutes + 2.0,
+                max_workers=s.max_workers, slo_minutes=s.slo_minutes, restart_minutes=s.restore_minutes + 2.0
             ),
         )
-        location.save(str(home))
-        clock = location.pipeline().clock
-        seeded = seed_history(history, trace, day_start)
-        dagster_proc = start_dagster_dev(home, settings.ui_port)
+        location.save(str(self.home))
+        self.clock = location.pipeline().clock
+        seeded = seed_history(self.history, day.trace, day.start)
+        self.dagster = start_dagster_dev(self.home, s.ui_port)
         print(
-            f"Dagster UI: http://127.0.0.1:{settings.ui_port}  (pipeline 'demo'; {seeded} rows of "
-            f"{settings.prior_days} "
-            "prior days seeded; "
-            f"log in {home / 'dagster-dev.log'})",
-            file=out,
+            f"Dagster UI: http://127.0.0.1:{s.ui_port}  (pipeline 'demo'; {seeded} rows of {s.prior_days} prior days "
+            f"seeded; log in {self.home / 'dagster-dev.log'})",
+            file=self.out,
             flush=True,
         )
-        replay_settings = ReplaySettings(
-            topic=TOPIC, speedup=k, partitions=partitions, hot_share=0.4, seed=settings.seed
+
+    def start_stream(self, day: DemoDay, stop: threading.Event) -> None:
+        """The live day's producer, and the first group of workers."""
+        s = self.settings
+        assert self.launcher is not None  # start_trainer first
+        replay = ReplaySettings(
+            topic=TOPIC, speedup=s.time_scale, partitions=self.partitions, hot_share=0.4, seed=s.seed
         )
-        producer = replay_in_background(servers, history_in, replay_settings, stop)
-        launcher.start(first, reason="demo start")
+        self.producer = replay_in_background(self.servers, day.live, replay, stop)
+        self.launcher.start(self.first_workers, reason="demo start")
         from dagster import DagsterInstance
 
-        instance = DagsterInstance.from_config(str(home))
+        self.instance = DagsterInstance.from_config(str(self.home))
+
+    def watch(self, stop: threading.Event, max_wall_s: float | None) -> list[float]:
+        """The status line, once a second, until the day ends; returns the lag (pipeline minutes) it showed."""
+        launcher, clock, producer, k = self.launcher, self.clock, self.producer, self.settings.time_scale
+        assert launcher is not None and clock is not None and producer is not None  # started
         started, lags = time.monotonic(), []
         while not stop.is_set() and producer.is_alive():
             if max_wall_s is not None and time.monotonic() - started > max_wall_s:
                 break
             launcher.supervise_once()  # a crashed worker restarts the group at the same size (not a sizing decision)
             status = launcher.status()
-            latest = history.stream(PIPELINE, start=clock.now() - 3600)
+            latest = self.history.stream(PIPELINE, start=clock.now() - 3600)
             lag_min = float(latest["time_lag_s"].iloc[-1]) / 60 if not latest.empty else 0.0
             lags.append(lag_min)
-            decision = latest_decision(instance)
+            decision = latest_decision(self.instance)
             decided = f"{decision.get('workers')} ({str(decision.get('reason', ''))[:70]})" if decision else "none yet"
-            print(
-                (
-                    f"\rday {pd.Timestamp(clock.now(), unit='s'):%H:%M} ({k:g}x) | lag {lag_min:5.1f} min | workers "
-                    f"{status.workers}"
-                    f"{' restarting' if status.rescaling else ''} | training {status.samples_per_s or 0.0:5.0f}/s "
-                    f"(emulated GPUs) | Dagster decided: {decided}"
-                )[:220].ljust(220),
-                end="",
-                file=out,
-                flush=True,
+            line = (
+                f"\rday {pd.Timestamp(clock.now(), unit='s'):%H:%M} ({k:g}x) | lag {lag_min:5.1f} min | workers "
+                f"{status.workers}{' restarting' if status.rescaling else ''} | training "
+                f"{status.samples_per_s or 0.0:5.0f}/s (emulated GPUs) | Dagster decided: {decided}"
             )
+            print(line[:220].ljust(220), end="", file=self.out, flush=True)
             stop.wait(1.0)
-        restarts = [r.downtime_s for r in launcher.records[1:]]
+        return lags
+
+    def summary(self, lags: list[float]) -> dict:
+        from dagster import DagsterRunStatus, RunsFilter
+
+        assert self.launcher is not None and self.instance is not None  # started
+        restarts = [r.downtime_s for r in self.launcher.records[1:]]
         summary = {
             "rescales": len(restarts),
             "median_downtime_s": float(np.median(restarts)) if restarts else 0.0,
             "max_lag_pipeline_minutes": max(lags, default=0.0),
+            "decisions": len(decisions(self.instance)),
+            "failed_runs": len(self.instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE]))),
         }
-        from dagster import DagsterRunStatus, RunsFilter
+        print(f"\nsummary: {summary}", file=self.out)
+        return summary
 
-        summary["decisions"] = len(decisions(instance))
-        summary["failed_runs"] = len(instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE])))
-        print(f"\nsummary: {summary}", file=out)
-    finally:
-        stop.set()
-        if service is not None:
-            service.close()
-        if launcher is not None:
-            launcher.stop()
-        if producer is not None:
-            producer.join(timeout=10)
-        stop_process_group(dagster_proc, 20.0)
-        if instance is not None:
-            instance.dispose()
-        broker.stop()
-        history.dispose()
-    return summary
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.close()
+        if self.launcher is not None:
+            self.launcher.stop()
+        if self.producer is not None:
+            self.producer.join(timeout=10)
+        stop_process_group(self.dagster, 20.0)
+        if self.instance is not None:
+            self.instance.dispose()
+        self.broker.stop()
+        self.history.dispose()

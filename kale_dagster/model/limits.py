@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kale_dagster.rules import check, need, setting
+from kale_dagster.rules import check, ordered, setting
 
 #: The most workers a pipeline may declare: a decision's cost grows with the worker counts it weighs.
 MAX_WORKERS = 1024
@@ -40,14 +40,7 @@ class Limits:
     )
 
     def __post_init__(self):
-        check(
-            self,
-            lambda: need(
-                self.min_workers <= self.max_workers,
-                "min_workers",
-                f"must be <= max_workers ({self.max_workers}), got {self.min_workers}",
-            ),
-        )
+        check(self, lambda: ordered(self, "min_workers", "max_workers"))
 
     @property
     def slo_s(self) -> float:

@@ -40,7 +40,7 @@ from kale_dagster.policies.hpa_replicas import (
     resource_replicas,
 )
 from kale_dagster.policies.registry import PolicySpec, Sizing
-from kale_dagster.rules import check, need, setting
+from kale_dagster.rules import check, ordered, setting
 
 #: What a backtest sweeps, as users tune an HPA in front of slow restarts: the target utilization (percent),
 #: the scale-down stabilization window (s) and the rate policies (upstream's, or damped ones that allow
@@ -349,14 +349,7 @@ class HPAPolicy:
     def __post_init__(self):
         if isinstance(self.behavior, Mapping):  # as Kubernetes writes it (HPABehavior.from_spec)
             self.behavior = HPABehavior.from_spec(self.behavior)
-        check(
-            self,
-            lambda: need(
-                self.min_replicas <= self.max_replicas,
-                "min_replicas",
-                f"must be <= max_replicas ({self.max_replicas}), got {self.min_replicas}",
-            ),
-        )
+        check(self, lambda: ordered(self, "min_replicas", "max_replicas"))
 
     @property
     def tolerances(self) -> Tolerances:

@@ -33,7 +33,7 @@ from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation, PartitionOffsets
 from kale_dagster.policies.hpa import HPABehavior, HPAPolicy, sweep_behavior
 from kale_dagster.policies.registry import PolicySpec, Sizing
-from kale_dagster.rules import check, need, setting
+from kale_dagster.rules import check, need, ordered, setting
 
 OffsetResetPolicy = Literal["latest", "earliest"]
 
@@ -183,14 +183,7 @@ class KedaKafkaPolicy:
     _previous_offsets: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
-        check(
-            self,
-            lambda: need(
-                self.min_replicas <= self.max_replicas,
-                "min_replicas",
-                f"must be <= max_replicas ({self.max_replicas}), got {self.min_replicas}",
-            ),
-        )
+        check(self, lambda: ordered(self, "min_replicas", "max_replicas"))
         self._hpa = HPAPolicy(
             min_replicas=max(self.min_replicas, 1),
             max_replicas=self.max_replicas,
