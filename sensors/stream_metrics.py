@@ -103,6 +103,7 @@ def snapshot_metadata(snap: StreamSnapshot, figures: dict) -> dict:
         "sample_lag": MetadataValue.int(int(snap.sample_lag)),
         "time_lag_s": MetadataValue.float(float(figures["time_lag_s"])),
         "time_lag_complete": MetadataValue.bool(snap.time_lag_complete),
+        "unusable_record_timestamps": MetadataValue.int(snap.unusable_stamps),
         "end_offset_total": MetadataValue.int(int(snap.end_offset_total)),
         "committed_total": MetadataValue.int(int(snap.committed_total)),
         "partitions": MetadataValue.int(len(snap.partitions)),
@@ -188,7 +189,8 @@ def build_stream_metrics_sensor(
         if control is not None and recent is not None:
             now_row = pd.DataFrame([{**figures, "ts": now}])
             partitions = tuple(PartitionOffsets(p.partition, p.end_offset, p.committed) for p in snap.partitions)
-            reading = reading_from(pd.concat([recent, now_row], ignore_index=True), control.rate_window_s, partitions)
+            recorded = pd.concat([recent, now_row], ignore_index=True)
+            reading = reading_from(recorded, control.rate_window_s, partitions, snap.time_lag_complete)
             try:
                 outcome = control.tick(
                     context.instance,

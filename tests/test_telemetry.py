@@ -381,3 +381,24 @@ def test_any_cursor_text_reads_as_a_cursor_the_sensor_can_use():
         time=50.0, offsets={"t": {"0": [3, None]}}, control={"predictions": [[1.0, 2.0]], "plotted_at": None}
     )
     assert StreamMetricsCursor.from_json(good.to_json()) == good  # what this version writes reads back as written
+
+
+@pytest.mark.parametrize(
+    "stamp_ms",
+    [1, 4_000_000_000_000],  # a millisecond after the epoch; a stamp in 2096
+    ids=["epoch", "future"],
+)
+def test_a_record_whose_timestamp_cannot_be_used_leaves_the_time_lag_incomplete_not_made_up(kafka_broker, stamp_ms):
+    """On the broker: partition 0's oldest unconsumed record carries a bad stamp, partition 1's a real one."""
+    servers = kafka_broker.bootstrap_servers
+    _setup(servers, partitions=2)
+    producer = KafkaProducer(bootstrap_servers=servers, batch_size=0, linger_ms=0)
+    producer.send(TOPIC, value=b"x" * 16, partition=0, timestamp_ms=stamp_ms)
+    producer.send(TOPIC, value=b"x" * 16, partition=1)
+    producer.flush()
+    producer.close()
+    time.sleep(1.0)
+    snap = _resource(servers).snapshot()
+    assert snap.sample_lag == 2  # the backlog is counted whatever its stamps say
+    assert not snap.time_lag_complete and snap.unusable_stamps == 1
+    assert 0.5 < snap.time_lag_s < 60  # partition 1's real age: neither decades nor nothing

@@ -70,6 +70,7 @@ class StreamReading:
     time_lag_s: float
     partitions: tuple[PartitionOffsets, ...] = ()
     latest_arrival_rate: float | None = None
+    time_lag_complete: bool = True  # False: some lagging partition's oldest record told no usable time
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,30 @@ def recent_forecast_error(
         return None
     measured, forecast = zip(*pairs)
     return smape(np.asarray(measured), np.asarray(forecast))
+
+
+def completed_time_lag(reading: StreamReading) -> tuple[StreamReading | None, str]:
+    """A reading whose time lag can be decided on, and what was done to it ("" when nothing was).
+
+    When some lagging partition's oldest record told no usable time (``stream.record_time``), the time lag
+    read is only the other partitions': a lower bound.  Under FIFO the backlog at the arrival rate is how
+    long the oldest waiting sample has waited, so the lag is taken as the larger of the two, and the
+    decision says so.  With nothing arriving there is nothing to estimate it from: None, and why (the
+    controller holds)."""
+    if reading.time_lag_complete or reading.backlog <= 0:
+        return reading, ""
+    rate = reading.arrival_rate or 0.0
+    if rate <= 0:
+        return (
+            None,
+            "the time lag is unknown (lagging partitions' records carry no usable timestamp) and nothing arrives",
+        )
+    estimate = reading.backlog / rate
+    note = (
+        f"time lag taken as {max(reading.time_lag_s, estimate) / 60:.1f} min, the backlog at the arrival rate "
+        "(some lagging partitions' records carry no usable timestamp)"
+    )
+    return replace(reading, time_lag_s=max(reading.time_lag_s, estimate), time_lag_complete=True), note
 
 
 class Controller:
@@ -227,7 +252,10 @@ class Controller:
                 restart_s,
                 restart_source,
             )
-        obs = self.observe(reading, status, model, forecast, forecast_error, rescale_in_flight)
+        completed, estimated = completed_time_lag(reading)
+        if completed is None:
+            return self._hold(status.workers, estimated, policy_state, restart_s, restart_source)
+        obs = self.observe(completed, status, model, forecast, forecast_error, rescale_in_flight)
         if self._built is not None and not self._learns:  # built once and never rebuilt: no knowledge to hand it
             policy = self.policy(self._built[0], policy_state)
         else:
@@ -250,6 +278,8 @@ class Controller:
                 reason=f"the running group failed ({status.failed}); restarting it at {decision.workers} "
                 f"from the last checkpoint; {decision.reason}",
             )
+        if estimated:
+            decision = replace(decision, reason=f"{decision.reason}; {estimated}")
         act = (decision.workers != obs.workers or failed) and not obs.restarting and not s.advisory
         return ControlStep(
             decision, obs, restart_s, restart_source, rescale_to=decision.workers if act else None, state=policy.state

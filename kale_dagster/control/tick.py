@@ -77,12 +77,16 @@ class Decider(Protocol):
 
 
 def reading_from(
-    recorded: pd.DataFrame, rate_window_s: float, partitions: Sequence[PartitionOffsets] = ()
+    recorded: pd.DataFrame,
+    rate_window_s: float,
+    partitions: Sequence[PartitionOffsets] = (),
+    time_lag_complete: bool = True,
 ) -> StreamReading:
     """The controller's reading from recorded stream metrics (``MetricsHistory.stream``), oldest first; the
     last row is now.  Rates are averaged over the rate window; the latest interval's arrival rate is the last
     row's.  Without an arrival rate in the last row (a first snapshot) there are no rates: no decision is
-    made on a rate that was not measured now."""
+    made on a rate that was not measured now.  ``time_lag_complete`` is the snapshot's (the history keeps
+    the time lag it read, not whether every lagging partition's oldest record had a usable timestamp)."""
     row = recorded.iloc[-1]
     now = float(row["ts"])
     latest = float(row["arrival_rate"]) if pd.notna(row["arrival_rate"]) else None
@@ -100,4 +104,5 @@ def reading_from(
         float(row["time_lag_s"] or 0.0),
         tuple(partitions),
         latest_arrival_rate=latest,
+        time_lag_complete=time_lag_complete,
     )

@@ -89,13 +89,13 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
         started, fitted_at = time.perf_counter(), p.clock.now()
         clean = prepare_history(history)
         step_s = infer_step_s(clean["timestamp"])
-        steps = max(1, int(round(p.forecast_horizon_minutes * 60 / step_s)))
+        steps = max(1, int(round(p.forecast_horizon_s / step_s)))
         # How the previous fit's forecast fared against what then arrived (the check reads these).
         previous = store.latest_forecaster(p.name)
         realised = (
             realised_error(previous[1]["model"].predict(previous[1]["steps"]), clean) if previous is not None else None
         )
-        model = make_forecaster(p.forecaster, horizon_s=p.forecast_horizon_minutes * 60).fit(clean)
+        model = make_forecaster(p.forecaster, horizon_s=p.forecast_horizon_s).fit(clean)
         fc = model.predict(steps)
         # The controller re-anchors this fit on fresh metrics at every reading until the next refit.
         store.save_forecaster(p.name, fitted_at, {"model": model, "steps": steps})

@@ -69,9 +69,7 @@ def lag_slo_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
                 passed=False, severity=AssetCheckSeverity.WARN, metadata={"note": "no recent stream metrics"}
             )
         lag = float(latest["time_lag_s"].iloc[-1])
-        return AssetCheckResult(
-            passed=lag <= p.limits.slo_minutes * 60, metadata={"time_lag_s": lag, "slo_s": p.limits.slo_minutes * 60}
-        )
+        return AssetCheckResult(passed=lag <= p.limits.slo_s, metadata={"time_lag_s": lag, "slo_s": p.limits.slo_s})
 
     return lag_slo
 

@@ -244,7 +244,7 @@ class PipelineControl:
 
     def _refit_request(self, instance, now: float) -> RunRequest | None:
         fitted_at = latest_metadata(instance, AssetKey(self.p.key("traffic_forecast"))).get("fitted_at")
-        refit_s = self.p.forecast_refit_minutes * 60
+        refit_s = self.p.forecast_refit_s
         if fitted_at is not None and now - fitted_at < refit_s:
             return None
         if self._runs(instance, self.refit_job, IN_FLIGHT):

@@ -110,6 +110,14 @@ class OnlineTrainingPipeline:
         )
 
     @property
+    def forecast_horizon_s(self) -> float:
+        return self.forecast_horizon_minutes * 60.0
+
+    @property
+    def forecast_refit_s(self) -> float:
+        return self.forecast_refit_minutes * 60.0
+
+    @property
     def sensor_interval_s(self) -> int:
         """The metrics sensor's wall-clock interval (Dagster's daemon ticks sensors at most every few seconds)."""
         return max(1, round(self.clock.wall_duration(self.metrics_interval_seconds)))

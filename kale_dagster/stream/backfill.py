@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kale_dagster.errors import InputDataError
+from kale_dagster.stream.record_time import Stamp, judge
 from kale_dagster.stream.telemetry import topic_partitions
 
 Run = list[tuple[int, int]]  # (offset, timestamp in ms) of consecutive records
@@ -64,10 +65,12 @@ class RecordReader:
             self.fetches += 1
             highwater = self.consumer.highwater(tp)
             if records:
-                if any(r.timestamp is None or r.timestamp < 0 for r in records):
+                stamps = [(r.offset, judge(r.timestamp, time.time())) for r in records]
+                bad = [(offset, why) for offset, why in stamps if why is not Stamp.USABLE]
+                if bad:  # the same rule as telemetry's (stream.record_time)
                     raise InputDataError(
-                        f"{tp.topic}[{tp.partition}] has records without timestamps (a pre-0.10 message format); they "
-                        "cannot be bucketed by time"
+                        f"{tp.topic}[{tp.partition}] has {len(bad)} record(s) whose timestamp cannot be used, the "
+                        f"first at offset {bad[0][0]} ({bad[0][1].value}); they cannot be bucketed by time"
                     )
                 return [(r.offset, r.timestamp) for r in records], highwater
             if highwater is not None and offset >= highwater:

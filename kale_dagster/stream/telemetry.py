@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kale_dagster.model.types import PartitionOffsets
+from kale_dagster.stream.record_time import usable_ms
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,8 @@ class StreamSnapshot:
     arrival_rate: float | None
     consumption_rate: float | None
     time_lag_s: float
-    time_lag_complete: bool = True  # False when some lagging partition's oldest record was not read
+    time_lag_complete: bool = True  # False when some lagging partition's oldest record was not read, or unusable
+    unusable_stamps: int = 0  # lagging partitions whose oldest record's timestamp cannot be used (record_time)
 
     def offsets(self) -> dict[str, dict[int, tuple[int, int | None]]]:
         out: dict[str, dict[int, tuple[int, int | None]]] = {}
@@ -120,7 +122,7 @@ def build_snapshot(
     dt = raw.time - previous.time if previous is not None else 0.0
     earlier = previous.offsets if previous is not None else {}
     k = samples_per_record
-    stats = []
+    stats, unusable = [], 0
     for p, topic, oldest_ms in zip(raw.partitions, raw.topic_of, raw.oldest_unconsumed_ms):
         lag = partition_lag(p) * k
         assert p.end_offset is not None
@@ -134,9 +136,11 @@ def build_snapshot(
                 # No earlier commit: the group started from the earliest offset.
                 was = before[1] if before[1] is not None else p.earliest_offset
                 consumption = max(p.committed - was, 0) * k / dt
-        time_lag = max(raw.time - oldest_ms / 1000.0, 0.0) if (lag > 0 and oldest_ms is not None) else 0.0
+        stamp = usable_ms(oldest_ms, raw.time)  # a missing, non-positive or future stamp says nothing of the lag
+        unusable += lag > 0 and oldest_ms is not None and stamp is None
+        time_lag = max(raw.time - stamp / 1000.0, 0.0) if (lag > 0 and stamp is not None) else 0.0
         stats.append(PartitionStats(topic, p.partition, p.end_offset, p.committed, lag, arrival, consumption, time_lag))
-    incomplete = any(s.lag > 0 and o is None for s, o in zip(stats, raw.oldest_unconsumed_ms))
+    incomplete = any(s.lag > 0 and usable_ms(o, raw.time) is None for s, o in zip(stats, raw.oldest_unconsumed_ms))
 
     def total(values):
         vals = [v for v in values if v is not None]
@@ -152,6 +156,7 @@ def build_snapshot(
         consumption_rate=total(s.consumption_rate for s in stats),
         time_lag_s=max((s.time_lag_s for s in stats), default=0.0),
         time_lag_complete=not incomplete,
+        unusable_stamps=unusable,
     )
 
 

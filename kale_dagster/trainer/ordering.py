@@ -36,19 +36,26 @@ class ArrivalOrder:
     held: frozenset[int] = frozenset()
     stalled: frozenset[int] = frozenset()
     empty_since_s: float | None = None  # start of the current run of polls that delivered nothing
+    untimed: frozenset[int] = frozenset()  # partitions whose latest records carry no usable timestamp
 
     def __post_init__(self):
         if self.lead_ms < 0 or self.stall_s <= 0:
             raise ValueError(f"ArrivalOrder needs lead_ms >= 0 and stall_s > 0, got {self.lead_ms} and {self.stall_s}")
 
-    def polled(self, delivered: Mapping[int, int], backlogged: Iterable[int], now_s: float) -> frozenset[int]:
+    def polled(self, delivered: Mapping[int, int | None], backlogged: Iterable[int], now_s: float) -> frozenset[int]:
         """After a poll: ``delivered`` maps each partition it handed out records of to the newest record's
-        timestamp; ``backlogged`` are the partitions that still have records to read (position below the high
-        watermark, or a high watermark not yet known).  Returns the partitions to pause now.
+        timestamp, None where it carries none that can be used (``stream.record_time``); ``backlogged`` are the
+        partitions that still have records to read (position below the high watermark, or a high watermark not
+        yet known).  Returns the partitions to pause now.
 
         A backlogged partition that has delivered nothing yet is the furthest behind: its records are as old
-        as the backlog."""
+        as the backlog.  One whose records tell no time can be put in no order: it neither waits nor makes the
+        others wait, until its records carry usable times again."""
+        untimed = {p for p, ts in delivered.items() if ts is None}
+        self.untimed = frozenset((self.untimed - delivered.keys()) | untimed)
         for p, ts in delivered.items():
+            if ts is None:
+                continue
             self.delivered_ms[p] = max(self.delivered_ms.get(p, ts), ts)
         if delivered:
             self.empty_since_s = None
@@ -58,7 +65,7 @@ class ArrivalOrder:
         backlogged = set(backlogged)
         if self.held and self.empty_since_s is not None and now_s - self.empty_since_s >= self.stall_s:
             self.stalled = self.stalled | (backlogged - self.held)
-        live = backlogged - self.stalled
+        live = backlogged - self.stalled - self.untimed
         if not live:
             self.held = frozenset()
             return self.held

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from kale_dagster.stream.record_time import usable_ms
 from kale_dagster.stream.samples import RECORD, decode
 from kale_dagster.stream.source import WORKER_ENV
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
@@ -310,7 +311,7 @@ class Worker:
                 if not records:
                     continue
                 got += len(records)
-                newest[tp.partition] = records[-1].timestamp
+                newest[tp.partition] = usable_ms(records[-1].timestamp, time.time())
                 self._queue_records(tp.partition, records, queue)
             self._keep_arrival_order(consumer, newest)
             if got < want:
@@ -339,7 +340,7 @@ class Worker:
         self.samples_per_record = int(counts.max()) or self.samples_per_record
         self.next_pos[partition] = records[-1].offset + 1
 
-    def _keep_arrival_order(self, consumer, newest: dict[int, int]) -> None:
+    def _keep_arrival_order(self, consumer, newest: dict[int, int | None]) -> None:
         """Pause the partitions that run ahead of this rank's oldest backlog, resume the others (``ordering``)."""
         backlogged = [
             p for p, tp in self.assigned.items() if (hw := consumer.highwater(tp)) is None or self.next_pos[p] < hw
