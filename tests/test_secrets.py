@@ -9,6 +9,7 @@ is searched byte by byte for the password.
 
 from __future__ import annotations
 
+import logging
 import secrets
 
 import pytest
@@ -16,6 +17,7 @@ import yaml
 from dagster import AssetKey, AssetMaterialization, build_sensor_context, instance_for_test
 
 from kale_dagster import KafkaSource, LocalLauncherConfig, OnlineTrainingPipeline, ThroughputModel, build_definitions
+from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig, render
 from kale_dagster.launchers.service import LauncherService
@@ -26,9 +28,10 @@ pytestmark = pytest.mark.integration
 ENV = "KALE_TEST_KAFKA_PASSWORD"
 
 
-def test_the_kafka_password_is_found_nowhere(kafka_broker, tmp_path, monkeypatch):
+def test_the_kafka_password_is_found_nowhere(kafka_broker, tmp_path, monkeypatch, caplog):
     secret = "kale-secret-" + secrets.token_hex(12)
     monkeypatch.setenv(ENV, secret)
+    caplog.set_level(logging.DEBUG)  # kafka-python logs its clients' whole configuration at DEBUG
     source = KafkaSource(
         kafka_broker.bootstrap_servers,
         ("samples",),
@@ -89,3 +92,54 @@ def test_the_kafka_password_is_found_nowhere(kafka_broker, tmp_path, monkeypatch
     )  # the instance's runs and event log
     leaks = [path.name for path in searched if secret.encode() in path.read_bytes()]
     assert leaks == ["probe"], f"the password was written to {leaks}"
+    assert not [r.name for r in caplog.records if secret in r.getMessage()]  # no log line at DEBUG holds it
+
+
+def test_kafka_clients_log_their_configuration_without_the_password(monkeypatch, caplog):
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    from kale_dagster.definitions.resources import KafkaStreamResource
+    from kale_dagster.stream.broker import free_loopback_port
+
+    secret = "kale-secret-" + secrets.token_hex(12)
+    monkeypatch.setenv(ENV, secret)
+    caplog.set_level(logging.DEBUG)
+    source = KafkaSource(
+        f"127.0.0.1:{free_loopback_port()}",
+        ("s",),
+        "g",
+        request_timeout_ms=500,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="u",
+        sasl_password_env=ENV,
+    )
+    with pytest.raises(KafkaError):  # nobody listens: the client logs its configuration, then gives up
+        KafkaAdminClient(**KafkaStreamResource.from_source(source).client_config())
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("sasl_plain_password" in line for line in logged)  # the configuration was logged...
+    assert not [line for line in logged if secret in line]  # ...without the password
+
+
+def test_the_password_is_read_the_same_way_inside_and_outside_dagster_runs(monkeypatch):
+    """Outside a run (``kale history backfill``) the resource still holds the EnvVar: its value is sent, never
+    the variable's name."""
+    from kale_dagster.definitions.resources import KafkaStreamResource
+
+    secret = "kale-secret-" + secrets.token_hex(12)
+    monkeypatch.setenv(ENV, secret)
+    source = KafkaSource(
+        "127.0.0.1:9092",
+        ("s",),
+        "g",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="PLAIN",
+        sasl_username="u",
+        sasl_password_env=ENV,
+    )
+    config = KafkaStreamResource.from_source(source).client_config()
+    assert config["sasl_plain_password"] == secret and secret not in repr(config)
+    monkeypatch.delenv(ENV)
+    with pytest.raises(KaleConfigError, match=f"sasl_password_env: environment variable {ENV} is not set"):
+        KafkaStreamResource.from_source(source).client_config()

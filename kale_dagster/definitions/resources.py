@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.rules import problems_in
-from kale_dagster.stream.source import KafkaSource, connection_problems, normalised
+from kale_dagster.stream.source import KafkaSource, Secret, connection_problems, normalised, read_password
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, build_snapshot, read_offsets
 
 #: The resource's fields that a ``KafkaSource`` declares under the same name and rule.
@@ -94,13 +94,23 @@ class KafkaStreamResource(ConfigurableResource):
         optional = {
             "sasl_mechanism": self.sasl_mechanism,
             "sasl_plain_username": self.sasl_plain_username,
-            "sasl_plain_password": self.sasl_plain_password,
+            "sasl_plain_password": self._password(),
             "ssl_cafile": self.ssl_cafile,
             "ssl_certfile": self.ssl_certfile,
             "ssl_keyfile": self.ssl_keyfile,
         }
         config.update({k: v for k, v in optional.items() if v})
         return config
+
+    def _password(self) -> Secret | None:
+        """The password, resolved the same way inside a Dagster run (where Dagster has resolved the EnvVar to
+        its value) and outside one (the CLI, where the field still holds the EnvVar): never the variable's name."""
+        password = self.sasl_plain_password
+        if password is None:
+            return None
+        if isinstance(password, EnvVar):
+            return read_password(password.env_var_name)
+        return Secret(password)
 
     @contextlib.contextmanager
     def consumer(self, **overrides):

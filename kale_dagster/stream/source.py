@@ -36,6 +36,22 @@ WORKER_ENV = {
 }
 
 
+class Secret(str):
+    """A password as kafka-python takes it (a str), whose repr says nothing: kafka-python's clients log their
+    whole configuration at DEBUG, and a dict's text is its values' reprs."""
+
+    def __repr__(self) -> str:
+        return "'[redacted]'"
+
+
+def read_password(variable: str) -> Secret:
+    """The password in environment variable ``variable``: the one way it is read, inside a Dagster run or not."""
+    value = os.environ.get(variable)
+    if value is None:
+        raise KaleConfigError("sasl_password_env", f"environment variable {variable} is not set")
+    return Secret(value)
+
+
 def connection_problems(
     *,
     bootstrap_servers: str,
@@ -160,8 +176,5 @@ class KafkaSource:
             if value:
                 env[name] = value
         if include_password and self.sasl_password_env:
-            password = os.environ.get(self.sasl_password_env)
-            if password is None:
-                raise KaleConfigError("sasl_password_env", f"environment variable {self.sasl_password_env} is not set")
-            env["KAFKA_SASL_PASSWORD"] = password
+            env["KAFKA_SASL_PASSWORD"] = read_password(self.sasl_password_env)
         return env

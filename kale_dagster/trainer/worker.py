@@ -48,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from kale_dagster.stream.record_time import usable_ms
 from kale_dagster.stream.samples import RECORD, decode
-from kale_dagster.stream.source import WORKER_ENV
+from kale_dagster.stream.source import WORKER_ENV, Secret
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
 from kale_dagster.trainer.checkpoint import CheckpointWriteError, load_latest, save_atomic
 from kale_dagster.trainer.committer import OffsetCommitter
@@ -71,6 +71,8 @@ def kafka_config(servers: str) -> dict:
     for env, key in WORKER_ENV.items():
         if os.environ.get(env):
             config[key] = os.environ[env]
+    if "sasl_plain_password" in config:  # kafka-python logs its configuration at DEBUG
+        config["sasl_plain_password"] = Secret(os.environ["KAFKA_SASL_PASSWORD"])
     return config
 
 
