@@ -70,6 +70,10 @@ class StandInConsumer:
         return out
 
 
+#: The stand-in broker's clock: its records are stamped in the week after the epoch.
+NOW_S = 8 * 86_400.0
+
+
 def traffic(
     seed: int, partitions: int, start_ms: int, span_ms: int, n: int, first_offset: int = 0, same_time: int = 1
 ) -> dict:
@@ -78,7 +82,7 @@ def traffic(
     out = {}
     for p in range(partitions):
         stamps = sorted(rng.randrange(start_ms, start_ms + span_ms) for _ in range(n // same_time))
-        stamps = [t for t in stamps for _ in range(same_time)]
+        stamps = [max(t, 1) for t in stamps for _ in range(same_time)]  # a stamp of 0 is no time (record_time)
         out[TopicPartition("t", p)] = [(first_offset + i, t) for i, t in enumerate(stamps)]
     return out
 
@@ -125,9 +129,8 @@ CASES = [
 @pytest.mark.parametrize("case, time_index, partitions, boundaries", CASES, ids=[c[0] for c in CASES])
 def test_both_lookups_find_the_first_record_at_or_after_each_boundary(case, time_index, partitions, boundaries):
     consumer = StandInConsumer(partitions, time_index)
-    reader = RecordReader(
-        consumer, run_records=consumer.run
-    )  # sparse rows take the search, dense ones the in-order read
+    # Sparse rows take the search, dense ones the in-order read; the stamps are judged against the stand-in's clock.
+    reader = RecordReader(consumer, run_records=consumer.run, now_s=NOW_S)
     spans = partition_spans(reader, list(partitions))
     expected = truth(partitions, boundaries)
     assert FetchSearchLookup(reader, spans).offsets(boundaries) == expected
@@ -138,13 +141,13 @@ def test_both_lookups_find_the_first_record_at_or_after_each_boundary(case, time
 @pytest.mark.parametrize("time_index, method", [("kafka", "list-offsets-by-timestamp"), ("tansu", "fetch-search")])
 def test_the_lookup_is_chosen_by_probing_the_broker(time_index, method):
     partitions = traffic(6, 4, 0, 100_000, 300, same_time=3)
-    reader = RecordReader(StandInConsumer(partitions, time_index))
+    reader = RecordReader(StandInConsumer(partitions, time_index), now_s=NOW_S)
     assert choose_lookup(reader, partition_spans(reader, list(partitions))).method == method
 
 
 def test_the_fetch_search_reads_far_fewer_runs_than_a_scan_when_boundaries_are_sparse():
     partitions = traffic(7, 1, 0, 7 * 86_400_000, 20_000)
-    reader = RecordReader(StandInConsumer(partitions, "tansu", run=50), run_records=50)
+    reader = RecordReader(StandInConsumer(partitions, "tansu", run=50), run_records=50, now_s=NOW_S)
     spans = partition_spans(reader, list(partitions))
     boundaries = list(range(0, 7 * 86_400_000 + 1, 6 * 3_600_000))  # 6-hourly over a week: 29 boundaries
     assert FetchSearchLookup(reader, spans).offsets(boundaries) == truth(partitions, boundaries)
@@ -156,7 +159,7 @@ def test_the_fetch_search_reads_far_fewer_runs_than_a_scan_when_boundaries_are_s
 def test_buckets_older_than_what_every_partition_retains_are_left_out():
     day = 86_400_000
     partitions = {
-        TopicPartition("t", 0): [(i, i * 60_000) for i in range(0, 3 * 1440)],  # 3 days, from offset 0
+        TopicPartition("t", 0): [(i, 1 + i * 60_000) for i in range(0, 3 * 1440)],  # 3 days, from offset 0
         TopicPartition("t", 1): [(500 + i, day + i * 60_000) for i in range(2 * 1440)],
     }  # retention cut it at day 1
     result = rebuild_arrivals(StandInConsumer(partitions, "tansu"), ["t"], days=7, bucket_s=3600, now=3 * 86_400)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import operator
 import sys
 from collections.abc import Sequence
 
@@ -37,21 +39,65 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-class _Parser(argparse.ArgumentParser):
-    """The parser of every command and subcommand: shows defaults, even of options declared without help."""
+class Bounded:
+    """A numeric flag's type: a whole number (``int``) or a finite number (``float``) within declared bounds,
+    else argparse's one-line error (exit 2) saying what the flag takes."""
+
+    def __init__(self, kind: type, ge: float | None, gt: float | None, le: float | None, lt: float | None):
+        self.kind, self.ge, self.gt, self.le, self.lt = kind, ge, gt, le, lt
+        self.__name__ = kind.__name__  # argparse names the type in its messages
+
+    def describe(self) -> str:
+        low = f">= {self.ge:g}" if self.ge is not None else f"> {self.gt:g}" if self.gt is not None else ""
+        high = f"<= {self.le:g}" if self.le is not None else f"< {self.lt:g}" if self.lt is not None else ""
+        what = "a whole number" if self.kind is int else "a finite number"
+        return f"{what} {' and '.join(b for b in (low, high) if b)}".strip()
+
+    def __call__(self, text: str):
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text!r}") from None
+        if not math.isfinite(value) or not all(
+            bound is None or holds(value, bound)
+            for bound, holds in (
+                (self.ge, operator.ge),
+                (self.gt, operator.gt),
+                (self.le, operator.le),
+                (self.lt, operator.lt),
+            )
+        ):
+            raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text!r}")
+        return value
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of every command and subcommand: shows defaults, even of options declared without help, and
+    takes a numeric flag only with its bounds (``ge``/``gt`` and ``le``/``lt``): NaN, infinities and values no
+    run can afford are refused at the door, with the range in the flag's help."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *args, **kwargs):
+        bounds = {k: kwargs.pop(k, None) for k in ("ge", "gt", "le", "lt")}
+        if kwargs.get("type") in (int, float):
+            if (bounds["ge"] is None and bounds["gt"] is None) or (bounds["le"] is None and bounds["lt"] is None):
+                raise TypeError(f"numeric flag {args[0]} needs a lower and an upper bound (ge/gt and le/lt)")
+            kwargs["type"] = Bounded(kwargs["type"], **bounds)
+            kwargs["help"] = f"{kwargs.get('help') or ''} ({kwargs['type'].describe()})".strip()
         if kwargs.get("help") is None and kwargs.get("default") not in (None, False, argparse.SUPPRESS):
             kwargs["help"] = "default: %(default)s"
         return super().add_argument(*args, **kwargs)
 
+    def error(self, message: str):
+        """One line, naming the command and what to fix (argparse's usage block is one --help away)."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="kale",
         description="Kale elastic GPU scheduling for online training, on Dagster.",
     )

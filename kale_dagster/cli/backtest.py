@@ -34,12 +34,18 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--policies", default=",".join(POLICIES), help="comma-separated subset of " + ",".join(POLICIES)
     )
-    parser.add_argument("--peak-workers", type=int, default=28)
+    parser.add_argument(
+        "--peak-workers", type=int, ge=1, le=1024, default=28, help="the trace is scaled so its peak needs this many"
+    )
     add_flags(parser, Limits)
-    parser.add_argument("--warmup-days", type=float, default=0.0)
-    parser.add_argument("--hpa-target", type=int, default=80, help="HPA target GPU utilization in percent")
+    parser.add_argument("--warmup-days", type=float, ge=0, le=366, default=0.0)
+    parser.add_argument(
+        "--hpa-target", type=int, ge=1, le=1000, default=80, help="HPA target GPU utilization in percent"
+    )
     parser.add_argument("--forecaster", default="prophet", help="Kale's forecaster")
-    parser.add_argument("--refit-minutes", type=float, default=1440.0, help="forecaster refit cadence")
+    parser.add_argument(
+        "--refit-minutes", type=float, gt=0, le=366 * 1440, default=1440.0, help="forecaster refit cadence"
+    )
     parser.add_argument("--no-sweeps", action="store_true", help="skip the baseline sweeps")
     parser.add_argument(
         "--no-variants",

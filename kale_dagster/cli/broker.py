@@ -17,7 +17,7 @@ def register(subparsers) -> None:
         "Memory only: stopping it loses every topic and offset.",
         epilog="example: kale broker --port 9092",
     )
-    parser.add_argument("--port", type=int, default=9092, help="loopback port to listen on")
+    parser.add_argument("--port", type=int, ge=1, le=65535, default=9092, help="loopback port to listen on")
     parser.set_defaults(handler=run)
 
 

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from kale_dagster.cli import Parser
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.rules import field_types, rule_of
 
@@ -19,7 +20,7 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+def add_flags(parser: Parser, cls: type) -> None:
     """One flag per ruled field of the dataclass ``cls``."""
     kinds = field_types(cls)
     for f in dataclasses.fields(cls):
@@ -28,7 +29,15 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             continue
         kind = kinds[f.name][0] or str
         unit = f" ({rule.unit})" if rule.unit else ""
-        parser.add_argument(flag(f.name), dest=f.name, type=kind, default=f.default, help=f"{rule.description}{unit}")
+        bounds = {"ge": rule.ge, "gt": rule.gt, "le": rule.le, "lt": rule.lt}
+        parser.add_argument(
+            flag(f.name),
+            dest=f.name,
+            type=kind,
+            default=f.default,
+            help=f"{rule.description}{unit}",
+            **{k: v for k, v in bounds.items() if v is not None},
+        )
 
 
 def from_flags(cls: Any, args: argparse.Namespace, **overrides: Any) -> Any:

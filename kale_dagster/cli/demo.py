@@ -20,10 +20,12 @@ def register(subparsers) -> None:
         epilog="example: kale demo --day-minutes 30 --max-minutes 10",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--day-minutes", type=float, default=30.0, help="wall minutes for one day")
-    parser.add_argument("--max-minutes", type=float, default=None, help="stop after this many wall minutes")
-    parser.add_argument("--port", type=int, default=9092, help="broker port on 127.0.0.1")
-    parser.add_argument("--ui-port", type=int, default=3000, help="Dagster UI port on 127.0.0.1")
+    parser.add_argument("--day-minutes", type=float, ge=1, le=1440, default=30.0, help="wall minutes for one day")
+    parser.add_argument(
+        "--max-minutes", type=float, gt=0, le=7 * 1440, default=None, help="stop after this many wall minutes"
+    )
+    parser.add_argument("--port", type=int, ge=1, le=65535, default=9092, help="broker port on 127.0.0.1")
+    parser.add_argument("--ui-port", type=int, ge=1, le=65535, default=3000, help="Dagster UI port on 127.0.0.1")
     parser.set_defaults(handler=run)
 
 

@@ -22,10 +22,16 @@ def register(subparsers) -> None:
         epilog="example: kale forecast --trace nyc_taxi.csv --horizon 120 --json",
     )
     parser.add_argument("--trace", required=True, help="CSV with header timestamp,value (arrivals per interval)")
-    parser.add_argument("--horizon", type=float, required=True, metavar="MINUTES", help="forecast horizon in minutes")
+    parser.add_argument(
+        "--horizon", type=float, gt=0, le=7 * 1440, required=True, metavar="MINUTES", help="forecast horizon in minutes"
+    )
     parser.add_argument("--model", default="prophet", choices=list(FORECASTERS), help="forecaster to evaluate")
-    parser.add_argument("--eval-days", type=float, default=28.0, help="length of the evaluated tail in days")
-    parser.add_argument("--refit-hours", type=float, default=24.0, help="refit cadence during evaluation")
+    parser.add_argument(
+        "--eval-days", type=float, gt=0, le=366, default=28.0, help="length of the evaluated tail in days"
+    )
+    parser.add_argument(
+        "--refit-hours", type=float, gt=0, le=366 * 24, default=24.0, help="refit cadence during evaluation"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 

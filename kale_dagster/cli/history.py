@@ -23,9 +23,15 @@ def register(subparsers) -> None:
     )
     backfill.add_argument("--pipeline", required=True, help="pipeline name")
     backfill.add_argument("--module", default="pipelines.definitions", help="module declaring the pipelines")
-    backfill.add_argument("--days", type=float, default=7.0, help="how far back, at most what Kafka retains")
     backfill.add_argument(
-        "--bucket-seconds", type=float, help="bucket width (default: the pipeline's metrics_interval_seconds)"
+        "--days", type=float, gt=0, le=366, default=7.0, help="how far back, at most what Kafka retains"
+    )
+    backfill.add_argument(
+        "--bucket-seconds",
+        type=float,
+        ge=1,
+        le=86_400,
+        help="bucket width (default: the pipeline's metrics_interval_seconds)",
     )
     backfill.add_argument("--json", action="store_true", help="print one JSON object")
     backfill.set_defaults(handler=run_backfill)

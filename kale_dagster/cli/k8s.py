@@ -17,7 +17,7 @@ def register(subparsers) -> None:
         epilog="example: kale k8s render --pipeline ctr_production --workers 8 --validate 1.37.0",
     )
     render.add_argument("--pipeline", required=True, help="pipeline name")
-    render.add_argument("--workers", type=int, required=True)
+    render.add_argument("--workers", type=int, ge=1, le=1024, required=True)
     render.add_argument("--module", default="pipelines.definitions", help="module declaring the pipelines")
     render.add_argument(
         "--validate",

@@ -21,25 +21,33 @@ def register(subparsers) -> None:
     parser.add_argument("--trace", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
-    parser.add_argument("--speedup", type=float, default=1.0, help="trace seconds per wall second")
-    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's rates")
-    parser.add_argument("--partitions", type=int, default=8, help="partitions when the topic is created")
+    parser.add_argument("--speedup", type=float, gt=0, le=1_000_000, default=1.0, help="trace seconds per wall second")
+    parser.add_argument("--rate-scale", type=float, gt=0, le=1_000_000, default=1.0, help="multiply the trace's rates")
+    parser.add_argument(
+        "--partitions", type=int, ge=1, le=10_000, default=8, help="partitions when the topic is created"
+    )
     parser.add_argument(
         "--hot-share",
         "--skew",
         dest="hot_share",
         type=float,
+        ge=0,
+        lt=1,
         default=0.0,
         help="traffic share of partition 0, e.g. 0.5",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, ge=0, le=2**32 - 1, default=0)
     parser.add_argument(
         "--samples-per-record",
         type=int,
+        ge=1,
+        le=100_000,
         default=1,
         help="pack this many samples in each Kafka record (set the same on the pipeline's KafkaSource)",
     )
-    parser.add_argument("--max-seconds", type=float, default=None, help="stop after this many wall seconds")
+    parser.add_argument(
+        "--max-seconds", type=float, gt=0, le=366 * 86_400, default=None, help="stop after this many wall seconds"
+    )
     parser.set_defaults(handler=run)
 
 

@@ -17,10 +17,10 @@ def register(subparsers) -> None:
         "busier weekends, AR(1) noise and occasional bursts. Output: CSV timestamp,value (arrivals per step).",
         epilog="example: kale trace synth --days 14 --seed 0 --out t.csv",
     )
-    synth.add_argument("--days", type=float, default=7.0)
-    synth.add_argument("--seed", type=int, default=0)
-    synth.add_argument("--step-seconds", type=float, default=60.0)
-    synth.add_argument("--peak-rate", type=float, default=10_000.0, help="weekday peak in samples/s")
+    synth.add_argument("--days", type=float, gt=0, le=366, default=7.0)
+    synth.add_argument("--seed", type=int, ge=0, le=2**32 - 1, default=0)
+    synth.add_argument("--step-seconds", type=float, ge=1, le=86_400, default=60.0)
+    synth.add_argument("--peak-rate", type=float, gt=0, le=1e9, default=10_000.0, help="weekday peak in samples/s")
     synth.add_argument("--out", required=True, help="CSV path to write")
     synth.set_defaults(handler=run_synth)
 

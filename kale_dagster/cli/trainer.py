@@ -28,17 +28,22 @@ def register(subparsers) -> None:
     serve.add_argument("--topic", required=True)
     serve.add_argument("--group-id", required=True)
     serve.add_argument("--checkpoint-dir", required=True)
-    serve.add_argument("--workers", type=int, default=1)
-    serve.add_argument("--batch-size", type=int, default=256)
+    serve.add_argument("--workers", type=int, ge=1, le=1024, default=1)
+    serve.add_argument("--batch-size", type=int, ge=1, le=1_000_000, default=256)
     serve.add_argument(
-        "--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap each worker at this many samples/s"
+        "--emulate-gpu-rate",
+        type=float,
+        ge=0,
+        le=1e9,
+        default=0.0,
+        help="EMULATION: cap each worker at this many samples/s",
     )
     serve.add_argument(
         "--trained-log",
         help="directory for per-worker logs of every trained (partition, offset, sample seq): "
         "end-to-end accounting for tests and benchmarks",
     )
-    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--port", type=int, ge=0, le=65535, default=8765)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind; loopback only (127.0.0.1 or localhost)")
     serve.add_argument(
         "--token-file",

@@ -46,8 +46,9 @@ Run = list[tuple[int, int]]  # (offset, timestamp in ms) of consecutive records
 class RecordReader:
     """Fetch-level reads of one consumer: the records from an offset on, and a partition's bounds."""
 
-    def __init__(self, consumer, timeout_s: float = 10.0, run_records: int = 1000):
+    def __init__(self, consumer, timeout_s: float = 10.0, run_records: int = 1000, now_s: float | None = None):
         self.consumer = consumer
+        self.now_s = now_s  # the clock records' timestamps are judged against (stream.record_time); None: now
         self.timeout_s = timeout_s
         self.run_records = run_records
         self.fetches = 0
@@ -65,7 +66,8 @@ class RecordReader:
             self.fetches += 1
             highwater = self.consumer.highwater(tp)
             if records:
-                stamps = [(r.offset, judge(r.timestamp, time.time())) for r in records]
+                now = self.now_s if self.now_s is not None else time.time()
+                stamps = [(r.offset, judge(r.timestamp, now)) for r in records]
                 bad = [(offset, why) for offset, why in stamps if why is not Stamp.USABLE]
                 if bad:  # the same rule as telemetry's (stream.record_time)
                     raise InputDataError(
@@ -255,7 +257,7 @@ def rebuild_arrivals(
         raise InputDataError(f"days and bucket_s must be > 0, got {days} and {bucket_s}")
     now = time.time() if now is None else now
     tps = topic_partitions(consumer, topics)
-    reader = RecordReader(consumer)
+    reader = RecordReader(consumer, now_s=now)
     spans = partition_spans(reader, tps)
     end = math.floor(min(now, until if until is not None else now) / bucket_s) * bucket_s
     asked = end - days * 86_400

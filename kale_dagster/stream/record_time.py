@@ -4,8 +4,8 @@ Kafka stamps every record (CreateTime by the producer, or LogAppendTime by the b
 can stand for when the record arrived:
 
 * missing, or -1: ``NO_TIMESTAMP``, what a pre-0.10 message format carries;
-* 0 or below: a producer that set no time (the epoch) or a corrupt one; or before 2010, older than Kafka
-  itself;
+* 0 or below, or more than ten years before the reader's clock: a producer that set no time (the epoch),
+  seconds written where milliseconds belong, or a corrupt stamp;
 * far ahead of the reader's clock: a producer's clock or code gone wrong (skew between hosts is seconds).
 
 Such a stamp would make a time lag of decades, or of nothing while a backlog waits.  It is excluded from
@@ -19,8 +19,8 @@ from enum import Enum
 
 #: A stamp further ahead of the reader's clock than this is not trusted.
 MAX_AHEAD_S = 300.0
-#: A stamp before this (2010-01-01, before Kafka's first release) is a unit or sentinel mistake, not a time.
-EARLIEST_MS = 1_262_304_000_000
+#: A stamp older than this, before the reader's clock, is a unit or sentinel mistake, not a time.
+MAX_AGE_S = 10 * 365 * 86_400.0
 
 
 class Stamp(Enum):
@@ -29,7 +29,7 @@ class Stamp(Enum):
     USABLE = "usable"
     MISSING = "missing (no timestamp: a pre-0.10 message format)"
     NOT_POSITIVE = "zero or negative"
-    ANCIENT = "before 2010, older than Kafka itself"
+    ANCIENT = "more than ten years before the reader's clock"
     AHEAD = f"more than {MAX_AHEAD_S:.0f} s ahead of the reader's clock"
 
 
@@ -39,7 +39,7 @@ def judge(timestamp_ms: int | None, now_s: float) -> Stamp:
         return Stamp.MISSING
     if timestamp_ms <= 0:
         return Stamp.NOT_POSITIVE
-    if timestamp_ms < EARLIEST_MS:
+    if timestamp_ms / 1000.0 < now_s - MAX_AGE_S:
         return Stamp.ANCIENT
     if timestamp_ms / 1000.0 > now_s + MAX_AHEAD_S:
         return Stamp.AHEAD
