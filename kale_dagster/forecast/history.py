@@ -10,18 +10,62 @@ What is handled and what is rejected, so models can assume clean input:
 * NaN rates are missing data; gaps of up to ``max_fill_steps`` steps are
   filled by linear interpolation, longer gaps stay NaN (models skip them);
 * negative or infinite rates are rejected: they mean a broken metric, and
-  silently clipping them would hide it.
+  silently clipping them would hide it;
+* numeric timestamps are epoch seconds, milliseconds, microseconds or
+  nanoseconds, told apart by their magnitude (``parse_timestamps``); a
+  unit that puts them outside 1990-2100 is refused, naming the unit assumed;
+* a grid of more than ``MAX_GRID_POINTS`` steps (a step of seconds over
+  years, or a stray timestamp far from the rest) is refused before it is
+  built.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import cast
+from typing import Literal, cast
 
 import numpy as np
 import pandas as pd
 
 from kale_dagster.errors import InputDataError
+
+#: The most steps a regular history may have: a year of one-second steps, about 250 MB of grid.
+MAX_GRID_POINTS = 366 * 86_400
+#: Epoch timestamps are read in the unit their magnitude says: below 1e11 seconds (until the year 5138), below
+#: 1e14 milliseconds, below 1e17 microseconds, else nanoseconds.
+_UNIT_LIMITS: tuple[tuple[float, Literal["s", "ms", "us"]], ...] = ((1e11, "s"), (1e14, "ms"), (1e17, "us"))
+_PLAUSIBLE = (pd.Timestamp("1990-01-01", tz="UTC"), pd.Timestamp("2100-01-01", tz="UTC"))
+
+
+def parse_timestamps(values: pd.Series, name: str = "timestamp") -> pd.Series:
+    """UTC timestamps from ISO text or epoch numbers (their unit detected from the magnitude); an error that
+    says which unit was assumed when the result is not a plausible date."""
+    if pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values):
+        try:
+            with warnings.catch_warnings():  # pandas warns when the first value sets no format; each is parsed anyway
+                warnings.simplefilter("ignore", UserWarning)
+                return pd.to_datetime(values, utc=True)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise InputDataError(f"{name}: values that are not timestamps ({exc})") from None
+    numbers = pd.to_numeric(values, errors="coerce").astype(float)
+    if not np.isfinite(numbers.to_numpy()).all():
+        raise InputDataError(f"{name}: epoch timestamps must be finite numbers")
+    top = float(numbers.abs().max())
+    unit: Literal["s", "ms", "us", "ns"] = "ns"
+    for limit, candidate in _UNIT_LIMITS:
+        if top < limit:
+            unit = candidate
+            break
+    try:
+        stamps = pd.to_datetime(numbers, unit=unit, utc=True)
+    except (ValueError, OverflowError):
+        stamps = None
+    if stamps is None or stamps.min() < _PLAUSIBLE[0] or stamps.max() > _PLAUSIBLE[1]:
+        raise InputDataError(
+            f"{name}: read as epoch {unit} (from their magnitude, up to {top:.4g}) they fall outside 1990-2100; "
+            "give ISO 8601 timestamps or epoch seconds, milliseconds, microseconds or nanoseconds"
+        )
+    return stamps
 
 
 def infer_step_s(timestamps: pd.Series) -> float:
@@ -49,10 +93,7 @@ def prepare_history(history: pd.DataFrame, step_s: float | None = None, max_fill
     utc = isinstance(ts.dtype, pd.DatetimeTZDtype) and str(ts.dtype.tz) == "UTC"
     typed = utc and rate.dtype == np.float64
     if not utc:
-        try:
-            ts = pd.to_datetime(ts, utc=True)
-        except (ValueError, TypeError) as exc:
-            raise InputDataError(f"history.timestamp has values that are not timestamps: {exc}") from exc
+        ts = parse_timestamps(ts, "history.timestamp")
     if rate.dtype != np.float64:
         rate = pd.to_numeric(rate, errors="coerce").astype(float)
     values = rate.to_numpy()
@@ -83,6 +124,12 @@ def _regularise(ts: pd.Series, rate: pd.Series, step_s: float | None, max_fill_s
     if frame.notna().sum() == 0:
         raise InputDataError("history has no usable (non-NaN) rate values")
     step = step_s or infer_step_s(frame.index.to_series())
+    points = (frame.index[-1] - frame.index[0]).total_seconds() / step
+    if points > MAX_GRID_POINTS:
+        raise InputDataError(
+            f"the history from {frame.index[0]} to {frame.index[-1]} at a {step:g} s step is {points:,.0f} steps, over "
+            f"the {MAX_GRID_POINTS:,} a history may have: check for a stray timestamp, or resample to a longer step"
+        )
     try:
         regular = frame.resample(pd.Timedelta(seconds=step)).mean()
     except (OverflowError, ValueError) as exc:  # a step or span of centuries: pandas cannot build the grid
@@ -134,11 +181,9 @@ def read_trace_csv(path) -> pd.DataFrame:
     if raw.empty:
         raise InputDataError(f"{p}: the trace has no rows")
     try:
-        with warnings.catch_warnings():  # pandas warns when the first value sets no format; each is parsed anyway
-            warnings.simplefilter("ignore", UserWarning)
-            ts = pd.to_datetime(raw["timestamp"], utc=True)
-    except (ValueError, TypeError) as exc:
-        raise InputDataError(f"{p}: bad timestamp ({exc})") from exc
+        ts = parse_timestamps(raw["timestamp"])
+    except InputDataError as exc:
+        raise InputDataError(f"{p}: {exc}") from None
     values = pd.to_numeric(raw["value"], errors="coerce")
     if values.isna().any():
         row = int(values.isna().to_numpy().nonzero()[0][0]) + 2
