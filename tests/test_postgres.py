@@ -116,13 +116,15 @@ CODE_LOCATION = '''
 """The pipeline under test; where its parts are comes from the environment."""
 import os
 
-from kale_dagster import KafkaSource, LocalLauncherConfig, OnlineTrainingPipeline, ThroughputModel, build_definitions
+from kale_dagster import (
+    KafkaSource, Limits, LocalLauncherConfig, OnlineTrainingPipeline, ThroughputModel, build_definitions,
+)
 from kale_dagster.control.clock import PipelineClock
 
 pipeline = OnlineTrainingPipeline(
     name="pg",
     source=KafkaSource(os.environ["KALE_TEST_BROKER"], ("events",), "pg-trainer", request_timeout_ms=3000),
-    min_workers=1, max_workers=8, policy="hpa", throughput_prior=ThroughputModel.linear(100.0), forecaster="ewma",
+    limits=Limits(max_workers=8), policy="hpa", throughput_prior=ThroughputModel.linear(100.0), forecaster="ewma",
     policy_options={"behavior": {"scaleDown": {"stabilizationWindowSeconds": 3600}}},
     clock=PipelineClock(30.0, wall_start=float(os.environ["KALE_TEST_WALL_START"])),
     launcher=LocalLauncherConfig(os.environ["KALE_TEST_TRAINER_URL"]),
