@@ -55,6 +55,7 @@ class Rule:
     choices: Choices | None = None  # a collection, or a function of one for registries filled after import
     pattern: str | None = None
     hint: str = ""  # appended to a pattern's error: what the field must look like
+    echo: bool = True  # False: an error never repeats the value (a password pasted where a name belongs)
 
     def allowed(self) -> Collection[str] | None:
         return self.choices() if callable(self.choices) else self.choices
@@ -88,7 +89,8 @@ class Rule:
         if allowed is not None and value not in allowed:
             return f"unknown {value!r}; choose one of {', '.join(map(str, allowed))}"
         if self.pattern is not None and not re.fullmatch(self.pattern, str(value)):
-            return f"{value!r} {self.hint or f'must match {self.pattern}'}"
+            shown = f"{value!r} " if self.echo else "the value given (not repeated here) "
+            return f"{shown}{self.hint or f'must match {self.pattern}'}"
         return None
 
 
@@ -105,9 +107,10 @@ def setting(
     choices: Choices | None = None,
     pattern: str | None = None,
     hint: str = "",
+    echo: bool = True,
 ) -> Any:
     """A dataclass field with its rule (see the module docstring)."""
-    rule = Rule(ge, gt, le, lt, unit, description, choices, pattern, hint)
+    rule = Rule(ge, gt, le, lt, unit, description, choices, pattern, hint, echo)
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata={RULE: rule})
     return dataclasses.field(default=default, metadata={RULE: rule})

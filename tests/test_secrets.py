@@ -143,3 +143,24 @@ def test_the_password_is_read_the_same_way_inside_and_outside_dagster_runs(monke
     monkeypatch.delenv(ENV)
     with pytest.raises(KaleConfigError, match=f"sasl_password_env: environment variable {ENV} is not set"):
         KafkaStreamResource.from_source(source).client_config()
+
+
+def test_a_secret_pasted_where_a_name_belongs_is_refused_without_echoing_it():
+    """Property-based: a password in sasl_password_env (anything that is not a variable's name), or credentials
+    in the bootstrap string, fail naming the field, and the error never repeats them."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.text(max_size=40).map(lambda t: "pw!" + t))  # "!" is in no variable's name, nor in any message
+    def pasted(value):
+        with pytest.raises(KaleConfigError) as err:
+            KafkaSource("127.0.0.1:9092", ("s",), "g", sasl_password_env=value)
+        assert err.value.field == "sasl_password_env" and value not in str(err.value)
+
+    pasted()
+    secret = "s3cr3t-" + secrets.token_hex(6)
+    for servers in (f"bob:{secret}@kafka:9092", f"sasl_ssl://bob:{secret}@kafka:9092"):
+        with pytest.raises(KaleConfigError) as err:
+            KafkaSource(servers, ("s",), "g")
+        assert err.value.field == "bootstrap_servers" and secret not in str(err.value)

@@ -70,6 +70,15 @@ def connection_problems(
     if not servers:
         found.append(KaleConfigError("bootstrap_servers", "is empty; give host:port[,host:port...]"))
     for server in servers:
+        if "@" in server or "//" in server:  # user:password@host, or a URL: never repeated in an error
+            found.append(
+                KaleConfigError(
+                    "bootstrap_servers",
+                    "holds credentials or a URL (not repeated here); give host:port only, the user in sasl_username "
+                    "and the password's variable in sasl_password_env",
+                )
+            )
+            continue
         host, sep, port = server.rpartition(":")
         if not sep or not host:
             found.append(KaleConfigError("bootstrap_servers", f"{server!r} is not host:port"))
@@ -125,6 +134,7 @@ class KafkaSource:
         None,
         pattern=r"[A-Za-z_][A-Za-z0-9_]*",
         hint="is not an environment variable's name; name the variable that holds the password, never the password",
+        echo=False,
         description="the NAME of the environment variable that holds the SASL password (never the password itself)",
     )
     ssl_cafile: str | None = setting(None, description="CA bundle for SSL protocols")
