@@ -93,3 +93,26 @@ def test_a_refused_value_is_one_line_from_the_command(tmp_path):
         "kale trace synth: error: argument --days: must be a finite number > 0 and <= 366, got 'nan' "
         "(see kale trace synth --help)"
     ]
+
+
+@pytest.mark.integration
+def test_produce_answers_within_max_seconds_when_the_broker_cannot_be_reached(tmp_path):
+    import time
+
+    from kale_dagster.stream.broker import free_loopback_port
+
+    trace = tmp_path / "t.csv"
+    synth = [sys.executable, "-m", "kale_dagster.cli", "trace", "synth", "--days", "1", "--out", str(trace)]
+    subprocess.run(synth, check=True, capture_output=True, timeout=120)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", "produce", "--trace", str(trace), "--topic", "x"]
+        + ["--bootstrap-servers", f"127.0.0.1:{free_loopback_port()}", "--max-seconds", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.monotonic() - started
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("kale produce: error: could not produce to 127.0.0.1:")
+    assert took < 20  # 2 s to reach the broker, plus the interpreter's start (kafka-python's own wait was 30 s)

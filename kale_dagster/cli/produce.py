@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 
+from kale_dagster.errors import CommandError
 from kale_dagster.forecast.history import read_trace_csv
 from kale_dagster.stream.producer import ReplaySettings, replay
 
@@ -65,6 +66,11 @@ def run(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    sent = replay(args.bootstrap_servers, history, settings, stop=stop, max_wall_s=args.max_seconds)
+    from kafka.errors import KafkaError
+
+    try:
+        sent = replay(args.bootstrap_servers, history, settings, stop=stop, max_wall_s=args.max_seconds)
+    except KafkaError as exc:
+        raise CommandError(f"could not produce to {args.bootstrap_servers}: {exc}") from None
     print(f"produced {sent} samples to {args.topic}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,12 +30,15 @@ class ReplaySettings:
         check(self)
 
 
-def ensure_topic(servers: str, topic: str, partitions: int) -> None:
+def ensure_topic(servers: str, topic: str, partitions: int, timeout_s: float = 30.0) -> None:
+    """Create ``topic`` unless it exists; a broker that does not answer within ``timeout_s`` is a KafkaError."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=servers)
+    wait_ms = max(int(timeout_s * 1000), 100)
+    bounded: dict[str, Any] = {"bootstrap_timeout_ms": wait_ms, "request_timeout_ms": wait_ms}  # kafka-python 3
+    admin = KafkaAdminClient(bootstrap_servers=servers, **bounded)
     try:
         if topic not in admin.list_topics():
             admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
@@ -59,16 +63,22 @@ def replay(
     max_wall_s: float | None = None,
     batch_size: int = 16384,
 ) -> int:
-    """Produce the trace; returns the number of samples sent.  Sequence numbers start at 0."""
+    """Produce the trace; returns the number of samples sent.  Sequence numbers start at 0.
+
+    ``max_wall_s`` bounds the whole run, reaching the broker included: a broker that does not answer is a
+    KafkaError within it (or within 30 s without it), not a wait of kafka-python's own."""
     from kafka import KafkaProducer
 
     stop = stop or threading.Event()
-    ensure_topic(servers, settings.topic, settings.partitions)
+    reach_s = min(30.0, max_wall_s) if max_wall_s is not None else 30.0
+    ensure_topic(servers, settings.topic, settings.partitions, timeout_s=reach_s)
     rates, step_wall = wall_rates(history, settings)
     weights = partition_weights(settings.partitions, settings.hot_share)
     rng = np.random.default_rng(settings.seed)
     truth = GroundTruth()
-    producer = KafkaProducer(bootstrap_servers=servers, linger_ms=10, batch_size=batch_size)
+    wait_ms = max(int(reach_s * 1000), 100)
+    bounded: dict[str, Any] = {"bootstrap_timeout_ms": wait_ms, "max_block_ms": wait_ms}  # kafka-python 3
+    producer = KafkaProducer(bootstrap_servers=servers, linger_ms=10, batch_size=batch_size, **bounded)
     cumulative = np.concatenate([[0.0], np.cumsum(rates * step_wall)])
     k = settings.samples_per_record
     sent = 0
