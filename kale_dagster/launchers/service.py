@@ -29,6 +29,7 @@ import ipaddress
 import json
 import os
 import secrets
+import sys
 import tempfile
 import threading
 import urllib.error
@@ -81,6 +82,39 @@ def _url_port(url: str) -> int:
     return urllib.parse.urlsplit(url).port or 80
 
 
+#: Limits of the trainer service, which holds the keys to restart training.
+REQUEST_TIMEOUT_S = 10.0
+MAX_BODY_BYTES = 4096
+MAX_CONNECTIONS = 16
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """At most ``MAX_CONNECTIONS`` requests at once (one more is closed unanswered), and a client that goes away
+    mid-answer is no traceback."""
+
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs):
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 class LauncherService:
     """Serve a LocalLauncher on 127.0.0.1:``port`` in a background thread, to holders of its token."""
 
@@ -98,6 +132,8 @@ class LauncherService:
         service = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_TIMEOUT_S  # a client that stops sending mid-request holds a thread this long at most
+
             def log_message(self, *args):  # keep the terminal for the status line
                 pass
 
@@ -150,10 +186,17 @@ class LauncherService:
                     return self._reply(415, {"error": "POST needs Content-Type: application/json"})
                 if self.path != "/rescale":
                     return self._reply(404, {"error": f"unknown path {self.path}"})
+                length = self.headers.get("Content-Length")
+                if length is None:
+                    return self._reply(411, {"error": "POST needs a Content-Length"})
+                if not length.strip().isdigit():
+                    return self._reply(400, {"error": "Content-Length must be a whole number of bytes"})
+                if int(length) > MAX_BODY_BYTES:
+                    return self._reply(413, {"error": f"the body may be at most {MAX_BODY_BYTES} bytes"})
                 try:
-                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                    body = json.loads(self.rfile.read(int(length)) or b"{}")
                     workers = body["workers"]
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nesting past any use
                     return self._reply(400, {"error": 'expected JSON {"workers": <int>, "reason": "..."}'})
                 most = getattr(service.launcher, "max_workers", None) or MAX_WORKERS
                 if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= most:
@@ -174,7 +217,7 @@ class LauncherService:
                     200, {"changed": record is not None, **(asdict(record) if record else {"to_workers": workers})}
                 )
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server = _BoundedServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         self.hosts = tuple(f"{h}:{self.port}" for h in LOOPBACK_HOSTS)
         self.token_file = Path(token_file) if token_file else default_token_file(self.port)
