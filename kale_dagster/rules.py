@@ -186,9 +186,14 @@ def ordered(obj: Any, low: str, high: str) -> KaleConfigError | None:
     return need(lo <= hi, low, f"must be <= {high} ({hi}), got {lo}")
 
 
-def at(path: str, build: Callable[..., Any], **kwargs) -> Any:
-    """``build(**kwargs)``, each configuration error's field prefixed with ``path`` (a YAML or CLI location)."""
+def renamed(rename: Callable[[str], str], build: Callable[..., Any], /, **kwargs) -> Any:
+    """``build(**kwargs)``, each configuration error's field renamed by ``rename`` (where the user wrote it)."""
     try:
         return build(**kwargs)
     except KaleConfigError as exc:
-        raise KaleConfigError.join([KaleConfigError(f"{path}.{e.field}", e.problem) for e in exc.errors]) from None
+        raise KaleConfigError.join([KaleConfigError(rename(e.field), e.problem) for e in exc.errors]) from None
+
+
+def at(path: str, build: Callable[..., Any], /, **kwargs) -> Any:
+    """``build(**kwargs)``, each configuration error's field prefixed with ``path`` (a YAML location)."""
+    return renamed(lambda field: f"{path}.{field}", build, **kwargs)

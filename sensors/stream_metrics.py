@@ -165,16 +165,19 @@ def build_stream_metrics_sensor(
                 "nothing recorded"
             )
 
+        def unanswered(exc: DatabaseError) -> SkipReason:
+            return SkipReason(
+                f"the metrics history did not answer ({describe_database_error(exc)}); cursor kept, nothing recorded, "
+                "nothing decided"
+            )
+
         now = clock.at(snap.time)
         figures = pipeline_figures(snap, clock)
         try:
             store = history() if callable(history) else history
             recent = store.stream(pipeline, start=now - control.rate_window_s) if control is not None else None
         except DatabaseError as exc:
-            return SkipReason(
-                f"the metrics history did not answer ({describe_database_error(exc)}); cursor kept, nothing recorded, "
-                "nothing decided"
-            )
+            return unanswered(exc)
         observation_meta = snapshot_metadata(snap, figures)
         warned = cursor.warned_partitions
         if max_workers is not None and len(snap.partitions) < max_workers:
@@ -203,10 +206,7 @@ def build_stream_metrics_sensor(
         try:  # one row per reading, with the workers the decision saw
             store.append_stream(pipeline, now, figures, workers=outcome.running_workers if outcome else None)
         except DatabaseError as exc:
-            return SkipReason(
-                f"the metrics history did not answer ({describe_database_error(exc)}); cursor kept, nothing recorded, "
-                "nothing decided"
-            )
+            return unanswered(exc)
         if undecided:
             return SkipReason(
                 f"a database did not answer while deciding ({undecided}); the reading is recorded, nothing decided, "

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
-import operator
 import sys
 from collections.abc import Sequence
 
 from kale_dagster.errors import CommandError, InputDataError, KaleConfigError
+from kale_dagster.rules import Rule
 
 # Modules providing subcommands, in the order `kale --help` lists them.
 _COMMAND_MODULES = (
@@ -45,6 +44,7 @@ class Bounded:
 
     def __init__(self, kind: type, ge: float | None, gt: float | None, le: float | None, lt: float | None):
         self.kind, self.ge, self.gt, self.le, self.lt = kind, ge, gt, le, lt
+        self.rule = Rule(ge=ge, gt=gt, le=le, lt=lt)  # the declarations' own check: whole, finite, within bounds
         self.__name__ = kind.__name__  # argparse names the type in its messages
 
     def describe(self) -> str:
@@ -58,15 +58,7 @@ class Bounded:
             value = self.kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text!r}") from None
-        if not math.isfinite(value) or not all(
-            bound is None or holds(value, bound)
-            for bound, holds in (
-                (self.ge, operator.ge),
-                (self.gt, operator.gt),
-                (self.le, operator.le),
-                (self.lt, operator.lt),
-            )
-        ):
+        if self.rule.problem(value, self.kind, optional=False):
             raise argparse.ArgumentTypeError(f"must be {self.describe()}, got {text!r}")
         return value
 

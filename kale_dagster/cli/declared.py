@@ -12,8 +12,7 @@ import dataclasses
 from typing import Any
 
 from kale_dagster.cli import Parser
-from kale_dagster.errors import KaleConfigError
-from kale_dagster.rules import field_types, rule_of
+from kale_dagster.rules import field_types, renamed, rule_of
 
 
 def flag(name: str) -> str:
@@ -43,7 +42,4 @@ def add_flags(parser: Parser, cls: type) -> None:
 def from_flags(cls: Any, args: argparse.Namespace, **overrides: Any) -> Any:
     """``cls`` built from the flags ``add_flags`` declared; an error names each bad flag."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if rule_of(f) is not None}
-    try:
-        return cls(**{**values, **overrides})
-    except KaleConfigError as exc:
-        raise KaleConfigError.join([KaleConfigError(flag(e.field), e.problem) for e in exc.errors]) from None
+    return renamed(flag, cls, **{**values, **overrides})

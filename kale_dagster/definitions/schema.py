@@ -32,7 +32,7 @@ class DeclaredModel(Model):
 
     def build(self) -> Any:
         values = {}
-        hints, kinds = typing.get_type_hints(self.declares), field_types(self.declares)
+        kinds = field_types(self.declares)
         for name in type(self).model_fields:
             if name not in kinds:
                 continue  # the YAML's own (a launcher's kind)
@@ -41,7 +41,7 @@ class DeclaredModel(Model):
                 continue  # an attribute left out whose field takes no None: the declaration's default
             if isinstance(value, DeclaredModel):
                 value = value.build()
-            elif isinstance(value, list) and typing.get_origin(hints.get(name)) is tuple:
+            elif isinstance(value, list) and kinds[name][0] is tuple:
                 value = tuple(value)
             values[name] = value
         return at(self.path, self.declares, **values)

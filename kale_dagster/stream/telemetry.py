@@ -122,7 +122,7 @@ def build_snapshot(
     dt = raw.time - previous.time if previous is not None else 0.0
     earlier = previous.offsets if previous is not None else {}
     k = samples_per_record
-    stats, unusable = [], 0
+    stats, unusable, unknown = [], 0, 0
     for p, topic, oldest_ms in zip(raw.partitions, raw.topic_of, raw.oldest_unconsumed_ms):
         lag = partition_lag(p) * k
         assert p.end_offset is not None
@@ -137,10 +137,10 @@ def build_snapshot(
                 was = before[1] if before[1] is not None else p.earliest_offset
                 consumption = max(p.committed - was, 0) * k / dt
         stamp = usable_ms(oldest_ms, raw.time)  # a missing, non-positive or future stamp says nothing of the lag
+        unknown += lag > 0 and stamp is None  # not read, or read and unusable: the time lag is incomplete
         unusable += lag > 0 and oldest_ms is not None and stamp is None
         time_lag = max(raw.time - stamp / 1000.0, 0.0) if (lag > 0 and stamp is not None) else 0.0
         stats.append(PartitionStats(topic, p.partition, p.end_offset, p.committed, lag, arrival, consumption, time_lag))
-    incomplete = any(s.lag > 0 and usable_ms(o, raw.time) is None for s, o in zip(stats, raw.oldest_unconsumed_ms))
 
     def total(values):
         vals = [v for v in values if v is not None]
@@ -155,7 +155,7 @@ def build_snapshot(
         arrival_rate=total(s.arrival_rate for s in stats),
         consumption_rate=total(s.consumption_rate for s in stats),
         time_lag_s=max((s.time_lag_s for s in stats), default=0.0),
-        time_lag_complete=not incomplete,
+        time_lag_complete=not unknown,
         unusable_stamps=unusable,
     )
 
