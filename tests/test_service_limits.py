@@ -4,10 +4,13 @@ clear status, never a hang, a traceback or a thread per connection without end."
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
+from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.service import MAX_BODY_BYTES, MAX_CONNECTIONS, LauncherService
 from test_local_service import RecordingLauncher
 
@@ -75,3 +78,77 @@ def test_a_client_that_disconnects_leaves_no_traceback(service, capfd):
             sock.sendall(b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # half a request, then gone
     time.sleep(0.5)
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_rescale_past_the_launchers_bound_is_refused(tmp_path):
+    launcher = RecordingLauncher(workers=2)
+    launcher.max_workers = 4  # what `kale trainer serve --max-workers 4` gives the LocalLauncher
+    svc = LauncherService(launcher, port=0, token_file=tmp_path / "token").start()
+    try:
+        for workers, status in ((4, "200"), (5, "400"), (10**6, "400")):
+            body = f'{{"workers": {workers}}}'.encode()
+            assert _raw(svc, POST + f"Content-Length: {len(body)}\r\n", body).split()[1] == status
+        assert launcher.workers == 4
+    finally:
+        svc.close()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"my notes\n", b"", b"x" * 43 + b"\n" * 100, bytes(range(256))],
+    ids=["a user's file", "empty", "token-like but long", "binary"],
+)
+def test_a_token_file_it_did_not_write_is_never_overwritten_nor_deleted(tmp_path, content):
+    (tmp_path / "d").mkdir(mode=0o700)
+    path = tmp_path / "d" / "token"
+    path.write_bytes(content)
+    path.chmod(0o600)
+    with pytest.raises(KaleConfigError, match="is not a token this service wrote"):
+        LauncherService(RecordingLauncher(), port=0, token_file=path)
+    assert path.read_bytes() == content
+    assert sorted(p.name for p in path.parent.iterdir()) == ["token"]  # no partial file left either
+
+
+def test_a_stale_token_is_replaced_and_a_token_replaced_by_hand_survives_close(tmp_path):
+    path = tmp_path / "token"
+    first = LauncherService(RecordingLauncher(), port=0, token_file=path)
+    first.server.server_close()  # a service that crashed: its token stays behind
+    stale = path.read_text()
+    second = LauncherService(RecordingLauncher(), port=0, token_file=path).start()
+    assert path.read_text() != stale
+    path.write_text("someone else's file now")
+    second.close()
+    assert path.read_text() == "someone else's file now"
+
+
+def test_a_busy_port_is_one_line_before_any_worker(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(KaleConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            LauncherService(RecordingLauncher(), port=port, token_file=tmp_path / "token")
+        assert not (tmp_path / "token").exists()
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "kale_dagster.cli", "trainer", "serve", "--topic", "t", "--group-id", "g"]
+            + ["--checkpoint-dir", str(tmp_path / "ckpt"), "--port", str(port), "--token-file", str(tmp_path / "t")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().count("\n") == 0 and f"127.0.0.1:{port}" in done.stderr, done.stderr
+    assert not (tmp_path / "ckpt" / "logs").exists()  # the launcher, which spawns standbys, was never built
+    assert time.monotonic() - started < 30
+
+
+def test_workers_above_max_workers_is_refused_by_the_cli(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", "trainer", "serve", "--topic", "t", "--group-id", "g"]
+        + ["--checkpoint-dir", str(tmp_path), "--workers", "5", "--max-workers", "4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--workers 5 is more than --max-workers 4" in done.stderr

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kale_dagster.errors import InputDataError
+from kale_dagster.errors import InputDataError, KaleConfigError
 from kale_dagster.forecast.history import MAX_GRID_POINTS, prepare_history, read_trace_csv
+from kale_dagster.sim.trace import synth_trace
 
 UNITS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 
@@ -69,3 +70,8 @@ def test_a_grid_past_the_bound_is_refused_before_it_is_built():
     frame = pd.DataFrame({"timestamp": stamps, "rate": [1.0, 1.0, 1.0]})
     with pytest.raises(InputDataError, match=f"over the {MAX_GRID_POINTS:,}"):
         prepare_history(frame)
+
+
+def test_a_synthetic_trace_is_bounded_by_the_grid_a_history_may_have():
+    with pytest.raises(KaleConfigError, match=f"over the {MAX_GRID_POINTS:,} a trace may have"):
+        synth_trace(days=367, step_s=1.0)

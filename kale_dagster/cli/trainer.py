@@ -8,6 +8,7 @@ import threading
 from kale_dagster.errors import CommandError
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
+from kale_dagster.model.limits import MAX_WORKERS, Limits
 from kale_dagster.stream.source import KafkaSource
 
 
@@ -28,7 +29,15 @@ def register(subparsers) -> None:
     serve.add_argument("--topic", required=True)
     serve.add_argument("--group-id", required=True)
     serve.add_argument("--checkpoint-dir", required=True)
-    serve.add_argument("--workers", type=int, ge=1, le=1024, default=1)
+    serve.add_argument("--workers", type=int, ge=1, le=MAX_WORKERS, default=1)
+    serve.add_argument(
+        "--max-workers",
+        type=int,
+        ge=1,
+        le=MAX_WORKERS,
+        default=Limits().max_workers,
+        help="the most workers a rescale may ask for (a pipeline's limits.max_workers); larger requests get a 400",
+    )
     serve.add_argument("--batch-size", type=int, ge=1, le=1_000_000, default=256)
     serve.add_argument(
         "--emulate-gpu-rate",
@@ -54,6 +63,8 @@ def register(subparsers) -> None:
 
 
 def run_serve(args) -> int:
+    if args.workers > args.max_workers:
+        raise CommandError(f"--workers {args.workers} is more than --max-workers {args.max_workers}")
     source = KafkaSource(args.bootstrap_servers, (args.topic,), args.group_id)
     settings = TrainerSettings(
         source,
@@ -62,11 +73,18 @@ def run_serve(args) -> int:
         emulate_gpu_rate=args.emulate_gpu_rate,
         trained_log=args.trained_log,
     )
-    launcher = LocalLauncher(settings)
+    # The port and the token file before any worker: a busy port or a wrong --token-file is one line, with nothing
+    # spawned to clean up.
+    service = LauncherService(port=args.port, host=args.host, token_file=args.token_file)
+    try:
+        launcher = LocalLauncher(settings, max_workers=args.max_workers)
+    except BaseException:
+        service.close()
+        raise
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    service = LauncherService(launcher, port=args.port, host=args.host, token_file=args.token_file).start()
+    service.start(launcher)
     try:
         try:
             record = launcher.start(args.workers)

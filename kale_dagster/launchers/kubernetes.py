@@ -93,7 +93,7 @@ class KubernetesLauncherConfig(LauncherConfig):
                 "checkpoint_pvc",
                 "name the PersistentVolumeClaim (ReadWriteMany: every worker pod mounts it) that holds the checkpoints",
             ),
-            need(
+            lambda: need(  # once trainer_args is known to be a tuple
                 not any("password" in str(a).lower() or "secret" in str(a).lower() for a in self.trainer_args),
                 "trainer_args",
                 "credentials must come from kafka_secret, not command-line arguments",

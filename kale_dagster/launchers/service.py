@@ -28,7 +28,9 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import secrets
+import stat
 import sys
 import tempfile
 import threading
@@ -42,13 +44,12 @@ from pathlib import Path
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import LauncherConfig, LauncherStatus, RescaleRecord
 from kale_dagster.launchers.local import LocalLauncher
+from kale_dagster.model.limits import MAX_WORKERS
 from kale_dagster.rules import check, setting
 from kale_dagster.stream.source import KafkaSource
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
-#: The most workers a request may ask for when the launcher sets no bound of its own.
-MAX_WORKERS = 1024
 
 
 def default_token_file(port: int) -> Path:
@@ -59,8 +60,26 @@ def default_token_file(port: int) -> Path:
     return root / f"trainer-{port}.token"
 
 
+#: What a token this service wrote looks like (``secrets.token_urlsafe(32)``): a file at the token path that
+#: holds anything else is not ours, and is never overwritten or deleted.
+_TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
+def _holds_a_token(path: Path) -> bool:
+    """Whether ``path`` is a token file a trainer service of this user wrote (a stale one, after a crash)."""
+    try:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            return False
+        return info.st_size <= 64 and bool(_TOKEN_SHAPE.fullmatch(path.read_text().strip()))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def write_token(path: Path) -> str:
-    """A fresh token in ``path`` (mode 0600, written whole then renamed), in a directory only this user can enter."""
+    """A fresh token in ``path`` (mode 0600, written whole then renamed), in a directory only this user can enter.
+
+    Refuses a path that holds a file the service did not write: a mistyped ``--token-file`` must not destroy it."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = path.parent.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
@@ -69,9 +88,15 @@ def write_token(path: Path) -> str:
             f"{path.parent} must belong to you and be closed to others (chmod 700), "
             f"since the token in it controls the trainer",
         )
+    if os.path.lexists(path) and not _holds_a_token(path):
+        raise KaleConfigError(
+            "token_file",
+            f"{path} exists and is not a token this service wrote; it is left as it is: "
+            "choose a path that does not exist yet",
+        )
     token = secrets.token_urlsafe(32)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # O_EXCL: never truncates a file
     with os.fdopen(fd, "w") as f:
         f.write(token)
     os.replace(partial, path)
@@ -116,10 +141,17 @@ class _BoundedServer(ThreadingHTTPServer):
 
 
 class LauncherService:
-    """Serve a LocalLauncher on 127.0.0.1:``port`` in a background thread, to holders of its token."""
+    """Serve a LocalLauncher on 127.0.0.1:``port`` in a background thread, to holders of its token.
+
+    The port is bound on construction, so a caller can claim it before spawning any worker and give the
+    launcher to ``start``."""
 
     def __init__(
-        self, launcher: LocalLauncher, port: int = 8765, host: str = "127.0.0.1", token_file: Path | None = None
+        self,
+        launcher: LocalLauncher | None = None,
+        port: int = 8765,
+        host: str = "127.0.0.1",
+        token_file: Path | None = None,
     ):
         if host not in LOOPBACK_HOSTS:
             raise KaleConfigError(
@@ -127,7 +159,7 @@ class LauncherService:
                 f"the trainer service binds loopback only ({', '.join(LOOPBACK_HOSTS)}), got {host!r}: "
                 "it restarts training on request, so it must not be reachable from other machines",
             )
-        self.launcher = launcher
+        self._launcher = launcher
         self._busy = threading.Lock()
         service = self
 
@@ -217,26 +249,47 @@ class LauncherService:
                     200, {"changed": record is not None, **(asdict(record) if record else {"to_workers": workers})}
                 )
 
-        self.server = _BoundedServer(("127.0.0.1", port), Handler)
+        try:
+            self.server = _BoundedServer(("127.0.0.1", port), Handler)
+        except OSError as exc:
+            raise KaleConfigError(
+                "port", f"cannot listen on 127.0.0.1:{port} ({exc.strerror}): stop what holds it or choose another"
+            ) from None
         self.port = self.server.server_address[1]
         self.hosts = tuple(f"{h}:{self.port}" for h in LOOPBACK_HOSTS)
         self.token_file = Path(token_file) if token_file else default_token_file(self.port)
-        self._token = write_token(self.token_file)
+        try:
+            self._token = write_token(self.token_file)
+        except BaseException:
+            self.server.server_close()
+            raise
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="launcher-service")
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> LauncherService:
+    def start(self, launcher: LocalLauncher | None = None) -> LauncherService:
+        self._launcher = launcher or self._launcher
+        if self._launcher is None:
+            raise ValueError("LauncherService.start needs the launcher it serves")
         self._thread.start()
         return self
+
+    @property
+    def launcher(self) -> LocalLauncher:
+        assert self._launcher is not None, "requests are served only after start(launcher)"
+        return self._launcher
 
     def close(self) -> None:
         if self._thread.is_alive():
             self.server.shutdown()
         self.server.server_close()
-        self.token_file.unlink(missing_ok=True)
+        try:  # only the token this service wrote: the file may since have been replaced by hand
+            if self.token_file.read_text().strip() == self._token:
+                self.token_file.unlink()
+        except OSError:
+            pass
 
 
 def loopback_url_problem(url: str) -> KaleConfigError | None:

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from kale_dagster.errors import KaleConfigError
+from kale_dagster.forecast.history import MAX_GRID_POINTS
 
 PEAK_TO_TROUGH = 7.65
 START = "2026-01-05 00:00:00"  # a Monday at midnight: where a synthetic trace starts by default
@@ -42,8 +43,12 @@ def synth_trace(
         raise KaleConfigError("step_s", f"must be > 0, got {step_s}")
     if peak_rate <= 0:
         raise KaleConfigError("peak_rate", f"must be > 0, got {peak_rate}")
-    rng = np.random.default_rng(seed)
     n = int(round(days * 86_400 / step_s))
+    if n > MAX_GRID_POINTS:  # the bound every history is read under: a trace that no backtest could load
+        raise KaleConfigError(
+            "days", f"{days:g} days at {step_s:g} s is {n:,} steps, over the {MAX_GRID_POINTS:,} a trace may have"
+        )
+    rng = np.random.default_rng(seed)
     ts = pd.Timestamp(start, tz="UTC") + pd.to_timedelta(np.arange(n) * step_s, unit="s")
     hours = (ts.hour + ts.minute / 60.0 + ts.second / 3600.0).to_numpy()
     trough = 1.0 / PEAK_TO_TROUGH
