@@ -35,7 +35,7 @@ from kale_dagster.stream.broker import embedded_broker
 from kale_dagster.stream.producer import ReplaySettings, replay, replay_in_background
 from kale_dagster.stream.samples import GroundTruth
 from kale_dagster.stream.source import KafkaSource
-from kale_dagster.trainer.model import CTRModel, batch_tensors
+from kale_dagster.trainer.ctr import CTRModel, batch_tensors
 
 
 def _downtime(record: RescaleRecord | None) -> float:

@@ -51,6 +51,9 @@ _EXPORTS = {
     "KafkaSource": "kale_dagster.stream.source",
     "LocalLauncherConfig": "kale_dagster.launchers",
     "KubernetesLauncherConfig": "kale_dagster.launchers",
+    "OnlineTrainer": "kale_dagster.trainer.api",
+    "TrainerContext": "kale_dagster.trainer.api",
+    "Record": "kale_dagster.trainer.api",
     "OnlineTrainingPipeline": "kale_dagster.definitions.pipeline",
     "build_definitions": "kale_dagster.definitions.build",
     "OnlineTrainingPipelineComponent": "kale_dagster.definitions.component",
@@ -84,6 +87,9 @@ __all__ = [
     "KafkaSource",
     "LocalLauncherConfig",
     "KubernetesLauncherConfig",
+    "OnlineTrainer",
+    "TrainerContext",
+    "Record",
     "OnlineTrainingPipeline",
     "build_definitions",
     "OnlineTrainingPipelineComponent",
@@ -128,3 +134,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
         StaticPolicy,
     )
     from kale_dagster.stream.source import KafkaSource
+    from kale_dagster.trainer.api import OnlineTrainer, Record, TrainerContext

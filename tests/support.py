@@ -89,9 +89,40 @@ def wait_for(predicate: Callable, timeout: float, what: str, log: Path | None = 
 
 
 def trained_samples(log_dir: Path) -> np.ndarray:
-    """(partition, offset, seq) of every sample the workers trained, from their accounting logs."""
-    chunks = [np.frombuffer(p.read_bytes(), dtype=np.int64).reshape(-1, 3) for p in log_dir.glob("*.bin")]
+    """(partition, offset, index in the record) of every sample the workers trained, from their accounting logs,
+    each rank's in training order."""
+    chunks = [np.frombuffer(p.read_bytes(), dtype=np.int64).reshape(-1, 3) for p in sorted(log_dir.glob("*.bin"))]
     return np.concatenate(chunks) if chunks else np.empty((0, 3), dtype=np.int64)
+
+
+def trained_seqs(log_dir: Path, servers: str, topic: str) -> np.ndarray:
+    """The producer's sequence number of every CTR sample the workers trained (in the order of
+    ``trained_samples``), read back from the topic: what was trained, by content, not only by position."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from kale_dagster.stream.samples import decode
+
+    trained = trained_samples(log_dir)
+    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        seqs: dict[tuple[int, int], np.ndarray] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            polled = consumer.poll(timeout_ms=200, max_records=10_000)
+            for tp, records in polled.items():
+                for r in records:
+                    samples, _ = decode([r.value])
+                    seqs[(tp.partition, r.offset)] = samples["seq"].astype(np.int64)
+            if not polled and all(
+                (hw := consumer.highwater(tp)) is not None and consumer.position(tp) >= hw for tp in tps
+            ):
+                break
+    finally:
+        consumer.close()
+    return np.array([seqs[(int(p), int(o))][i] for p, o, i in trained], dtype=np.int64)
 
 
 def committed_offsets(servers, topic, group, partitions):

@@ -31,6 +31,7 @@ from support import (
     running,
     sensor_tick,
     trained_samples,
+    trained_seqs,
     wait_for,
 )
 
@@ -104,9 +105,9 @@ def caught_up(launcher: LocalLauncher, servers: str, timeout: float = 90) -> Non
     wait_for(done, timeout, "the group to commit every offset")
 
 
-def accounting(tmp_path, produced: int) -> dict:
-    trained = trained_samples(tmp_path / "trained")
-    seqs = set(int(s) for s in trained[:, 2])
+def accounting(tmp_path, produced: int, servers: str) -> dict:
+    trained = trained_seqs(tmp_path / "trained", servers, TOPIC)
+    seqs = set(int(s) for s in trained)
     return {
         "produced": produced,
         "trained": len(trained),
@@ -130,7 +131,7 @@ def test_poison_records_are_skipped_counted_and_do_not_stop_their_partition(kafk
         restarts = [r for r in launcher.records if r.reason.startswith("crash-restart")]
     finally:
         launcher.stop()
-    figures = accounting(tmp_path, produced)
+    figures = accounting(tmp_path, produced, servers)
     survived = skipped == len(poison) and not restarts and figures["lost"] == 0 and figures["duplicated"] == 0
     fault_record(
         fault=f"poison records ({len(poison)} kinds among {produced} samples)",
@@ -164,7 +165,7 @@ def test_a_hung_worker_trips_the_collective_timeout_and_the_group_restarts_from_
     finally:
         feeder.stop()
         launcher.stop()
-    figures = accounting(tmp_path, feeder.produced)
+    figures = accounting(tmp_path, feeder.produced, servers)
     # What a crash may repeat: what the group trained since its last checkpoint (an interval and a step).
     bound = (
         2 * settings.emulate_gpu_rate * (settings.checkpoint_every_s + settings.batch_size / settings.emulate_gpu_rate)
@@ -270,7 +271,7 @@ def test_a_broker_frozen_for_a_minute_skips_ticks_holds_and_training_loses_nothi
         survived=int(survived),
         recovery_s=round(sensor_recovery_s, 1),
     )
-    figures = accounting(tmp_path / "training", produced)
+    figures = accounting(tmp_path / "training", produced, servers)
     fault_record(
         fault=f"broker frozen (SIGSTOP) {FREEZE_S:.0f} s: training",
         injected=1,
@@ -372,7 +373,7 @@ def test_a_full_or_read_only_checkpoint_volume_keeps_training_the_last_checkpoin
     finally:
         feeder.stop()
         launcher.stop()
-    figures = accounting(tmp_path, feeder.produced)
+    figures = accounting(tmp_path, feeder.produced, servers)
     latest_offsets = {int(p): o for p, o in saved["offsets"].items()}
     checks = {
         "clear error": message in error and "stays the latest" in error,
@@ -467,7 +468,7 @@ def test_a_killed_trainer_service_leaves_no_orphans_and_a_new_one_resumes(kafka_
             if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGINT)
                 proc.wait(timeout=120)
-    figures = accounting(tmp_path, produced)
+    figures = accounting(tmp_path, produced, servers)
     survived = figures["lost"] == 0 and figures["duplicated"] == 0
     fault_record(
         fault="trainer service killed (SIGKILL) while its workers trained; a new one started",

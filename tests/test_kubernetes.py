@@ -310,7 +310,7 @@ def test_rescale_job_applies_the_allocation_once(monkeypatch, tmp_path):
     launcher = _launcher(cluster)
     launcher.start(2)
     # The job builds its launcher from the declaration; this one talks to the mocked cluster.
-    monkeypatch.setattr(KubernetesLauncherConfig, "build", lambda self, pipeline, source: launcher)
+    monkeypatch.setattr(KubernetesLauncherConfig, "build", lambda self, pipeline, source, trainer: launcher)
     defs = build_definitions(p)
     repo = defs.get_repository_def()
     assert {"ctr_rescale"} <= {j.name for j in repo.get_all_jobs()}

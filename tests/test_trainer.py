@@ -18,9 +18,9 @@ from kale_dagster.stream.samples import RECORD_SIZE, GroundTruth, decode, encode
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
 from kale_dagster.trainer.checkpoint import CheckpointWriteError, list_checkpoints, load_latest, save_atomic
-from kale_dagster.trainer.model import RollingAUC
+from kale_dagster.trainer.metrics import RollingAUC
 from kale_dagster.trainer.ordering import ArrivalOrder
-from support import committed_offsets, end_offsets, trained_samples
+from support import committed_offsets, end_offsets, trained_samples, trained_seqs
 
 
 def test_checkpoint_is_atomic_and_pruned(tmp_path):
@@ -241,7 +241,7 @@ def _train_through(kafka_broker, tmp_path, scenario, produce_s: float):
     missing = [(p, o) for p, end in ends.items() for o in range(end) if (p, o) not in unique]
     assert not missing, f"{len(missing)} produced records never trained, e.g. {missing[:5]}"
     produced = sum(ends.values()) * per_record  # sequence numbers 0 .. produced-1, one per sample
-    seqs = np.unique(trained[:, 2])
+    seqs = np.unique(trained_seqs(logs, servers, topic))
     assert len(seqs) == produced and seqs[0] == 0 and seqs[-1] == produced - 1, (
         f"{produced - len(seqs)} produced samples never trained"
     )
@@ -480,7 +480,7 @@ def test_a_backlog_over_several_partitions_is_trained_oldest_first(kafka_broker,
             time.sleep(0.5)
     finally:
         launcher.stop()
-    seqs = trained_samples(logs)[:, 2]  # one rank: its log is in training order
+    seqs = trained_seqs(logs, servers, topic)  # one rank: its log is in training order
     assert np.array_equal(np.sort(seqs), np.arange(produced))
     # How far each sample was trained from its place in arrival order, as a share of the backlog.
     displacement = np.abs(np.arange(len(seqs)) - seqs).max() / produced

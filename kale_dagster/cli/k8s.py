@@ -48,7 +48,7 @@ def run_render(args) -> int:
         raise CommandError(
             f"pipeline {args.pipeline!r} runs its workers locally; give it launcher=KubernetesLauncherConfig(...)"
         )
-    manifests = render(pipeline.name, pipeline.launcher, pipeline.source, args.workers)
+    manifests = render(pipeline.name, pipeline.launcher, pipeline.source, args.workers, trainer=pipeline.trainer_spec)
     if args.validate:
         import kubernetes_validate
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import signal
 import threading
 
@@ -9,7 +11,9 @@ from kale_dagster.errors import CommandError
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.model.limits import MAX_WORKERS, Limits
+from kale_dagster.rules import renamed
 from kale_dagster.stream.source import KafkaSource
+from kale_dagster.trainer.api import DEFAULT_TRAINER, TrainerSpec, trainer_path_problem
 
 
 def register(subparsers) -> None:
@@ -38,6 +42,16 @@ def register(subparsers) -> None:
         default=Limits().max_workers,
         help="the most workers a rescale may ask for (a pipeline's limits.max_workers); larger requests get a 400",
     )
+    serve.add_argument(
+        "--trainer",
+        default=DEFAULT_TRAINER,
+        help="your trainer factory, module:attribute (default: the built-in CTR demo trainer); see the README's "
+        "'Bring your own trainer'",
+    )
+    serve.add_argument(
+        "--trainer-options", type=_json_object, default={}, help="JSON object passed to the factory as its options"
+    )
+    serve.add_argument("--pipeline", default="", help="the pipeline's name, as the factory's context tells it")
     serve.add_argument("--batch-size", type=int, ge=1, le=1_000_000, default=256)
     serve.add_argument(
         "--emulate-gpu-rate",
@@ -62,9 +76,28 @@ def register(subparsers) -> None:
     serve.set_defaults(handler=run_serve)
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def run_serve(args) -> int:
     if args.workers > args.max_workers:
         raise CommandError(f"--workers {args.workers} is more than --max-workers {args.max_workers}")
+    trainer = renamed(
+        lambda field: f"--{field.replace('_', '-')}",
+        TrainerSpec,
+        trainer=args.trainer,
+        trainer_options=args.trainer_options,
+    )
+    problem = trainer_path_problem(trainer.trainer)
+    if problem is not None:  # before any port is taken or worker spawned
+        raise CommandError(f"--trainer: {problem.problem}")
     source = KafkaSource(args.bootstrap_servers, (args.topic,), args.group_id)
     settings = TrainerSettings(
         source,
@@ -72,6 +105,8 @@ def run_serve(args) -> int:
         batch_size=args.batch_size,
         emulate_gpu_rate=args.emulate_gpu_rate,
         trained_log=args.trained_log,
+        trainer=trainer,
+        pipeline=args.pipeline,
     )
     # The port and the token file before any worker: a busy port or a wrong --token-file is one line, with nothing
     # spawned to clean up.

@@ -87,7 +87,7 @@ class PipelineControl:
 
     def launcher_status(self) -> tuple[LauncherStatus | None, str]:
         try:
-            return self.p.launcher.build(self.p.name, self.p.source).status(), ""
+            return self.p.launcher.build(self.p.name, self.p.source, self.p.trainer_spec).status(), ""
         except Exception as exc:  # unreachable service, API error: the controller holds and says why
             return None, f"{self.p.launcher.describe()}: {type(exc).__name__}: {exc}"
 

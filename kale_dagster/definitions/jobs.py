@@ -139,7 +139,7 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
         if requested is None and not decision:
             raise Failure(f"no gpu_allocation for {p.name!r} yet; run {p.name}_decide first")
         target = int(requested if requested is not None else decision["workers"])
-        launcher = p.launcher.build(p.name, p.source)
+        launcher = p.launcher.build(p.name, p.source, p.trainer_spec)
         try:
             record = launcher.rescale(target, reason=str(decision.get("reason", "requested by hand"))[:200])
         except RescaleFailed as exc:

@@ -31,6 +31,14 @@ from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.policies import POLICIES, Sizing
 from kale_dagster.rules import check, setting
 from kale_dagster.stream.source import KafkaSource
+from kale_dagster.trainer.api import (
+    DEFAULT_TRAINER,
+    TrainerSpec,
+    options_problem,
+    trainer_field,
+    trainer_options_field,
+    trainer_path_problem,
+)
 
 _NAME = r"[a-z][a-z0-9_]{0,62}"
 
@@ -43,6 +51,9 @@ class OnlineTrainingPipeline:
     (``kale_dagster.policies.POLICIES``, ``kale_dagster.forecast.FORECASTERS``);
     ``launcher`` says where the workers run: ``LocalLauncherConfig`` (the
     local trainer service, the default) or ``KubernetesLauncherConfig``.
+    ``trainer`` names the factory of the user's trainer (``kale_dagster.trainer.api``), as an import path
+    (``mypkg.train:make_trainer``) the workers run with ``trainer_options``; a path that does not resolve
+    here is refused when definitions load.
 
     Durations are in the pipeline's time (``clock``): wall time, unless a
     demo or a benchmark compresses it with ``PipelineClock(time_scale=...)``.
@@ -86,6 +97,8 @@ class OnlineTrainingPipeline:
     history_url: str | None = setting(
         None, description="SQLAlchemy URL of the metrics history; default SQLite under DAGSTER_HOME"
     )
+    trainer: str = trainer_field()
+    trainer_options: Mapping = trainer_options_field()
     launcher: LauncherConfig = setting(
         default_factory=LocalLauncherConfig, description="where the workers run: local processes or Kubernetes"
     )
@@ -93,7 +106,16 @@ class OnlineTrainingPipeline:
     autostart: bool = setting(True, description="false: sensors and schedules wait for an operator in the UI")
 
     def __post_init__(self):
-        check(self, self._policy_takes_its_options)
+        check(
+            self,
+            self._policy_takes_its_options,
+            lambda: options_problem(self.trainer_options),
+            lambda: None if self.trainer == DEFAULT_TRAINER else trainer_path_problem(self.trainer),
+        )
+
+    @property
+    def trainer_spec(self) -> TrainerSpec:
+        return TrainerSpec(self.trainer, self.trainer_options)
 
     def _policy_takes_its_options(self) -> KaleConfigError | None:
         """Options the policy does not take fail at load, not at the first tick."""

@@ -33,6 +33,7 @@ from kale_dagster.errors import KaleConfigError
 
 if TYPE_CHECKING:
     from kale_dagster.stream.source import KafkaSource
+    from kale_dagster.trainer.api import TrainerSpec
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class LauncherStatus:
     ``failed`` says why the running group has failed (a pod OOM-killed, its node lost or preempted) when
     nothing will restart it but a rescale; empty otherwise.  ``poison_records`` counts the records the
     running workers skipped because they were not valid samples; ``checkpoint_error`` why the
-    group's last checkpoint could not be written (empty once one is).
+    group's last checkpoint could not be written (empty once one is).  ``metric`` is the trainer's
+    progressive-validation metric (``metric_name``: auc, mae, ...), the mean over the ranks that report one.
     """
 
     workers: int
@@ -79,6 +81,8 @@ class LauncherStatus:
     failed: str = ""
     poison_records: int = 0
     checkpoint_error: str = ""
+    metric_name: str = ""
+    metric: float | None = None
 
     def to_dict(self) -> dict:
         return {**asdict(self), "downtimes_s": list(self.downtimes_s)}
@@ -210,8 +214,8 @@ class LauncherConfig(ABC):
     rescale_timeout_s: float = 900.0
 
     @abstractmethod
-    def build(self, pipeline: str, source: KafkaSource) -> Rescalable:
-        """The launcher (or a client of one) for ``pipeline``, consuming ``source``."""
+    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> Rescalable:
+        """The launcher (or a client of one) for ``pipeline``, running ``trainer`` on ``source``."""
 
     @abstractmethod
     def describe(self) -> str:

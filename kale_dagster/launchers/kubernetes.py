@@ -42,6 +42,7 @@ from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
+from kale_dagster.trainer.api import TrainerSpec
 from kale_dagster.trainer.protocol import WorkerEvent, parse_event
 
 APP_LABEL = "app.kubernetes.io/name"
@@ -104,8 +105,8 @@ class KubernetesLauncherConfig(LauncherConfig):
     def rescale_timeout_s(self) -> float:  # the old Job's stop, the new one's readiness, and a margin for the API
         return self.stop_timeout_s + self.ready_timeout_s + 120.0
 
-    def build(self, pipeline: str, source: KafkaSource) -> KubernetesLauncher:
-        return KubernetesLauncher(pipeline, self, source)
+    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> KubernetesLauncher:
+        return KubernetesLauncher(pipeline, self, source, trainer=trainer)
 
     def describe(self) -> str:
         return f"Kubernetes namespace {self.namespace!r} (image {self.image})"
@@ -120,7 +121,12 @@ def job_name(pipeline: str, workers: int, generation: int) -> str:
 
 
 def render(
-    pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource, workers: int, generation: int = 1
+    pipeline: str,
+    config: KubernetesLauncherConfig,
+    source: KafkaSource,
+    workers: int,
+    generation: int = 1,
+    trainer: TrainerSpec | None = None,
 ) -> list[dict]:
     """The Service and Job manifests for ``workers`` pods, as plain dicts (for review, GitOps, validation)."""
     from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
@@ -148,6 +154,7 @@ def render(
         source.group_id,
         "--checkpoint-dir",
         "/checkpoints",
+        *(trainer or TrainerSpec()).argv(pipeline),
         *config.trainer_args,
     ]
     job_config = DagsterK8sJobConfig(
@@ -235,6 +242,7 @@ class KubernetesLauncher(Launcher):
         pipeline: str,
         config: KubernetesLauncherConfig,
         source: KafkaSource,
+        trainer: TrainerSpec | None = None,
         client: Any = None,  # DagsterKubernetesClient
         sleeper: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
@@ -246,6 +254,7 @@ class KubernetesLauncher(Launcher):
 
             client = DagsterKubernetesClient.production_client()
         self.pipeline, self.config, self.source = pipeline, config, source
+        self.trainer = trainer or TrainerSpec()
         self.client, self.core_api = client, client.core_api
         self.sleeper, self.poll_s = sleeper, poll_s
         self._volume_checked = False
@@ -378,7 +387,7 @@ class KubernetesLauncher(Launcher):
             self.sleeper(self.poll_s)
 
     def _create_and_wait(self, workers: int, generation: int) -> str:
-        service, job = render(self.pipeline, self.config, self.source, workers, generation)
+        service, job = render(self.pipeline, self.config, self.source, workers, generation, self.trainer)
         self._ensure_service(service)
         name = job["metadata"]["name"]
         self.client.batch_api.create_namespaced_job(self.config.namespace, job)

@@ -42,7 +42,14 @@ from kale_dagster.launchers.base import Launcher, RescaleRecord
 from kale_dagster.rules import check, setting
 from kale_dagster.stream.broker import free_loopback_port
 from kale_dagster.stream.source import KafkaSource
-from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S, GroupAssignment, WorkerEvent, parse_event
+from kale_dagster.trainer.api import TrainerSpec
+from kale_dagster.trainer.protocol import (
+    COLLECTIVE_TIMEOUT_S,
+    TRAINER_FAILED,
+    GroupAssignment,
+    WorkerEvent,
+    parse_event,
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,8 @@ class TrainerSettings:
     )
     trained_log: str | None = None
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S
+    trainer: TrainerSpec = setting(default_factory=TrainerSpec, description="the trainer factory the workers run")
+    pipeline: str = setting("", description="the pipeline's name, for the factory's context")
 
     def __post_init__(self):
         _ = self.source.topic  # the kale trainer consumes one topic: fail here, naming the field
@@ -99,7 +108,7 @@ class TrainerSettings:
         ]
         if self.trained_log:
             args += ["--trained-log", self.trained_log]
-        return args
+        return args + self.trainer.argv(self.pipeline)
 
     def env(self) -> dict[str, str]:
         """The workers' environment: this process's, plus the source's Kafka security settings."""
@@ -117,6 +126,7 @@ class WorkerProcess:
         self.events: queue.Queue[tuple[WorkerEvent, dict]] = queue.Queue()
         self.latest_metrics: dict | None = None
         self.rank: int | None = None
+        self.failure = ""  # the user's trainer failed, as the worker said (a FAILED event)
         self.released = False
         self.ready = threading.Event()  # torch imported, model built: can join a group at once
         self.proc = subprocess.Popen(
@@ -140,6 +150,8 @@ class WorkerProcess:
             event, fields = parsed
             if event is WorkerEvent.METRICS:
                 self.latest_metrics = fields
+            elif event is WorkerEvent.FAILED:
+                self.failure = str(fields.get("reason", "no reason given"))
             elif event is WorkerEvent.READY:
                 self.ready.set()
             self.events.put(parsed)
@@ -156,6 +168,9 @@ class WorkerProcess:
                 event, fields = self.events.get(timeout=min(0.2, max(deadline - time.monotonic(), 0.01)))
             except queue.Empty:
                 if self.proc.poll() is not None:
+                    self._reader.join(1.0)  # its last events, a FAILED one among them, are read
+                    if self.failure:
+                        raise RuntimeError(f"the trainer failed: {self.failure}") from None
                     raise RuntimeError(
                         f"worker exited with code {self.proc.returncode} before '{wanted.value}': {self.last_error()} "
                         f"(log: {self.log_path})"
@@ -235,6 +250,7 @@ class LocalLauncher(Launcher):
         self._group: list[WorkerProcess] = []
         self._pool: list[WorkerProcess] = []
         self._stopped = False
+        self._failed = ""  # why the group's trainer failed; it stays down until a rescale
         self._log_dir = Path(log_dir or Path(settings.checkpoint_dir) / "logs")
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._fill_pool(self._standbys_wanted(0))
@@ -271,16 +287,25 @@ class LocalLauncher(Launcher):
             w.wait_ready(max(deadline - time.monotonic(), 0.1))
 
     def supervise_once(self) -> RescaleRecord | None:
-        """Restart the group from its last checkpoint if a worker died; None when all is well."""
+        """Restart the group from its last checkpoint if a worker died; None when all is well.
+
+        A group whose trainer failed (``TRAINER_FAILED``: a restart would fail the same way) is not restarted
+        here: the status says it failed and why, and only a rescale, which the controller retries with a
+        growing delay, starts it again."""
         with self._lock:
             dead = [w for w in self._group if not w.alive() and w.proc.returncode != 0]
-            if not dead:
+            if not dead or self._failed:
                 return None
             # The rest of the group cannot checkpoint (its collective is broken) and one may be hung, not
             # stopping on SIGTERM: kill them now instead of waiting out the stop timeout.
             for w in self._group:
                 if w.alive():
                     w.signal(signal.SIGKILL)
+            failed = next((w for w in dead if w.proc.returncode == TRAINER_FAILED), None)
+            if failed is not None:
+                failed._reader.join(1.0)
+                self._failed = f"the trainer failed: {failed.failure or failed.last_error()}"
+                return None
             return self._restart(
                 self.workers, f"crash-restart (worker rank {dead[0].rank} exited {dead[0].proc.returncode})"
             )
@@ -305,7 +330,11 @@ class LocalLauncher(Launcher):
             "emulated": self.settings.emulate_gpu_rate > 0,
             "poison_records": sum(int(m.get("poison_records", 0)) for m in latest),
             "checkpoint_error": next((m["checkpoint_error"] for m in latest if m.get("checkpoint_error")), ""),
+            **_quality(latest),
         }
+
+    def _failure(self) -> str:
+        return self._failed
 
     # --- internals ------------------------------------------------------------------
 
@@ -353,6 +382,7 @@ class LocalLauncher(Launcher):
         for rank, w in enumerate(group):
             w.assign(GroupAssignment(rank, n, "127.0.0.1", port))
         self._group = group
+        self._failed = ""
         for w in group:
             w.wait_for(WorkerEvent.STARTED, self.ready_timeout_s)  # rendezvous, checkpoint loaded, consumer open
         marks.append(time.monotonic())
@@ -371,6 +401,15 @@ class LocalLauncher(Launcher):
         if self.max_workers is None:
             return self.pool_size
         return max(min(self.pool_size, self.max_workers - group_size), 0)
+
+
+def _quality(latest: list[dict]) -> dict:
+    """The trainer's progressive-validation metric over the group: the mean of the ranks that have a value."""
+    values = [m["metric"] for m in latest if m.get("metric") is not None]
+    names = {m["metric_name"] for m in latest if m.get("metric_name")}
+    if not values or len(names) != 1:
+        return {}
+    return {"metric_name": names.pop(), "metric": sum(values) / len(values)}
 
 
 def _retire(workers: list, wait: bool) -> None:

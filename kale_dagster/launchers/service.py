@@ -47,6 +47,7 @@ from kale_dagster.launchers.local import LocalLauncher
 from kale_dagster.model.limits import MAX_WORKERS
 from kale_dagster.rules import check, setting
 from kale_dagster.stream.source import KafkaSource
+from kale_dagster.trainer.api import TrainerSpec
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
@@ -209,7 +210,11 @@ class LauncherService:
                 if self.path != "/status":
                     return self._reply(404, {"error": f"unknown path {self.path}"})
                 launcher = service.launcher
-                self._reply(200, {**launcher.status().to_dict(), "records": [asdict(r) for r in launcher.records]})
+                settings = getattr(launcher, "settings", None)
+                runs = {"trainer": settings.trainer.trainer} if settings is not None else {}
+                self._reply(
+                    200, {**launcher.status().to_dict(), **runs, "records": [asdict(r) for r in launcher.records]}
+                )
 
             def do_POST(self):
                 if self._refused():
@@ -321,12 +326,17 @@ def check_loopback_url(url: str) -> str:
 class LocalTrainerClient:
     """``workers`` and ``rescale`` of a LocalLauncher, over its LauncherService's HTTP API.
 
-    The token is read at every call, so a restarted service (with a new token) is followed."""
+    The token is read at every call, so a restarted service (with a new token) is followed.  With ``trainer``
+    (what the pipeline declares), a rescale of a service that runs another trainer is refused: the pipeline
+    would be scaling a job it does not describe."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0, token_file: Path | None = None):
+    def __init__(
+        self, url: str, timeout_s: float = 600.0, token_file: Path | None = None, trainer: TrainerSpec | None = None
+    ):
         self.url = check_loopback_url(url)
         self.timeout_s = timeout_s
         self.token_file = Path(token_file) if token_file else default_token_file(_url_port(self.url))
+        self.trainer = trainer
 
     def _token(self) -> str:
         try:
@@ -364,6 +374,13 @@ class LocalTrainerClient:
         return LauncherStatus.from_dict(self._call("GET", "/status"))
 
     def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None:
+        if self.trainer is not None:
+            runs = self._call("GET", "/status").get("trainer")
+            if runs is not None and runs != self.trainer.trainer:
+                raise RuntimeError(
+                    f"the trainer service at {self.url} runs {runs}, the pipeline declares {self.trainer.trainer}: "
+                    f"start it with `kale trainer serve --trainer {self.trainer.trainer}`, or declare {runs}"
+                )
         answer = self._call("POST", "/rescale", {"workers": m, "reason": reason})
         if not answer.pop("changed"):
             return None
@@ -382,8 +399,10 @@ class LocalLauncherConfig(LauncherConfig):
     def __post_init__(self):
         check(self, lambda: loopback_url_problem(self.trainer_url))
 
-    def build(self, pipeline: str, source: KafkaSource) -> LocalTrainerClient:
-        return LocalTrainerClient(self.trainer_url, token_file=Path(self.token_file) if self.token_file else None)
+    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> LocalTrainerClient:
+        return LocalTrainerClient(
+            self.trainer_url, token_file=Path(self.token_file) if self.token_file else None, trainer=trainer
+        )
 
     def describe(self) -> str:
         return f"the local trainer service at {self.trainer_url}"

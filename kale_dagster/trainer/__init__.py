@@ -1,1 +1,28 @@
-"""The online trainer: model, checkpoints, data balancing and the worker process."""
+"""The online trainer: the plug-in API a user's trainer is written to, and the harness that runs it.
+
+A user writes a factory of an :class:`OnlineTrainer` (``kale_dagster.trainer.api``) and names it on the
+pipeline; ``kale_dagster.trainer.worker`` runs it: consumption, balancing, data-parallel steps, atomic
+checkpoints, offset commits and the rescale protocol.  ``ctr`` is the built-in demo trainer, ``metrics``
+the progressive-validation metrics, ``lightning`` an adapter for a LightningModule.
+"""
+
+from kale_dagster.trainer.api import (
+    OnlineTrainer,
+    ProgressiveMetric,
+    Record,
+    TrainerContext,
+    TrainerFactory,
+    TrainerSpec,
+)
+from kale_dagster.trainer.metrics import RollingAUC, RollingMAE
+
+__all__ = [
+    "OnlineTrainer",
+    "ProgressiveMetric",
+    "Record",
+    "RollingAUC",
+    "RollingMAE",
+    "TrainerContext",
+    "TrainerFactory",
+    "TrainerSpec",
+]

@@ -20,6 +20,9 @@ from enum import Enum
 #: Seconds a collective may wait for a missing rank before the group fails
 #: (a hung or dead peer), for workers and for the settings that start them.
 COLLECTIVE_TIMEOUT_S = 60.0
+#: A worker's exit code when the user's trainer failed in a way a restart would repeat (its factory raised,
+#: its loss is not finite): the launcher reports the group failed instead of restarting it in a loop.
+TRAINER_FAILED = 3
 
 
 class WorkerEvent(str, Enum):
@@ -29,6 +32,7 @@ class WorkerEvent(str, Enum):
     METRICS = "metrics"  # samples/s, busy share, idle share since the last metrics event
     CHECKPOINT = "checkpoint"  # a checkpoint was written and offsets committed (rank 0)
     STOPPED = "stopped"  # left the group after its final checkpoint
+    FAILED = "failed"  # the user's trainer failed (``reason``); the process exits TRAINER_FAILED
 
 
 def event_line(event: WorkerEvent, **fields) -> str:

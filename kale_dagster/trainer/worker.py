@@ -1,12 +1,21 @@
-"""One trainer worker: consume assigned partitions, balance, train with DDP, checkpoint.
+"""One trainer worker: the harness around the user's trainer (``trainer.api``).  It consumes its assigned
+partitions, balances, trains data-parallel and checkpoints.
 
 Run under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the
 environment) or as a warm standby for the local launcher (``--standby``:
-torch is imported and the model built, then the process waits for a JSON
+torch and the user's trainer module are imported, then the process waits for a JSON
 line on stdin with rank, world size and rendezvous address; after the group
-stops it is a standby again).  Events go to stdout as JSON lines for the
+stops it is a standby again).  At every join the user's factory builds the trainer for that rank and
+group.  Events go to stdout as JSON lines for the
 launcher (``trainer.protocol.WorkerEvent``): ready, started, step, metrics,
-checkpoint, stopped.
+checkpoint, stopped, and failed when the user's trainer fails in a way a restart would repeat (the
+process then exits ``TRAINER_FAILED``, and the launcher does not restart it).
+
+Data parallelism is explicit rather than DDP's: after the user's loss is backpropagated, one all-reduce
+sums every rank's gradients, each scaled by the rank's share of the global batch, with the losses
+appended.  So a rank with nothing to train still takes part (it never calls the user's code on an empty
+batch), any model works (unused parameters, several forward passes), and a non-finite loss is seen by
+every rank at the same step, before any optimizer step, checkpoint or commit.
 
 Each step every rank all-gathers a ``StepStatus`` (own and total queue
 lengths, accepting, stop and checkpoint-due flags; ``trainer.protocol``).
@@ -33,6 +42,8 @@ most what was trained since.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import signal
 import sys
@@ -44,19 +55,34 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import default_collate
 
+from kale_dagster.errors import KaleConfigError
 from kale_dagster.stream.record_time import usable_ms
-from kale_dagster.stream.samples import RECORD, decode
 from kale_dagster.stream.source import WORKER_ENV, Secret
+from kale_dagster.trainer.api import (
+    DEFAULT_TRAINER,
+    OnlineTrainer,
+    Record,
+    TrainerContext,
+    TrainerFailure,
+    check_trainer,
+    load_factory,
+)
 from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
 from kale_dagster.trainer.checkpoint import CheckpointWriteError, load_latest, save_atomic
 from kale_dagster.trainer.committer import OffsetCommitter
-from kale_dagster.trainer.model import CTRModel, RollingAUC, batch_tensors
 from kale_dagster.trainer.ordering import ArrivalOrder
-from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S, GroupAssignment, StepStatus, WorkerEvent, event_line
+from kale_dagster.trainer.protocol import (
+    COLLECTIVE_TIMEOUT_S,
+    TRAINER_FAILED,
+    GroupAssignment,
+    StepStatus,
+    WorkerEvent,
+    event_line,
+)
+from kale_dagster.trainer.sample_queue import ORIGIN, SampleQueue, Samples
 
-QITEM = np.dtype([("rec", RECORD), ("partition", "<i4"), ("offset", "<i8")])
 # A partition that may deliver and does not for this long stops holding this rank's others back (ordering).
 ORDER_STALL_S = 2.0
 
@@ -92,6 +118,19 @@ def _unblock_resumed_partitions(consumer) -> None:
         fetcher._next_partition_records = None
 
 
+def _to_device(batch, device: torch.device):
+    """``default_collate``'s batch (tensors in any nesting of dicts, lists and tuples) on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(_to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
+
+
 def emit(event: WorkerEvent, **fields) -> None:
     try:
         print(event_line(event, **fields), flush=True)
@@ -99,58 +138,6 @@ def emit(event: WorkerEvent, **fields) -> None:
         # The launcher that read these is gone: events go nowhere from now on, and the worker stops
         # gracefully (``_leave_when_orphaned``) instead of dying mid-step on a write.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
-class LocalQueue:
-    """Own samples (fetched here, FIFO) and forwarded ones (never forwarded again)."""
-
-    def __init__(self):
-        self.own = np.empty(0, dtype=QITEM)
-        self.forwarded = np.empty(0, dtype=QITEM)
-
-    def __len__(self) -> int:
-        return len(self.own) + len(self.forwarded)
-
-    def add_own(self, items: np.ndarray) -> None:
-        self.own = np.concatenate([self.own, items])
-
-    def add_forwarded(self, items: np.ndarray) -> None:
-        self.forwarded = np.concatenate([self.forwarded, items])
-
-    def give_own(self, n: int) -> np.ndarray:
-        """The oldest ``n`` own samples, for a receiver (they are the most overdue)."""
-        out, self.own = self.own[:n], self.own[n:]
-        return out
-
-    def take(self, n: int) -> np.ndarray:
-        """Up to ``n`` samples to train: forwarded first, then own, oldest first."""
-        f = min(n, len(self.forwarded))
-        taken = [self.forwarded[:f], self.own[: n - f]]
-        self.forwarded, self.own = self.forwarded[f:], self.own[n - f :]
-        return np.concatenate(taken)
-
-    def take_through(self, newest: dict[int, int]) -> np.ndarray:
-        """Remove and return the queued samples at or below ``newest[partition]`` (the holes a checkpoint must not
-        skip)."""
-
-        def due(arr):
-            limit = np.array([newest.get(int(p), -1) for p in arr["partition"]], dtype=np.int64)
-            return arr["offset"] <= limit
-
-        out = []
-        for name in ("forwarded", "own"):
-            arr = getattr(self, name)
-            mask = due(arr) if len(arr) else np.zeros(0, dtype=bool)
-            out.append(arr[mask])
-            setattr(self, name, arr[~mask])
-        return np.concatenate(out)
-
-    def min_offsets(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for arr in (self.own, self.forwarded):
-            for p in np.unique(arr["partition"]):
-                out[int(p)] = min(out.get(int(p), 1 << 62), int(arr["offset"][arr["partition"] == p].min()))
-        return out
 
 
 class MetricsWindow:
@@ -195,7 +182,13 @@ class Worker:
             if torch.cuda.is_available()
             else torch.device("cpu")
         )
-        self._build_model()
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # where NCCL's collectives, all_gather_object's too, run
+        # Collectives run where the backend wants their tensors: NCCL on the GPU, gloo on the CPU.
+        self.comm_device = self.device
+        # Imported now, so that a warm standby has the user's module (and whatever it imports) loaded too.
+        self.factory = load_factory(args.trainer)
+        self.trainer: OnlineTrainer | None = None  # built at every join, for that rank and group
         self.started_at = time.monotonic()
         self.trained_log = None
         self.committer = None  # rank 0's OffsetCommitter for the current group, once it has checkpointed
@@ -205,11 +198,27 @@ class Worker:
 
     # --- lifecycle -------------------------------------------------------------
 
-    def _build_model(self) -> None:
-        torch.manual_seed(0)
-        self.model = CTRModel().to(self.device)
-        self.optimizer = torch.optim.Adagrad(self.model.parameters(), lr=0.05)
-        self.auc = RollingAUC()
+    def _build_trainer(self) -> OnlineTrainer:
+        """The user's trainer for this rank and group, its model on this worker's device."""
+        context = TrainerContext(
+            rank=self.rank,
+            world_size=self.world,
+            device=self.device,
+            pipeline=self.args.pipeline,
+            options=json.loads(self.args.trainer_options),
+        )
+        try:
+            trainer = self.factory(context)
+        except Exception as exc:
+            raise TrainerFailure(f"{self.args.trainer} raised {type(exc).__name__}: {exc}") from exc
+        trainer = check_trainer(trainer, self.args.trainer)
+        trainer.model.to(self.device)  # in place: the optimizer keeps the same parameters
+        return trainer
+
+    @property
+    def model(self) -> torch.nn.Module:
+        assert self.trainer is not None, "built at join"
+        return self.trainer.model
 
     def serve(self, group: GroupAssignment) -> int:
         """Join a group, train until stopped, leave it.  A standby can serve again."""
@@ -221,9 +230,8 @@ class Worker:
         finally:
             self.serving = False
             dist.destroy_process_group()
-            # DDP's hooks belong to one process group: the next group gets a
-            # fresh model, loaded from the checkpoint this one just wrote.
-            self._build_model()
+            # The next group gets a fresh trainer, loaded from the checkpoint this one just wrote.
+            self.trainer = None
 
     def join(self, group: GroupAssignment) -> None:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -235,15 +243,28 @@ class Worker:
             timeout=timedelta(seconds=self.args.collective_timeout_s),
         )
         self.rank, self.world = group.rank, group.world
-        self.ddp = DistributedDataParallel(
-            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
-        )
+        self.trainer = self._build_trainer()
 
     def restore(self) -> dict:
+        """The latest checkpoint's state, loaded into the trainer; then every rank holds rank 0's weights (with
+        no checkpoint yet, the factory may have initialised each rank differently)."""
+        trainer = self.trainer
+        assert trainer is not None, "built at join"
         state = load_latest(self.args.checkpoint_dir) or {}
         if state:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            try:
+                trainer.model.load_state_dict(state["model"])
+                trainer.optimizer.load_state_dict(state["optimizer"])
+                for name, part in (("scheduler", trainer.scheduler), ("user_state", trainer.state)):
+                    if part is not None and name in state:
+                        part.load_state_dict(state[name])
+            except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+                raise TrainerFailure(
+                    f"the latest checkpoint in {self.args.checkpoint_dir} does not fit {self.args.trainer}'s "
+                    f"model: {str(exc).splitlines()[0]} (a changed model needs a new checkpoint_dir)"
+                ) from exc
+        for tensor in [*trainer.model.parameters(), *trainer.model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
         return state
 
     # --- data ----------------------------------------------------------------------
@@ -295,7 +316,7 @@ class Worker:
         finally:
             c.close()
 
-    def fill(self, consumer, queue: LocalQueue) -> None:
+    def fill(self, consumer, queue: SampleQueue) -> None:
         room = self.args.max_queue - len(queue.own)
         if room <= 0 or not self.next_pos:
             return
@@ -320,26 +341,42 @@ class Worker:
                 return  # nothing more fetched for the partitions that may deliver
             room = self.args.max_queue - len(queue.own)
 
-    def _queue_records(self, partition: int, records: list, queue: LocalQueue) -> None:
-        samples, counts = decode([r.value for r in records])
-        poison = counts == 0
-        if poison.any():  # skipped, never retried: its offset is passed like any other
-            self.poison_records += int(poison.sum())
-            first = records[int(np.flatnonzero(poison)[0])]
+    def _queue_records(self, partition: int, records: list, queue: SampleQueue) -> None:
+        """Decode with the user's ``decode``; a record it refuses (``ValueError``) is skipped and counted, never
+        retried: its offset is passed like any other."""
+        assert self.trainer is not None, "built at join"
+        decode, now = self.trainer.decode, time.time()
+        items: list = []
+        origin: list[tuple[int, int, int]] = []
+        refused: list[tuple[int, str]] = []
+        most = 0
+        for r in records:
+            record = Record(r.value, r.key, usable_ms(r.timestamp, now), partition, r.offset)
+            try:
+                samples = list(decode(record))
+            except ValueError as exc:
+                refused.append((r.offset, str(exc)))
+                continue
+            except Exception as exc:  # a bug in decode, not a bad record: skipping would lose good records
+                raise TrainerFailure(
+                    f"{self.args.trainer}: decode raised {type(exc).__name__}: {exc} on partition {partition} offset "
+                    f"{r.offset} (raise ValueError for a record to skip)"
+                ) from exc
+            items.extend(samples)
+            # Every sample of a packed record carries the record's offset: a checkpoint resumes at that record.
+            origin.extend((partition, r.offset, i) for i in range(len(samples)))
+            most = max(most, len(samples))
+        if refused:
+            self.poison_records += len(refused)
+            offset, why = refused[0]
             print(
-                f"skipped {int(poison.sum())} record(s) that are not kale samples in partition {partition}, "
-                f"first at offset {first.offset} ({len(first.value or b'')} bytes)",
+                f"skipped {len(refused)} record(s) that {self.args.trainer}'s decode refused in partition "
+                f"{partition}, first at offset {offset}: {why}"[:1000],
                 file=sys.stderr,
                 flush=True,
             )
-        items = np.empty(len(samples), dtype=QITEM)
-        items["rec"] = samples
-        items["partition"] = partition
-        # Every sample of a packed record carries the record's offset: a
-        # checkpoint taken mid-record resumes at that record (at least once).
-        items["offset"] = np.repeat([r.offset for r in records], counts)
-        queue.add_own(items)
-        self.samples_per_record = int(counts.max()) or self.samples_per_record
+        queue.add_own(Samples(items, np.array(origin, dtype=ORIGIN)))
+        self.samples_per_record = most or self.samples_per_record
         self.next_pos[partition] = records[-1].offset + 1
 
     def _keep_arrival_order(self, consumer, newest: dict[int, int | None]) -> None:
@@ -360,22 +397,38 @@ class Worker:
             for tp in consumer.assignment()
         )
 
-    def exchange(self, queue: LocalQueue, plan: list[tuple[int, int, int]]) -> None:
-        """Carry out this rank's part of the forwarding plan with point-to-point transfers."""
-        ops, received = [], []
+    def exchange(self, queue: SampleQueue, plan: list[tuple[int, int, int]]) -> None:
+        """Carry out this rank's part of the forwarding plan with point-to-point transfers.
+
+        Samples are the user's objects, pickled: first every rank learns the size of each transfer (one
+        all-gather of a row of sizes per rank), then the payloads go point to point."""
+        if not plan:
+            return
+        counts: dict[int, int] = {}
         for src, dst, n in plan:
             if src == self.rank:
-                payload = torch.from_numpy(queue.give_own(n).view(np.uint8).copy())
-                ops.append(dist.P2POp(dist.isend, payload, dst))
-            elif dst == self.rank:
-                buf = torch.empty(n * QITEM.itemsize, dtype=torch.uint8)
+                counts[dst] = counts.get(dst, 0) + n
+        payloads = {dst: queue.give_own(n).to_bytes() for dst, n in counts.items()}
+        row = torch.zeros(self.world, dtype=torch.int64, device=self.comm_device)
+        for dst, data in payloads.items():
+            row[dst] = len(data)
+        table = [torch.zeros_like(row) for _ in range(self.world)]
+        dist.all_gather(table, row)
+        sizes = torch.stack(table).tolist()  # sizes[src][dst]
+        ops, received = [], []
+        for dst, data in payloads.items():
+            tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.comm_device)
+            ops.append(dist.P2POp(dist.isend, tensor, dst))
+        for src in range(self.world):
+            if src != self.rank and sizes[src][self.rank]:
+                buf = torch.empty(sizes[src][self.rank], dtype=torch.uint8, device=self.comm_device)
                 ops.append(dist.P2POp(dist.irecv, buf, src))
                 received.append(buf)
         if ops:
             for req in dist.batch_isend_irecv(ops):
                 req.wait()
         for buf in received:
-            queue.add_forwarded(buf.numpy().view(QITEM))
+            queue.add_forwarded(Samples.from_bytes(buf.cpu().numpy().tobytes()))
 
     # --- training ------------------------------------------------------------------
 
@@ -389,7 +442,7 @@ class Worker:
         step = int(state.get("step", 0))
         trained_total = int(state.get("trained_total", 0))
         consumer, mine = self.open_consumer(state)
-        queue = LocalQueue()
+        queue = SampleQueue()
         accept = AcceptState(high=args.high_watermark, low=args.low_watermark)
         emit(WorkerEvent.STARTED, rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
         self.newest_trained: dict[int, int] = {}  # per partition, the newest offset this rank trained in this group
@@ -444,7 +497,7 @@ class Worker:
                     time.sleep(0.01)
                     continue
                 batch = queue.take(args.batch_size)
-                busy_s = self.train_batch(batch, global_n)
+                busy_s = self.train_batch(batch, global_n, step)
                 step += 1
                 trained_total += len(batch)
                 window.add(len(batch), busy_s, full=global_n == args.batch_size * self.world)
@@ -479,7 +532,7 @@ class Worker:
             rank=self.rank,
             world=self.world,
             **window.fields(),
-            auc=self.auc.value(),
+            **self._quality(),
             step=step,
             emulated=bool(self.args.emulate_gpu_rate),
             poison_records=self.poison_records,
@@ -487,28 +540,32 @@ class Worker:
         )
         return MetricsWindow()
 
+    def _quality(self) -> dict:
+        """The trainer's progressive-validation metric, for the metrics event (none when it declares none)."""
+        metric = self.trainer.metric if self.trainer is not None else None
+        if metric is None:
+            return {}
+        value = float(metric.value())
+        return {"metric_name": str(metric.name), "metric": value if np.isfinite(value) else None}
+
     def gather_status(self, mine: StepStatus) -> list[StepStatus]:
         """Every rank's status at this step boundary, in rank order."""
-        status = torch.tensor(mine.to_row(), dtype=torch.int64)
+        status = torch.tensor(mine.to_row(), dtype=torch.int64, device=self.comm_device)
         gathered = [torch.zeros_like(status) for _ in range(self.world)]
         dist.all_gather(gathered, status)
         return [StepStatus.from_row(row) for row in torch.stack(gathered).tolist()]
 
-    def train_batch(self, batch: np.ndarray, global_n: int) -> float:
+    def train_batch(self, batch: Samples, global_n: int, step: int) -> float:
         """One collective step on this rank's ``batch`` (possibly empty); the seconds the GPU was busy."""
         started = time.monotonic()
-        self.train_step(batch["rec"], global_n)
+        self.train_step(batch, global_n, step)
         if len(batch):
-            for p in np.unique(batch["partition"]):
-                newest = int(batch["offset"][batch["partition"] == p].max())
+            origin = batch.origin
+            for p in np.unique(origin["partition"]):
+                newest = int(origin["offset"][origin["partition"] == p].max())
                 self.newest_trained[int(p)] = max(self.newest_trained.get(int(p), -1), newest)
             if self.trained_log is not None:
-                self.trained_log.write(
-                    np.stack(
-                        [batch["partition"].astype(np.int64), batch["offset"], batch["rec"]["seq"].astype(np.int64)],
-                        axis=1,
-                    ).tobytes()
-                )
+                self.trained_log.write(origin.tobytes())  # (partition, offset, index in record) as int64 triples
         if not self.args.emulate_gpu_rate:
             return time.monotonic() - started  # the GPU is busy for the whole step
         # EMULATION: one GPU's throughput, so scaling shows on a small CPU.
@@ -519,7 +576,7 @@ class Worker:
         # own delays (a busy CPU, collectives among processes) are not GPU time.
         return len(batch) / self.args.emulate_gpu_rate
 
-    def settle(self, queue: LocalQueue, step: int, trained_total: int) -> tuple[int, int]:
+    def settle(self, queue: SampleQueue, step: int, trained_total: int) -> tuple[int, int]:
         """Train, collectively, what is queued at or below the newest trained offset of its partition on any rank,
         so that the checkpoint's offsets cover exactly the samples trained; returns the updated step and count."""
         everyone: list = [None] * self.world
@@ -531,30 +588,81 @@ class Worker:
         holes = queue.take_through(newest)
         while True:
             n = min(len(holes), self.args.batch_size)
-            total = torch.tensor([n], dtype=torch.int64)
+            total = torch.tensor([n], dtype=torch.int64, device=self.comm_device)
             dist.all_reduce(total)
             if int(total) == 0:
                 return step, trained_total
-            batch, holes = holes[:n], holes[n:]
-            self.train_batch(batch, int(total))
+            batch, holes = holes.split(n)
+            self.train_batch(batch, int(total), step)
             step, trained_total = step + 1, trained_total + n
 
-    def train_step(self, records: np.ndarray, global_n: int) -> None:
-        users, items, dense, labels = batch_tensors(records, self.device)
-        logits = self.ddp(users, items, dense)
-        # DDP averages gradients over ranks: scale so the update is the global mean over samples.
-        loss = (
-            torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
-            * self.world
-            / global_n
-        )
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        if len(records):
-            self.auc.add(torch.sigmoid(logits.detach()).cpu().numpy(), records["label"])
+    @contextlib.contextmanager
+    def _users(self, part: str):
+        """The user's ``part`` runs here: an exception from it is a bug a restart would repeat, so it fails the
+        group in one line naming the factory, instead of a traceback and a crash-restart loop."""
+        try:
+            yield
+        except TrainerFailure:
+            raise
+        except Exception as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise TrainerFailure(f"{self.args.trainer}: {part} raised {type(exc).__name__}: {first}") from exc
 
-    def checkpoint(self, step: int, trained_total: int, queue: LocalQueue) -> tuple[int, int]:
+    def train_step(self, batch: Samples, global_n: int, step: int) -> None:
+        """The user's forward pass on this rank's share, then one all-reduce of the gradients (each rank's scaled
+        by its share of the ``global_n`` samples, so the update is the global mean) with the losses appended,
+        then the optimizer step, unless the loss is not finite anywhere in the group."""
+        trainer = self.trainer
+        assert trainer is not None, "built at join"
+        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        trainer.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros(1, device=self.comm_device)
+        if len(batch):
+            with self._users("collate"):
+                data = (
+                    trainer.collate(batch.items)
+                    if trainer.collate
+                    else _to_device(default_collate(batch.items), self.device)
+                )
+            with self._users("loss"):
+                out = trainer.loss(trainer.model, data)
+            loss, predictions = out if isinstance(out, tuple) else (out, None)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise TrainerFailure(
+                    f"{self.args.trainer}: loss must return a scalar tensor, got {type(loss).__name__}"
+                )
+            if trainer.metric is not None and predictions is not None:
+                with self._users("metric.update"):
+                    trainer.metric.update(predictions, data)  # scored before the step: progressive validation
+            with self._users("loss (its backward pass)"):
+                (loss * (len(batch) / global_n)).backward()
+            loss_sum += loss.detach().reshape(1).to(self.comm_device) * len(batch)
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.comm_device) for p in params]
+            + [loss_sum]
+        )
+        dist.all_reduce(flat)
+        if not torch.isfinite(flat[-1]) or not torch.isfinite(flat).all():
+            what = "loss" if not torch.isfinite(flat[-1]) else "gradient"
+            raise TrainerFailure(
+                f"{self.args.trainer}: the {what} is not finite at step {step + 1}; the group stops before that step, "
+                f"and nothing past the last checkpoint is checkpointed or committed"
+            )
+        at = 0
+        for p in params:
+            grad = flat[at : at + p.numel()].view_as(p).to(p.device)
+            at += p.numel()
+            if p.grad is None:
+                p.grad = grad.clone()
+            else:
+                p.grad.copy_(grad)
+        trainer.optimizer.step()
+        if trainer.scheduler is not None:
+            trainer.scheduler.step()
+
+    def checkpoint(self, step: int, trained_total: int, queue: SampleQueue) -> tuple[int, int]:
+        trainer = self.trainer
+        assert trainer is not None, "built at join"
         step, trained_total = self.settle(queue, step, trained_total)
         if self.trained_log is not None:
             # What a checkpoint covers must be on disk in the accounting log too.
@@ -585,7 +693,9 @@ class Worker:
                 "offsets": offsets,
                 "partition_rates": rates,
                 "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": trainer.optimizer.state_dict(),
+                **({"scheduler": trainer.scheduler.state_dict()} if trainer.scheduler is not None else {}),
+                **({"user_state": trainer.state.state_dict()} if trainer.state is not None else {}),
                 "world": self.world,
             }
             try:
@@ -613,6 +723,9 @@ def parse_args(argv=None):
     parser.add_argument("--topic", required=True)
     parser.add_argument("--group-id", required=True)
     parser.add_argument("--checkpoint-dir", required=True)
+    parser.add_argument("--trainer", default=DEFAULT_TRAINER, help="the trainer factory, module:attribute")
+    parser.add_argument("--trainer-options", default="{}", help="JSON object passed to the factory as options")
+    parser.add_argument("--pipeline", default="", help="the pipeline's name, for the factory's context")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--max-queue", type=int, default=2048)
     parser.add_argument("--high-watermark", type=int, default=768)
@@ -660,9 +773,20 @@ def _leave_when_orphaned(parent: int, every_s: float = 1.0) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _failed(why: str) -> int:
+    """The user's trainer failed in a way a restart would repeat: one line for the operator, an event for the
+    launcher (which then does not restart the group), and the exit code that says so."""
+    print(f"kale trainer failed: {why}", file=sys.stderr, flush=True)
+    emit(WorkerEvent.FAILED, reason=why[:2000])
+    return TRAINER_FAILED
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    worker = Worker(args)
+    try:
+        worker = Worker(args)
+    except KaleConfigError as exc:  # the factory's path does not resolve in the worker's environment
+        return _failed(str(exc))
 
     def on_stop(*_):
         if not worker.serving:
@@ -673,25 +797,31 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, on_stop)
     threading.Thread(target=_leave_when_orphaned, args=(os.getppid(),), daemon=True).start()
     try:
-        if not args.standby:
-            env = os.environ
-            return worker.serve(
-                GroupAssignment(int(env["RANK"]), int(env["WORLD_SIZE"]), env["MASTER_ADDR"], int(env["MASTER_PORT"]))
-            )
-        # Standby: serve one group after another.  A worker stopped by a rescale
-        # comes back here warm (torch imported, broker connection open), so the
-        # next group starts without a new process; an empty line ends it.
-        while True:
-            emit(WorkerEvent.READY, pid=os.getpid())
-            line = sys.stdin.readline()
-            if not line.strip():
-                return 0
-            code = worker.serve(GroupAssignment.from_line(line))
-            if code:
-                return code
+        return _serve(worker, args)
+    except TrainerFailure as exc:
+        return _failed(str(exc))
     finally:
         if worker.committer is not None:
             worker.committer.close()  # the last checkpoint's offsets reach Kafka before the process exits
+
+
+def _serve(worker: Worker, args) -> int:
+    if not args.standby:
+        env = os.environ
+        return worker.serve(
+            GroupAssignment(int(env["RANK"]), int(env["WORLD_SIZE"]), env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+        )
+    # Standby: serve one group after another.  A worker stopped by a rescale
+    # comes back here warm (torch imported, broker connection open), so the
+    # next group starts without a new process; an empty line ends it.
+    while True:
+        emit(WorkerEvent.READY, pid=os.getpid())
+        line = sys.stdin.readline()
+        if not line.strip():
+            return 0
+        code = worker.serve(GroupAssignment.from_line(line))
+        if code:
+            return code
 
 
 if __name__ == "__main__":

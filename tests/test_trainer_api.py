@@ -1,0 +1,121 @@
+"""The trainer plug-in API without processes: import paths, what a factory must return, the sample queue, the
+metrics and the Lightning adapter.  Table tests say success or failure per row."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline
+from kale_dagster.trainer import OnlineTrainer, Record, RollingAUC, RollingMAE, TrainerContext, TrainerSpec
+from kale_dagster.trainer.api import TrainerFailure, check_trainer, load_factory, trainer_path_problem
+from kale_dagster.trainer.ctr import make_trainer
+from kale_dagster.trainer.lightning import from_lightning
+from kale_dagster.trainer.sample_queue import ORIGIN, SampleQueue, Samples
+
+sys.path.insert(0, str(Path(__file__).parent))
+SOURCE = KafkaSource("127.0.0.1:9092", ("samples",), "ctr")
+CTX = TrainerContext(rank=0, world_size=1, device=torch.device("cpu"), pipeline="ctr")
+
+
+@pytest.mark.parametrize(
+    "path, says",
+    [
+        ("kale_dagster.trainer.ctr:make_trainer", None),
+        ("user_trainers:raising", None),  # resolves: it fails when called, in the worker
+        ("no_such_package.train:make", "no module 'no_such_package'"),
+        ("kale_dagster.trainer.ctr:no_such_factory", "has no 'no_such_factory'"),
+        ("user_trainers:NOT_A_FACTORY", "is a int, not a function"),
+        ("user_trainers", "must be an import path"),
+        ("user trainers:make", "must be an import path"),
+        (":make", "must be an import path"),
+    ],
+)
+def test_import_paths(path, says):
+    problem = trainer_path_problem(path)
+    if says is None:
+        assert problem is None
+        assert callable(load_factory(path))
+        return
+    assert problem is not None and problem.field == "trainer" and says in problem.problem, problem
+
+
+def test_a_pipeline_refuses_a_trainer_that_does_not_resolve_when_definitions_load():
+    with pytest.raises(KaleConfigError, match="trainer: .*no module 'mypkg'"):
+        OnlineTrainingPipeline(name="ctr", source=SOURCE, trainer="mypkg.train:make_trainer")
+    with pytest.raises(KaleConfigError, match="trainer_options: must be JSON"):
+        OnlineTrainingPipeline(name="ctr", source=SOURCE, trainer_options={"lr": float("nan")})
+    p = OnlineTrainingPipeline(name="ctr", source=SOURCE, trainer="user_trainers:with_state", trainer_options={"a": 1})
+    assert p.trainer_spec == TrainerSpec("user_trainers:with_state", {"a": 1})
+    assert p.trainer_spec.argv("ctr")[:4] == ["--trainer", "user_trainers:with_state", "--trainer-options", '{"a": 1}']
+
+
+def test_what_a_factory_returns_is_checked_naming_the_factory():
+    with pytest.raises(TrainerFailure, match="user_trainers:wrong_type returned a dict, not a kale_dagster.Online"):
+        check_trainer(load_factory("user_trainers:wrong_type")(CTX), "user_trainers:wrong_type")
+    broken = make_trainer(CTX)
+    broken.optimizer, broken.metric = "adam", object()
+    with pytest.raises(TrainerFailure, match="optimizer is a str, expected a torch.optim.Optimizer; metric is a"):
+        check_trainer(broken, "mine:make")
+    assert check_trainer(make_trainer(CTX), "ctr") is not None
+
+
+def _samples(partition: int, offsets: list[int]) -> Samples:
+    origin = np.array([(partition, o, 0) for o in offsets], dtype=ORIGIN)
+    return Samples([f"p{partition}o{o}" for o in offsets], origin)
+
+
+def test_the_sample_queue_keeps_origins_beside_the_users_objects():
+    queue = SampleQueue()
+    queue.add_own(_samples(0, [5, 6, 7, 8]))
+    queue.add_forwarded(Samples.from_bytes(_samples(1, [3, 4]).to_bytes()))  # as a transfer from another rank
+    assert len(queue) == 6 and queue.min_offsets() == {0: 5, 1: 3}
+    given = queue.give_own(1)
+    assert given.items == ["p0o5"] and given.origin["offset"].tolist() == [5]
+    holes = queue.take_through({0: 7, 1: 3})
+    assert holes.items == ["p1o3", "p0o6", "p0o7"]
+    taken = queue.take(10)
+    assert taken.items == ["p1o4", "p0o8"] and len(queue) == 0 and queue.min_offsets() == {}
+
+
+def test_progressive_metrics():
+    auc = RollingAUC(targets=lambda b: b, window=100)
+    auc.update(torch.tensor([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
+    assert auc.value() == pytest.approx(0.75)
+    mae = RollingMAE(targets=lambda b: b["y"], window=2)
+    assert math.isnan(mae.value())
+    mae.update(torch.tensor([1.0, 2.0, 4.0]), {"y": [1.0, 1.0, 1.0]})  # the window keeps the last two
+    assert mae.value() == pytest.approx(2.0)
+
+
+class LitRegressor(nn.Module):
+    """Shaped as a LightningModule: training_step and configure_optimizers (Lightning is not installed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        predicted = self.layer(batch["x"]).squeeze(1)
+        return {"loss": nn.functional.mse_loss(predicted, batch["y"]), "predictions": predicted.detach()}
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 10)}}
+
+
+def test_a_lightning_module_plugs_in_as_it_is():
+    module = LitRegressor()
+    trainer = from_lightning(module, decode=lambda r: [r.value], metric=RollingMAE(targets=lambda b: b["y"]))
+    check_trainer(trainer, "lit")
+    assert isinstance(trainer, OnlineTrainer) and trainer.scheduler is not None
+    batch = {"x": torch.ones(4, 2), "y": torch.zeros(4)}
+    value, predictions = trainer.loss(module, batch)
+    assert value.shape == () and predictions.shape == (4,)
+    assert trainer.decode(Record(b"v", None, None, 0, 0)) == [b"v"]
