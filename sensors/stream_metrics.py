@@ -203,8 +203,17 @@ def build_stream_metrics_sensor(
                 )
             except DatabaseError as exc:  # the reading is still recorded; the decision waits for the database
                 undecided = describe_database_error(exc)
-        try:  # one row per reading, with the workers the decision saw
-            store.append_stream(pipeline, now, figures, workers=outcome.running_workers if outcome else None)
+        quality = outcome.model_metric if outcome else None
+        if quality is not None:
+            observation_meta[f"model_{quality[0]}"] = MetadataValue.float(round(quality[1], 4))
+        try:  # one row per reading, with the workers the decision saw and the model's quality
+            store.append_stream(
+                pipeline,
+                now,
+                figures,
+                workers=outcome.running_workers if outcome else None,
+                model_metric=quality,
+            )
         except DatabaseError as exc:
             return unanswered(exc)
         if undecided:

@@ -51,6 +51,7 @@ class StandInWorkers:
     def __init__(self, workers=2):
         self.workers, self.busy, self.fail, self.records = workers, 1.0, False, []
         self.saturated = False  # whether the group never waited for data (its rate is then its capacity)
+        self.auc: float | None = None  # the trainer's progressive-validation metric, once it reports one
 
     def rescale(self, m, reason="rescale"):
         if self.fail:
@@ -72,6 +73,8 @@ class StandInWorkers:
             samples_per_s=rate,
             saturated=self.saturated,
             downtimes_s=tuple(r.downtime_s for r in self.records),
+            metric_name="auc" if self.auc is not None else "",
+            metric=self.auc,
         )
 
 

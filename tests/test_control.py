@@ -11,7 +11,9 @@ from __future__ import annotations
 import threading
 import time
 
+import pandas as pd
 import pytest
+from dagster import MetadataValue
 
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.control.controller import (
@@ -240,6 +242,26 @@ def test_throughput_is_recorded_only_while_the_group_never_waited_for_data(contr
         assert len(recorded) == int(saturated)
     # Recorded in pipeline units: the stand-ins' 100 samples/s per worker, at 30x.
     assert recorded.iloc[-1]["samples_per_s"] == pytest.approx(2 * 100.0 / 30.0)
+    history.dispose()
+
+
+@pytest.mark.integration
+def test_the_trainers_metric_is_recorded_beside_lag_at_every_reading(controlled):
+    env = controlled
+    history = env["p"].history()
+    cursor = None
+    for auc in (None, 0.61, 0.74):
+        env["workers"].auc = auc
+        produce_events(env["servers"], 20)
+        result = sensor_tick(env, cursor)
+        cursor = result.cursor
+        stream = next(e for e in result.asset_events if e.asset_key.path == ["ctl", "stream_metrics"])
+        assert stream.metadata.get("model_auc", None) == (None if auc is None else MetadataValue.float(auc))
+        assert decision_of(result).get("model_auc") == auc
+        time.sleep(0.3)
+    rows = history.stream("ctl")
+    assert rows["model_metric"].tolist()[:1] == [None] or pd.isna(rows["model_metric"].iloc[0])
+    assert rows["model_metric"].tolist()[-2:] == [0.61, 0.74] and set(rows["model_metric_name"].dropna()) == {"auc"}
     history.dispose()
 
 

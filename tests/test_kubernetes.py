@@ -476,3 +476,45 @@ def test_shipped_manifests_validate(path):
     assert docs
     for manifest in docs:
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_a_users_trainer_runs_in_the_users_image_through_the_harness():
+    """Declared on the pipeline, the trainer reaches the Job the launcher creates through the (mocked) API: the
+    harness entrypoint with the user's factory and options, every body valid against the schema."""
+    import sys
+    from pathlib import Path
+
+    from kale_dagster import OnlineTrainingPipeline
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    p = OnlineTrainingPipeline(
+        name="ctr",
+        source=SOURCE,
+        trainer="user_trainers:with_state",
+        trainer_options={"lr": 0.01, "towers": [64, 32]},
+        launcher=_config(image="registry.example.com/my-trainer:2.0"),
+    )
+    cluster = FakeCluster()
+    bodies = []
+    cluster.batch.create_namespaced_job.side_effect = lambda namespace=None, body=None: (
+        bodies.append(body),
+        cluster._create(namespace=namespace, body=body),
+    )
+    launcher = p.launcher.build(p.name, p.source, p.trainer_spec)
+    assert isinstance(launcher, KubernetesLauncher)
+    launcher.client = DagsterKubernetesClient(
+        batch_api=cluster.batch, core_api=cluster.core, logger=lambda *_: None, sleeper=lambda *_: None, timer=lambda: 0
+    )
+    launcher.core_api, launcher.sleeper = cluster.core, lambda *_: None
+    clock = iter(range(0, 10_000, 5))
+    launcher._clock = lambda: next(clock)
+    assert launcher.start(3).to_workers == 3
+    (job,) = bodies
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert container["image"] == "registry.example.com/my-trainer:2.0"
+    assert args[args.index("-m") + 1] == "kale_dagster.trainer.worker"
+    assert args[args.index("--trainer") + 1] == "user_trainers:with_state"
+    assert json.loads(args[args.index("--trainer-options") + 1]) == {"lr": 0.01, "towers": [64, 32]}
+    assert args[args.index("--pipeline") + 1] == "ctr"

@@ -119,3 +119,38 @@ def test_a_lightning_module_plugs_in_as_it_is():
     value, predictions = trainer.loss(module, batch)
     assert value.shape == () and predictions.shape == (4,)
     assert trainer.decode(Record(b"v", None, None, 0, 0)) == [b"v"]
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"lr": 0.01, "layers": [64, 32], "name": "x"}, None),
+        ({"lr": float("inf")}, "must be JSON"),
+        ({"when": object()}, "must be JSON"),
+        ({"db_password": "hunter2"}, "db_password look like credentials"),
+        ({"API_KEY": "k", "hf_token": "t"}, "API_KEY, hf_token look like credentials"),
+        ({"blob": "x" * 20_000}, "at most 16 KB"),
+    ],
+)
+def test_trainer_options(options, says):
+    if says is None:
+        assert TrainerSpec(trainer_options=options).trainer_options == options
+        return
+    with pytest.raises(KaleConfigError, match=says) as err:
+        TrainerSpec(trainer_options=options)
+    assert "hunter2" not in str(err.value)
+
+
+def test_kale_trainer_serve_refuses_a_trainer_that_does_not_resolve_in_one_line(tmp_path):
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", "trainer", "serve", "--topic", "t", "--group-id", "g"]
+        + ["--checkpoint-dir", str(tmp_path), "--trainer", "mypkg.train:make_trainer"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--trainer: mypkg.train:make_trainer: no module 'mypkg'" in done.stderr
+    assert not (tmp_path / "logs").exists()  # no worker was started

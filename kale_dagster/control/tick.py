@@ -61,6 +61,7 @@ class TickOutcome:
     cursor: ControlCursor
     events: Sequence[Any] = field(default=())
     run_requests: Sequence[Any] = field(default=())
+    model_metric: tuple[str, float] | None = None  # the trainer's progressive-validation metric, as reported
 
 
 class Decider(Protocol):

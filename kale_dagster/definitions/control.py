@@ -203,7 +203,11 @@ class PipelineControl:
             plotted_at = reading.time
         predictions = self._remember_prediction(cursor, reading.time)
         event = AssetMaterialization(self.allocation_key, metadata=metadata)
-        return TickOutcome(step, decision.running_workers, ControlCursor(predictions, plotted_at), [event], requests)
+        status = decision.status
+        quality = (status.metric_name, status.metric) if status is not None and status.metric is not None else None
+        return TickOutcome(
+            step, decision.running_workers, ControlCursor(predictions, plotted_at), [event], requests, quality
+        )
 
     # --- helpers -------------------------------------------------------------------------
 
@@ -340,4 +344,6 @@ def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) ->
         "checkpoint_error": status.checkpoint_error if status is not None else "",
     }
     metadata.update({k: v for k, v in optional.items() if v})
+    if status is not None and status.metric is not None:  # the trainer's progressive-validation metric
+        metadata[f"model_{status.metric_name}"] = round(status.metric, 4)
     return metadata

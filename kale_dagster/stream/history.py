@@ -45,6 +45,9 @@ STREAM_METRICS = sa.Table(
     sa.Column("partitions", sa.Integer),
     sa.Column("workers", sa.Integer),
     sa.Column("seeded", sa.Boolean),
+    # The trainer's progressive-validation metric at the reading (auc, mae, ...): quality beside lag.
+    sa.Column("model_metric_name", sa.String(40)),
+    sa.Column("model_metric", sa.Float),
 )
 WORKER_THROUGHPUT = sa.Table(
     "kale_worker_throughput",
@@ -66,7 +69,11 @@ FORECASTERS = sa.Table(
 #: Fitted forecasters kept per pipeline.
 KEEP_FORECASTERS = 3
 
-_METRIC_COLUMNS = [c.name for c in STREAM_METRICS.columns if c.name not in ("pipeline", "ts", "workers", "seeded")]
+_METRIC_COLUMNS = [
+    c.name
+    for c in STREAM_METRICS.columns
+    if c.name not in ("pipeline", "ts", "workers", "seeded", "model_metric_name", "model_metric")
+]
 
 
 def default_url() -> str:
@@ -92,9 +99,23 @@ class MetricsHistory:
         _add_missing_columns(self.engine)
 
     def append_stream(
-        self, pipeline: str, ts: float, metrics: dict, workers: int | None = None, seeded: bool = False
+        self,
+        pipeline: str,
+        ts: float,
+        metrics: dict,
+        workers: int | None = None,
+        seeded: bool = False,
+        model_metric: tuple[str, float] | None = None,
     ) -> None:
-        row = {"pipeline": pipeline, "ts": ts, "workers": workers, "seeded": seeded}
+        name, value = model_metric or (None, None)
+        row = {
+            "pipeline": pipeline,
+            "ts": ts,
+            "workers": workers,
+            "seeded": seeded,
+            "model_metric_name": name,
+            "model_metric": value,
+        }
         row.update({k: metrics.get(k) for k in _METRIC_COLUMNS})
         self._upsert(STREAM_METRICS, row)
         self._trim(STREAM_METRICS, pipeline, ts)

@@ -45,13 +45,24 @@ def trainer_options_field() -> Any:
     return setting(default_factory=dict, description="JSON-able options passed to the trainer factory")
 
 
+_SECRET_KEY = re.compile(r"password|secret|token|credential|api_?key", re.IGNORECASE)
+
+
 def options_problem(options: Mapping) -> KaleConfigError | None:
-    """Options reach every worker as JSON on its command line: they must survive that."""
+    """Options reach every worker as JSON on its command line (and in a Job's manifest): they must survive
+    that, and hold nothing secret."""
     try:
-        json.dumps(dict(options), allow_nan=False)
+        text = json.dumps(dict(options), allow_nan=False)
     except (TypeError, ValueError) as exc:
         return KaleConfigError("trainer_options", f"must be JSON (strings, numbers, lists, mappings): {exc}")
-    return need(len(json.dumps(dict(options))) <= 16_384, "trainer_options", "must be at most 16 KB as JSON")
+    secret = sorted(str(k) for k in options if _SECRET_KEY.search(str(k)))
+    if secret:
+        return KaleConfigError(
+            "trainer_options",
+            f"{', '.join(secret)} look like credentials, which would be visible on command lines and in manifests: "
+            "read them from the environment in your factory (a Kubernetes Secret, kafka_secret's envFrom)",
+        )
+    return need(len(text) <= 16_384, "trainer_options", "must be at most 16 KB as JSON")
 
 
 @dataclass(frozen=True)
