@@ -265,7 +265,9 @@ def policy_options(name: str, speed: float, tuned: dict | None = None) -> tuple[
         return "hpa", sync
     if name == "hpa-tuned":
         return "hpa", {**sync, **(tuned or {})}
-    raise SystemExit(f"--policies: unknown {name!r}; this bench runs kale, hpa and hpa-tuned")
+    if name == "static-max":  # over-provisioning: the model-quality ceiling (never stale, never restarted)
+        return "static", {"workers": MAX_WORKERS}
+    raise SystemExit(f"--policies: unknown {name!r}; this bench runs kale, hpa, hpa-tuned and static-max")
 
 
 def hpa_setting(target: int, window_s: float, scale_down: tuple) -> dict:
@@ -562,8 +564,11 @@ def run_live(
         if done:
             to_step.append(min(done) - at)
     cost_of = {role: (cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)) / cpu_wall for role in cpu_after}
+    quality = scored["model_metric"].dropna() if "model_metric" in scored else pd.Series(dtype=float)
     return {
         "metrics": metrics,
+        # The trainer's progressive-validation AUC over the scored readings: how stale lag made the model.
+        "quality": {"auc_median": float(quality.median()) if len(quality) else None, "readings": int(len(quality))},
         "dagster": {
             "tick_wall_s_median": float(np.median(gaps)),
             "tick_wall_s_p95": float(np.percentile(gaps, 95)),
@@ -694,6 +699,18 @@ def main() -> int:
                 )
                 + f"; SLO violation {k['slo_violation_rate']:.1%} vs {h['slo_violation_rate']:.1%}"
             )
+    quality = {
+        name: [run["quality"]["auc_median"] for run in runs[name] if (run.get("quality") or {}).get("auc_median")]
+        for name in names
+    }
+    if any(quality.values()):
+        print("\nmodel quality under scaling (progressive-validation AUC, median of runs; worker-hours):")
+        ceiling = statistics.median(quality["static-max"]) if quality.get("static-max") else None
+        for name in names:
+            if quality[name]:
+                auc = statistics.median(quality[name])
+                versus = f", {auc - ceiling:+.4f} vs static-max" if ceiling is not None else ""
+                print(f"  {name:<12} AUC {auc:.4f}{versus}; worker-hours {measured[name]['gpu_hours']:.2f}")
     print(
         f"\nsimulator vs measured (tolerance: accumulated lag and worker-hours within {TOLERANCE:.0%}, SLO violation "
         f"within {SLO_TOLERANCE:.0%} points):"

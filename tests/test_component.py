@@ -219,6 +219,27 @@ BAD_YAML = [
         "not valid for policy 'hpa'",
     ),
     (
+        "trainer that is no import path",
+        {"name": "ctr", "source": SOURCE, "trainer": "train.py"},
+        "trainer",
+        "does not match",
+        "should match pattern",
+    ),
+    (
+        "trainer that is not installed",
+        {"name": "ctr", "source": SOURCE, "trainer": "mypkg.train:make_trainer"},
+        "attributes.trainer",
+        None,
+        "no module 'mypkg'",
+    ),
+    (
+        "a credential in the trainer's options",
+        {"name": "ctr", "source": SOURCE, "trainer_options": {"hf_token": "hunter2"}},
+        "attributes.trainer_options",
+        None,
+        "hf_token look like credentials",
+    ),
+    (
         "public trainer URL",
         {"name": "ctr", "source": SOURCE, "launcher": {"kind": "local", "trainer_url": "http://10.0.0.5:8765"}},
         "attributes.launcher.trainer_url",

@@ -34,6 +34,7 @@ from kale_dagster.definitions.schema import DeclaredModel, declared_model
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import FORECASTERS
 from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig
+from kale_dagster.launchers.observed import ObservedGroupConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
@@ -62,6 +63,7 @@ class KafkaSourceAttributes(_KafkaSourceFields):  # type: ignore[misc, valid-typ
 
 _LocalFields = declared_model(LocalLauncherConfig, path="attributes.launcher")
 _KubernetesFields = declared_model(KubernetesLauncherConfig, path="attributes.launcher")
+_ObservedFields = declared_model(ObservedGroupConfig, path="attributes.launcher")
 
 
 class LocalLauncherAttributes(_LocalFields):  # type: ignore[misc, valid-type]
@@ -74,6 +76,12 @@ class KubernetesLauncherAttributes(_KubernetesFields):  # type: ignore[misc, val
     """Workers run as a Kubernetes Job per allocation (``KubernetesLauncherConfig``)."""
 
     kind: Literal["kubernetes"]
+
+
+class ObservedLauncherAttributes(_ObservedFields):  # type: ignore[misc, valid-type]
+    """A consumer group someone else runs, watched by an advisory pipeline (``ObservedGroupConfig``)."""
+
+    kind: Literal["observed"]
 
 
 class ThroughputPriorAttributes(DeclaredModel):
@@ -136,7 +144,10 @@ _PipelineFields = declared_model(
             Field(default=None, description="default: 1000 samples/s per worker, scaling linearly"),
         ),
         "launcher": (
-            Annotated[LocalLauncherAttributes | KubernetesLauncherAttributes, Field(discriminator="kind")],
+            Annotated[
+                LocalLauncherAttributes | KubernetesLauncherAttributes | ObservedLauncherAttributes,
+                Field(discriminator="kind"),
+            ],
             Field(default_factory=LocalLauncherAttributes, description="where the workers run"),
         ),
     },

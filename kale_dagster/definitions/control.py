@@ -344,6 +344,10 @@ def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) ->
         "checkpoint_error": status.checkpoint_error if status is not None else "",
     }
     metadata.update({k: v for k, v in optional.items() if v})
+    if status is not None and status.observed_from:  # a group Kale watches: how its workers were counted
+        metadata["workers_observed_from"] = status.observed_from
+    if p.advisory:  # what Kale would have changed, had it acted
+        metadata["would_change_workers_by"] = step.decision.workers - decision.running_workers
     if status is not None and status.metric is not None:  # the trainer's progressive-validation metric
         metadata[f"model_{status.metric_name}"] = round(status.metric, 4)
     return metadata

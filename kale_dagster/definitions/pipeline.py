@@ -25,11 +25,12 @@ from kale_dagster.control.controller import ControlSettings
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import FORECASTERS
 from kale_dagster.launchers.base import LauncherConfig
+from kale_dagster.launchers.observed import ObservedGroupConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.policies import POLICIES, Sizing
-from kale_dagster.rules import check, setting
+from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import (
     DEFAULT_TRAINER,
@@ -111,6 +112,12 @@ class OnlineTrainingPipeline:
             self._policy_takes_its_options,
             lambda: options_problem(self.trainer_options),
             lambda: None if self.trainer == DEFAULT_TRAINER else trainer_path_problem(self.trainer),
+            lambda: need(
+                self.advisory or not isinstance(self.launcher, ObservedGroupConfig),
+                "advisory",
+                "an observed consumer group is never rescaled by Kale: declare the pipeline advisory=True, or a "
+                "launcher that restarts the workload",
+            ),
         )
 
     @property

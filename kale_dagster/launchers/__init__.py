@@ -6,7 +6,8 @@
 * ``service``: the loopback HTTP service that owns a LocalLauncher for Dagster's
   rescale runs, its client, and ``LocalLauncherConfig``;
 * ``kubernetes``: ``KubernetesLauncher`` (an Indexed Job of GPU pods) and
-  ``KubernetesLauncherConfig``.
+  ``KubernetesLauncherConfig``;
+* ``observed``: ``ObservedGroupConfig``, a consumer group Kale watches but did not start (advisory only).
 
 A pipeline declares one ``LauncherConfig``; its rescale job builds the launcher from it.
 """
@@ -14,6 +15,7 @@ A pipeline declares one ``LauncherConfig``; its rescale job builds the launcher 
 from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed, RescaleRecord
 from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesLauncherConfig
 from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
+from kale_dagster.launchers.observed import ObservedGroupConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "LauncherConfig",
     "LocalLauncher",
     "LocalLauncherConfig",
+    "ObservedGroupConfig",
     "RescaleFailed",
     "RescaleRecord",
     "TrainerSettings",

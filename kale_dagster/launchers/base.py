@@ -67,6 +67,7 @@ class LauncherStatus:
     running workers skipped because they were not valid samples; ``checkpoint_error`` why the
     group's last checkpoint could not be written (empty once one is).  ``metric`` is the trainer's
     progressive-validation metric (``metric_name``: auc, mae, ...), the mean over the ranks that report one.
+    ``observed_from`` says how the worker count of a group Kale does not run was observed.
     """
 
     workers: int
@@ -83,6 +84,7 @@ class LauncherStatus:
     checkpoint_error: str = ""
     metric_name: str = ""
     metric: float | None = None
+    observed_from: str = ""
 
     def to_dict(self) -> dict:
         return {**asdict(self), "downtimes_s": list(self.downtimes_s)}

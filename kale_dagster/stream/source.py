@@ -170,6 +170,23 @@ class KafkaSource:
             )
         return self.topics[0]
 
+    def client_config(self) -> dict:
+        """kafka-python settings for a client of this source's brokers, the password read from its variable."""
+        config: dict = {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+            "bootstrap_timeout_ms": self.request_timeout_ms,  # a broker that is down fails within the budget
+        }
+        optional = {
+            "sasl_mechanism": self.sasl_mechanism,
+            "sasl_plain_username": self.sasl_username,
+            "sasl_plain_password": read_password(self.sasl_password_env) if self.sasl_password_env else None,
+            "ssl_cafile": self.ssl_cafile,
+        }
+        config.update({k: v for k, v in optional.items() if v})
+        return config
+
     def worker_env(self, include_password: bool) -> dict[str, str]:
         """The ``WORKER_ENV`` variables for a worker process.
 

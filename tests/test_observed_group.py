@@ -1,0 +1,161 @@
+"""Advisory mode on a consumer group Kale did not start: membership as a worker count (table tests), and an
+advisory pipeline deciding at every reading on a real group of consumers on the embedded broker."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kale_dagster import KafkaSource, KaleConfigError, Limits, OnlineTrainingPipeline, ThroughputModel
+from kale_dagster.launchers import ObservedGroupConfig
+from kale_dagster.stream.group import GroupView, view_of, worker_count
+
+SOURCE = KafkaSource("127.0.0.1:9092", ("samples",), "their-trainer")
+
+
+def _member(assignment=None, instance=None) -> dict:
+    return {"member_id": "m", "group_instance_id": instance, "member_assignment": assignment}
+
+
+class _Assignment:
+    def __init__(self, *topics):
+        self.assigned_partitions = [(t, [0, 1]) for t in topics]
+
+
+@pytest.mark.parametrize(
+    "description, declared, workers, says",
+    [
+        # Apache Kafka: assignments are readable; members without the topics are not workers of this trainer.
+        (
+            {"group_state": "Stable", "members": [_member(_Assignment("samples")), _member(_Assignment("other"))]},
+            None,
+            1,
+            "1 of the group's 2 members are assigned the topics",
+        ),
+        # The embedded broker: no assignments in the answer; every member is taken as a worker, and it says so.
+        ({"group_state": "Stable", "members": [_member(b""), _member(b""), _member(b"")]}, None, 3, "not readable"),
+        ({"group_state": "Stable", "members": [_member(b"", instance="pod-0")]}, None, 1, "1 static members"),
+        ({"group_state": "Empty", "members": []}, None, None, "no members (consumers that assign()"),
+        ({"group_state": "Empty", "members": []}, 4, 4, "the declared 4 workers are used"),
+        ({"group_state": "Dead", "members": []}, None, None, "not known to the classic group API"),
+        (None, 2, 2, "KIP-848"),
+        (
+            {"group_state": "Stable", "members": [_member(_Assignment("other"))]},
+            None,
+            None,
+            "0 of the group's 1 members",
+        ),
+    ],
+)
+def test_membership_as_a_worker_count(description, declared, workers, says):
+    view = view_of(description, ("samples",)) if description is not None else None
+    count, how = worker_count(view, declared)
+    assert count == workers and says in how, how
+    assert count != 0  # an unknown count is never 0 workers
+
+
+def test_rebalancing_is_a_restart_in_progress():
+    view = view_of({"group_state": "PreparingRebalance", "members": [_member(b"")]}, ("samples",))
+    assert view == GroupView("PreparingRebalance", "", 1, None, 0)
+
+
+def test_an_observed_group_is_only_advised_on():
+    with pytest.raises(KaleConfigError, match="advisory: an observed consumer group is never rescaled"):
+        OnlineTrainingPipeline(name="theirs", source=SOURCE, launcher=ObservedGroupConfig())
+    with pytest.raises(KaleConfigError, match="workers: must be >= 1"):
+        ObservedGroupConfig(workers=0)
+
+
+@pytest.mark.integration
+def test_an_advisory_pipeline_decides_at_every_reading_on_a_group_it_did_not_start(kafka_broker, tmp_path):
+    from dagster import build_sensor_context, instance_for_test
+    from kafka import KafkaConsumer, KafkaProducer
+
+    from kale_dagster import build_definitions
+    from kale_dagster.control.clock import PipelineClock
+    from kale_dagster.stream.producer import ensure_topic
+
+    servers = kafka_broker.bootstrap_servers
+    ensure_topic(servers, "samples", 4)
+    stop = threading.Event()
+    consumers = [
+        KafkaConsumer(
+            "samples",
+            bootstrap_servers=servers,
+            group_id="their-trainer",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            enable_auto_commit=True,
+            auto_commit_interval_ms=500,
+        )
+        for _ in range(2)
+    ]
+
+    def consume(consumer):
+        while not stop.is_set():
+            consumer.poll(200)
+
+    threads = [threading.Thread(target=consume, args=(c,), daemon=True) for c in consumers]
+    for t in threads:
+        t.start()
+    producer = KafkaProducer(bootstrap_servers=servers)
+
+    def pipeline(name: str, group: str, declared: int | None) -> OnlineTrainingPipeline:
+        return OnlineTrainingPipeline(
+            name=name,
+            source=KafkaSource(servers, ("samples",), group, request_timeout_ms=3000),
+            limits=Limits(min_workers=1, max_workers=8),
+            throughput_prior=ThroughputModel.linear(100.0),
+            advisory=True,
+            launcher=ObservedGroupConfig(workers=declared),
+            clock=PipelineClock(30.0, wall_start=time.time()),
+            history_url=f"sqlite:///{tmp_path / 'm.db'}",
+            forecaster="ewma",
+        )
+
+    watched = [
+        pipeline("theirs", "their-trainer", None),
+        pipeline("assigned", "nobody", 3),
+        pipeline("unknown", "nobody", None),
+    ]
+    decisions: dict[str, list[dict]] = {p.name: [] for p in watched}
+    try:
+        time.sleep(8)  # the group forms (the embedded broker's JoinGroup waits half the session timeout)
+        with instance_for_test() as instance:
+            for p in watched:
+                repo = build_definitions(p).get_repository_def()
+                sensor = {s.name: s for s in repo.sensor_defs}[f"{p.name}_stream_metrics"]
+                resource = repo.get_top_level_resources()[f"kale_stream_{p.name}"]
+                cursor = None
+                for _ in range(4):
+                    for i in range(50):
+                        producer.send("samples", b"x" * 29, partition=i % 4)
+                    producer.flush()
+                    result = sensor(
+                        build_sensor_context(
+                            instance=instance, cursor=cursor, resources={f"kale_stream_{p.name}": resource}
+                        )
+                    )
+                    cursor = result.cursor
+                    event = next(e for e in result.asset_events if e.asset_key.path == [p.name, "gpu_allocation"])
+                    decisions[p.name].append({k: v.value for k, v in event.metadata.items()})
+                    # advisory: refits are requested, rescales never
+                    assert all(r.job_name == f"{p.name}_refit" for r in result.run_requests)
+                    time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        for c in consumers:
+            c.close()
+        producer.close()
+    theirs = decisions["theirs"]
+    assert len(theirs) == 4  # a decision at every reading
+    assert all(d["running_workers"] == 2 and "2 members" in d["workers_observed_from"] for d in theirs), theirs[-1]
+    assert all("would_change_workers_by" in d for d in theirs)
+    assigned = decisions["assigned"]
+    assert all(d["running_workers"] == 3 and "declared 3 workers" in d["workers_observed_from"] for d in assigned)
+    unknown = decisions["unknown"]
+    assert all("cannot tell how many workers" in d["held"] for d in unknown), unknown[-1]
