@@ -8,6 +8,7 @@ test_demo.py), so that their busy share can be set.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -374,3 +375,80 @@ def test_one_function_reads_the_controller_s_reading_from_history():
     assert (reading.latest_arrival_rate, reading.backlog, reading.time_lag_s) == (300.0, 30.0, 3.0)
     first = reading_from(rows.iloc[:1], rate_window_s=300.0)  # a first snapshot measured no rate: none is made up
     assert first.arrival_rate is None and first.consumption_rate is None and first.latest_arrival_rate is None
+
+
+@pytest.mark.integration
+def test_kale_status_reads_where_each_pipeline_stands_from_the_instance_alone(controlled, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from kale_dagster.definitions.status import format_status, read_status
+
+    env = controlled
+    env["workers"].auc = 0.7
+    cursor = None
+    for _ in range(2):
+        produce_events(env["servers"], 40)
+        result = sensor_tick(env, cursor)
+        cursor = result.cursor
+        for event in result.asset_events:  # stored, as the daemon stores a sensor's events
+            env["instance"].report_runless_asset_event(event)
+        time.sleep(0.3)
+    (status,) = read_status(env["instance"])
+    assert (status.name, status.running_workers, status.min_workers, status.max_workers) == ("ctl", 2, 1, 8)
+    assert status.desired_workers is not None and status.slo_minutes == 20 and status.backlog is not None
+    assert status.decided_age_s is not None and 0 <= status.decided_age_s < 30
+    assert status.reason and status.policy == "hpa" and status.extras["model_auc"] == 0.7
+    assert not status.sensor_running and status.failed_runs_last_hour == 0  # the test ticks the sensor by hand
+    text = format_status([status])
+    assert all(len(line) <= 80 for line in text.splitlines()) and "SENSOR STOPPED" in text
+    # The command, on the same instance (its directory is DAGSTER_HOME): the time an operator waits.
+    home = env["instance"].root_directory
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DAGSTER_HOME": home},
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    (printed,) = json.loads(done.stdout)
+    assert printed["name"] == "ctl" and printed["running_workers"] == 2
+    print(f"kale status answered in {took:.2f} s")
+
+    # The same state as Prometheus metrics: the collector, then the endpoint an operator scrapes.
+    from dagster import DagsterInstance
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kale_dagster.definitions.prometheus import PipelineCollector
+
+    registry = CollectorRegistry()
+    registry.register(PipelineCollector(lambda: DagsterInstance.from_config(home)))
+    text = generate_latest(registry).decode()
+    for line in (
+        'kale_workers{kind="running",pipeline="ctl"} 2.0',
+        'kale_max_workers{pipeline="ctl"} 8.0',
+        'kale_slo_seconds{pipeline="ctl"} 1200.0',
+        'kale_model_metric{metric="auc",pipeline="ctl"} 0.7',
+        'kale_sensor_running{pipeline="ctl"} 0.0',
+    ):
+        assert line in text, text
+    server = subprocess.Popen(
+        [sys.executable, "-m", "kale_dagster.cli", "metrics", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DAGSTER_HOME": home},
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().split()[-1]
+        import urllib.request
+
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            assert 'kale_workers{kind="running",pipeline="ctl"} 2.0' in answer.read().decode()
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -15,18 +15,20 @@ from collections.abc import Sequence
 from kale_dagster.errors import CommandError, InputDataError, KaleConfigError
 from kale_dagster.rules import Rule
 
-# Modules providing subcommands, in the order `kale --help` lists them.
-_COMMAND_MODULES = (
-    "kale_dagster.cli.broker",
-    "kale_dagster.cli.forecast",
-    "kale_dagster.cli.trace",
-    "kale_dagster.cli.produce",
-    "kale_dagster.cli.k8s",
-    "kale_dagster.cli.trainer",
-    "kale_dagster.cli.backtest",
-    "kale_dagster.cli.history",
-    "kale_dagster.cli.demo",
-)
+# The module providing each subcommand, in the order `kale --help` lists them.
+_COMMAND_MODULES = {
+    "broker": "kale_dagster.cli.broker",
+    "forecast": "kale_dagster.cli.forecast",
+    "trace": "kale_dagster.cli.trace",
+    "produce": "kale_dagster.cli.produce",
+    "k8s": "kale_dagster.cli.k8s",
+    "trainer": "kale_dagster.cli.trainer",
+    "status": "kale_dagster.cli.status",
+    "metrics": "kale_dagster.cli.metrics",
+    "backtest": "kale_dagster.cli.backtest",
+    "history": "kale_dagster.cli.history",
+    "demo": "kale_dagster.cli.demo",
+}
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -88,15 +90,18 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``kale`` parser; with ``only``, just that subcommand's (its module alone is imported, so a command
+    like ``kale status`` does not wait for every other command's imports)."""
     parser = Parser(
         prog="kale",
         description="Kale elastic GPU scheduling for online training, on Dagster.",
     )
     parser.add_argument("--version", action="version", version=f"kale-dagster {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in _COMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
+    for name, module_name in _COMMAND_MODULES.items():
+        if only is None or name == only:
+            importlib.import_module(module_name).register(subparsers)
     return parser
 
 
@@ -110,7 +115,8 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=given[0] if given and given[0] in _COMMAND_MODULES else None)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)

@@ -322,7 +322,13 @@ def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) ->
         "time": decision.time,
         "time_scale": p.clock.time_scale,
         "advisory": p.advisory,
+        "min_workers": p.limits.min_workers,
+        "max_workers": p.limits.max_workers,
+        "slo_minutes": p.limits.slo_minutes,
     }
+    if forecast is not None and len(forecast.point):  # the next hour's mean arrival rate, samples/s
+        hour = forecast.point[: max(int(round(3600 / forecast.step_s)), 1)]
+        metadata["forecast_next_hour"] = round(float(hour.mean()), 3)
     obs = step.observation
     if obs is not None:
         metadata.update(

@@ -1,0 +1,38 @@
+"""``kale status``: each pipeline's workers, lag against its SLO, forecast, last decision and health."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="where each pipeline stands: workers, lag against the SLO, forecast, last decision, health",
+        description="Reads the Dagster instance ($DAGSTER_HOME) alone: the latest gpu_allocation decision of each "
+        "pipeline, its metrics sensor's state and its failed runs of the last hour.",
+        epilog="example: DAGSTER_HOME=~/dagster kale status --pipeline ctr",
+    )
+    parser.add_argument("--pipeline", help="only this pipeline")
+    parser.add_argument("--json", action="store_true", help="one JSON object per pipeline, in a list")
+    parser.set_defaults(handler=run_status)
+
+
+def run_status(args) -> int:
+    from dagster import DagsterInstance
+
+    from kale_dagster.definitions.status import format_status, read_status
+    from kale_dagster.errors import CommandError
+
+    try:
+        instance = DagsterInstance.get()
+    except Exception as exc:  # DAGSTER_HOME unset or not an instance
+        raise CommandError(f"no Dagster instance: {str(exc).splitlines()[0]} (set DAGSTER_HOME)") from None
+    try:
+        statuses = read_status(instance, args.pipeline)
+    finally:
+        instance.dispose()
+    if args.pipeline and not statuses:
+        raise CommandError(f"pipeline {args.pipeline!r} has not decided in this instance")
+    print(json.dumps([s.to_dict() for s in statuses], indent=1) if args.json else format_status(statuses))
+    return 0
