@@ -452,3 +452,16 @@ def test_kale_status_reads_where_each_pipeline_stands_from_the_instance_alone(co
     finally:
         server.terminate()
         server.wait(10)
+
+
+@pytest.mark.parametrize("command", [["status"], ["metrics", "serve", "--port", "0"]])
+def test_kale_status_and_metrics_without_an_instance_are_one_line(command):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    done = subprocess.run(
+        [sys.executable, "-m", "kale_dagster.cli", *command], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "no Dagster instance" in done.stderr and "set DAGSTER_HOME" in done.stderr

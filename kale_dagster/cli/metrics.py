@@ -22,18 +22,15 @@ def register(subparsers) -> None:
 
 
 def run_serve(args) -> int:
-    from dagster import DagsterInstance
     from prometheus_client import CollectorRegistry, start_http_server
 
+    from kale_dagster.cli.status import open_instance
     from kale_dagster.definitions.prometheus import PipelineCollector
     from kale_dagster.errors import CommandError
 
-    try:
-        DagsterInstance.get().dispose()
-    except Exception as exc:
-        raise CommandError(f"no Dagster instance: {str(exc).splitlines()[0]} (set DAGSTER_HOME)") from None
+    open_instance().dispose()  # one line now, rather than at every scrape, when there is no instance
     registry = CollectorRegistry()
-    registry.register(PipelineCollector(DagsterInstance.get))
+    registry.register(PipelineCollector(open_instance))
     try:
         server, _ = start_http_server(args.port, addr=args.host, registry=registry)
     except OSError as exc:

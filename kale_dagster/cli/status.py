@@ -18,16 +18,23 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run_status)
 
 
-def run_status(args) -> int:
+def open_instance():
+    """The Dagster instance of ``DAGSTER_HOME``, or one line saying why there is none."""
     from dagster import DagsterInstance
 
-    from kale_dagster.definitions.status import format_status, read_status
     from kale_dagster.errors import CommandError
 
     try:
-        instance = DagsterInstance.get()
+        return DagsterInstance.get()
     except Exception as exc:  # DAGSTER_HOME unset or not an instance
         raise CommandError(f"no Dagster instance: {str(exc).splitlines()[0]} (set DAGSTER_HOME)") from None
+
+
+def run_status(args) -> int:
+    from kale_dagster.definitions.status import format_status, read_status
+    from kale_dagster.errors import CommandError
+
+    instance = open_instance()
     try:
         statuses = read_status(instance, args.pipeline)
     finally:
