@@ -434,6 +434,7 @@ def test_kale_status_reads_where_each_pipeline_stands_from_the_instance_alone(co
         'kale_slo_seconds{pipeline="ctl"} 1200.0',
         'kale_model_metric{metric="auc",pipeline="ctl"} 0.7',
         'kale_sensor_running{pipeline="ctl"} 0.0',
+        'kale_restart_seconds{pipeline="ctl"}',
     ):
         assert line in text, text
     server = subprocess.Popen(

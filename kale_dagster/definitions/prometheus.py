@@ -37,6 +37,7 @@ _GAUGES: tuple[tuple[str, str, Callable[[PipelineStatus], float | None]], ...] =
         "Wall seconds since the latest decision (one per reading)",
         lambda s: s.decided_age_s,
     ),
+    ("kale_restart_seconds", "The restart time the latest decision planned with", lambda s: s.restart_s),
     ("kale_sensor_running", "1 while the pipeline's metrics sensor runs", lambda s: float(s.sensor_running)),
     ("kale_advisory", "1 for a pipeline that records decisions and never rescales", lambda s: float(s.advisory)),
     ("kale_failed_runs_last_hour", "The pipeline's failed runs over the last hour", lambda s: s.failed_runs_last_hour),

@@ -29,6 +29,8 @@ class PipelineStatus:
     time_lag_s: float | None
     arrival_rate: float | None
     forecast_next_hour: float | None
+    restart_s: float | None  # the restart time the decision planned with (pipeline seconds)
+    restart_source: str  # measured (the median of the group's restarts) or declared
     policy: str
     reason: str
     held: str
@@ -79,6 +81,8 @@ def read_status(instance, pipeline: str | None = None, now: float | None = None)
                 time_lag_s=_float(meta.get("time_lag_s")),
                 arrival_rate=_float(meta.get("arrival_rate")),
                 forecast_next_hour=_float(meta.get("forecast_next_hour")),
+                restart_s=_float(meta.get("restart_s")),
+                restart_source=str(meta.get("restart_estimate", "")),
                 policy=str(meta.get("policy", "")),
                 reason=str(meta.get("reason", "")),
                 held=str(meta.get("held", "")),
