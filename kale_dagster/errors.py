@@ -14,9 +14,10 @@ class KaleConfigError(ValueError):
 
     def __init__(self, field: str, problem: str):
         self.field = field
-        self.problem = problem
+        # One line whatever a problem quotes (a key or a value with a line break in it, an exception's text).
+        self.problem = problem.replace("\r", "\\r").replace("\n", "\\n")
         self.errors: list[KaleConfigError] = [self]
-        super().__init__(f"{field}: {problem}")
+        super().__init__(f"{field}: {self.problem}")
 
     @classmethod
     def join(cls, errors: Sequence[KaleConfigError]) -> KaleConfigError:

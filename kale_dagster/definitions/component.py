@@ -33,6 +33,7 @@ from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.definitions.schema import DeclaredModel, declared_model
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import FORECASTERS
+from kale_dagster.launchers.command import CommandHookConfig
 from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig
 from kale_dagster.launchers.observed import ObservedGroupConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
@@ -64,6 +65,7 @@ class KafkaSourceAttributes(_KafkaSourceFields):  # type: ignore[misc, valid-typ
 _LocalFields = declared_model(LocalLauncherConfig, path="attributes.launcher")
 _KubernetesFields = declared_model(KubernetesLauncherConfig, path="attributes.launcher")
 _ObservedFields = declared_model(ObservedGroupConfig, path="attributes.launcher")
+_CommandFields = declared_model(CommandHookConfig, path="attributes.launcher")
 
 
 class LocalLauncherAttributes(_LocalFields):  # type: ignore[misc, valid-type]
@@ -82,6 +84,12 @@ class ObservedLauncherAttributes(_ObservedFields):  # type: ignore[misc, valid-t
     """A consumer group someone else runs, watched by an advisory pipeline (``ObservedGroupConfig``)."""
 
     kind: Literal["observed"]
+
+
+class CommandLauncherAttributes(_CommandFields):  # type: ignore[misc, valid-type]
+    """A workload sized through your own commands (``CommandHookConfig``)."""
+
+    kind: Literal["command"]
 
 
 class ThroughputPriorAttributes(DeclaredModel):
@@ -145,7 +153,10 @@ _PipelineFields = declared_model(
         ),
         "launcher": (
             Annotated[
-                LocalLauncherAttributes | KubernetesLauncherAttributes | ObservedLauncherAttributes,
+                LocalLauncherAttributes
+                | KubernetesLauncherAttributes
+                | ObservedLauncherAttributes
+                | CommandLauncherAttributes,
                 Field(discriminator="kind"),
             ],
             Field(default_factory=LocalLauncherAttributes, description="where the workers run"),

@@ -25,6 +25,7 @@ from dagster import (
     Failure,
     Field,
     JobDefinition,
+    MetadataValue,
     ScheduleDefinition,
     define_asset_job,
     in_process_executor,
@@ -172,4 +173,6 @@ def rescale_observation(allocation_key: AssetKey, workers: int, record: RescaleR
         meta.update(
             {"from_workers": record.from_workers, "downtime_s": round(record.downtime_s, 3), "reason": record.reason}
         )
+        if record.output:  # a rescale command's output, kept on the run
+            meta["output"] = MetadataValue.text(record.output)
     return AssetObservation(asset_key=allocation_key, metadata=meta)

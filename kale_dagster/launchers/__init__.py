@@ -7,18 +7,21 @@
   rescale runs, its client, and ``LocalLauncherConfig``;
 * ``kubernetes``: ``KubernetesLauncher`` (an Indexed Job of GPU pods) and
   ``KubernetesLauncherConfig``;
-* ``observed``: ``ObservedGroupConfig``, a consumer group Kale watches but did not start (advisory only).
+* ``observed``: ``ObservedGroupConfig``, a consumer group Kale watches but did not start (advisory only);
+* ``command``: ``CommandHookConfig``, a workload sized through the team's own commands.
 
 A pipeline declares one ``LauncherConfig``; its rescale job builds the launcher from it.
 """
 
 from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed, RescaleRecord
+from kale_dagster.launchers.command import CommandHookConfig
 from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesLauncherConfig
 from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.observed import ObservedGroupConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 
 __all__ = [
+    "CommandHookConfig",
     "KubernetesLauncher",
     "KubernetesLauncherConfig",
     "Launcher",

@@ -46,6 +46,7 @@ class RescaleRecord:
     downtime_s: float
     reason: str
     phases: dict = field(default_factory=dict, compare=False)  # where the downtime went, in seconds
+    output: str = field(default="", compare=False)  # what a rescale command printed (its last lines)
 
 
 @dataclass(frozen=True)
