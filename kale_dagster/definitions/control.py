@@ -203,8 +203,7 @@ class PipelineControl:
             plotted_at = reading.time
         predictions = self._remember_prediction(cursor, reading.time)
         event = AssetMaterialization(self.allocation_key, metadata=metadata)
-        status = decision.status
-        quality = (status.metric_name, status.metric) if status is not None and status.metric is not None else None
+        quality = decision.status.model_metric if decision.status is not None else None
         return TickOutcome(
             step, decision.running_workers, ControlCursor(predictions, plotted_at), [event], requests, quality
         )
@@ -354,6 +353,7 @@ def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) ->
         metadata["workers_observed_from"] = status.observed_from
     if p.advisory:  # what Kale would have changed, had it acted
         metadata["would_change_workers_by"] = step.decision.workers - decision.running_workers
-    if status is not None and status.metric is not None:  # the trainer's progressive-validation metric
-        metadata[f"model_{status.metric_name}"] = round(status.metric, 4)
+    quality = status.model_metric if status is not None else None
+    if quality is not None:  # the trainer's progressive-validation metric
+        metadata[f"model_{quality[0]}"] = round(quality[1], 4)
     return metadata

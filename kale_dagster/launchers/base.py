@@ -87,6 +87,11 @@ class LauncherStatus:
     metric: float | None = None
     observed_from: str = ""
 
+    @property
+    def model_metric(self) -> tuple[str, float] | None:
+        """(name, value) of the trainer's progressive-validation metric, when the workers report one."""
+        return (self.metric_name, self.metric) if self.metric is not None else None
+
     def to_dict(self) -> dict:
         return {**asdict(self), "downtimes_s": list(self.downtimes_s)}
 

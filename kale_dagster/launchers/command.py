@@ -49,7 +49,8 @@ class CommandHook:
     def __init__(self, config: CommandHookConfig):
         self.config = config
 
-    def _run(self, argv: list[str]) -> subprocess.CompletedProcess:
+    def _run(self, argv: list[str]) -> str:
+        """What the command printed (stdout and stderr); an error when it fails or runs past the timeout."""
         shown = shlex.join(argv)
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -64,11 +65,11 @@ class CommandHook:
             ) from None
         if proc.returncode != 0:
             raise RuntimeError(f"`{shown}` exited {proc.returncode}: {_tail(out) or 'no output'}")
-        return subprocess.CompletedProcess(argv, proc.returncode, out, "")
+        return out
 
     def status(self) -> LauncherStatus:
-        done = self._run(_argv(self.config.status_command, "status_command"))
-        last = _tail(done.stdout).splitlines()[-1:] or [""]
+        out = self._run(_argv(self.config.status_command, "status_command"))
+        last = _tail(out).splitlines()[-1:] or [""]
         try:
             workers = int(last[0].strip())
         except ValueError:
@@ -89,7 +90,7 @@ class CommandHook:
             return None
         argv = [arg.replace("{workers}", str(m)) for arg in _argv(self.config.rescale_command, "rescale_command")]
         started = time.monotonic()
-        done = self._run(argv)
+        out = self._run(argv)
         took = time.monotonic() - started
         return RescaleRecord(
             time=time.time(),
@@ -98,7 +99,7 @@ class CommandHook:
             downtime_s=took,
             reason=reason,
             phases={"command": round(took, 3)},
-            output=_tail(done.stdout),
+            output=_tail(out),
         )
 
 
@@ -115,8 +116,8 @@ class CommandHookConfig(LauncherConfig):
     def __post_init__(self):
         check(
             self,
-            lambda: _problem(lambda: _argv(self.rescale_command, "rescale_command")),
-            lambda: _problem(lambda: _argv(self.status_command, "status_command")),
+            lambda: _split_problem(self.rescale_command, "rescale_command"),
+            lambda: _split_problem(self.status_command, "status_command"),
             lambda: need(
                 "{workers}" in self.rescale_command,
                 "rescale_command",
@@ -135,9 +136,9 @@ class CommandHookConfig(LauncherConfig):
         return f"the command `{self.rescale_command}`"
 
 
-def _problem(split) -> KaleConfigError | None:
+def _split_problem(command: str, name: str) -> KaleConfigError | None:
     try:
-        split()
+        _argv(command, name)
     except KaleConfigError as exc:
         return exc
     return None

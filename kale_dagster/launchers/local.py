@@ -168,8 +168,7 @@ class WorkerProcess:
                 event, fields = self.events.get(timeout=min(0.2, max(deadline - time.monotonic(), 0.01)))
             except queue.Empty:
                 if self.proc.poll() is not None:
-                    self._reader.join(1.0)  # its last events, a FAILED one among them, are read
-                    if self.failure:
+                    if self.trainer_failure():
                         raise RuntimeError(f"the trainer failed: {self.failure}") from None
                     raise RuntimeError(
                         f"worker exited with code {self.proc.returncode} before '{wanted.value}': {self.last_error()} "
@@ -179,6 +178,12 @@ class WorkerProcess:
             if event is wanted:
                 return fields
         raise TimeoutError(f"worker did not report '{wanted.value}' within {timeout:.0f} s; see {self.log_path}")
+
+    def trainer_failure(self) -> str:
+        """Why the user's trainer failed, as the exited worker said (empty if it did not say): its last events,
+        a FAILED one among them, are read first."""
+        self._reader.join(1.0)
+        return self.failure
 
     def last_error(self) -> str:
         """The worker's reason for exiting, from its log: the last exception line, else the last line."""
@@ -303,8 +308,7 @@ class LocalLauncher(Launcher):
                     w.signal(signal.SIGKILL)
             failed = next((w for w in dead if w.proc.returncode == TRAINER_FAILED), None)
             if failed is not None:
-                failed._reader.join(1.0)
-                self._failed = f"the trainer failed: {failed.failure or failed.last_error()}"
+                self._failed = f"the trainer failed: {failed.trainer_failure() or failed.last_error()}"
                 return None
             return self._restart(
                 self.workers, f"crash-restart (worker rank {dead[0].rank} exited {dead[0].proc.returncode})"

@@ -183,9 +183,9 @@ class Worker:
             else torch.device("cpu")
         )
         if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)  # where NCCL's collectives, all_gather_object's too, run
-        # Collectives run where the backend wants their tensors: NCCL on the GPU, gloo on the CPU.
-        self.comm_device = self.device
+            # Collectives' tensors live on the device: NCCL wants them on the GPU (all_gather_object too), gloo on
+            # the CPU.
+            torch.cuda.set_device(self.device)
         # Imported now, so that a warm standby has the user's module (and whatever it imports) loaded too.
         self.factory = load_factory(args.trainer)
         self.trainer: OnlineTrainer | None = None  # built at every join, for that rank and group
@@ -214,11 +214,6 @@ class Worker:
         trainer = check_trainer(trainer, self.args.trainer)
         trainer.model.to(self.device)  # in place: the optimizer keeps the same parameters
         return trainer
-
-    @property
-    def model(self) -> torch.nn.Module:
-        assert self.trainer is not None, "built at join"
-        return self.trainer.model
 
     def serve(self, group: GroupAssignment) -> int:
         """Join a group, train until stopped, leave it.  A standby can serve again."""
@@ -409,7 +404,7 @@ class Worker:
             if src == self.rank:
                 counts[dst] = counts.get(dst, 0) + n
         payloads = {dst: queue.give_own(n).to_bytes() for dst, n in counts.items()}
-        row = torch.zeros(self.world, dtype=torch.int64, device=self.comm_device)
+        row = torch.zeros(self.world, dtype=torch.int64, device=self.device)
         for dst, data in payloads.items():
             row[dst] = len(data)
         table = [torch.zeros_like(row) for _ in range(self.world)]
@@ -417,11 +412,11 @@ class Worker:
         sizes = torch.stack(table).tolist()  # sizes[src][dst]
         ops, received = [], []
         for dst, data in payloads.items():
-            tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.comm_device)
+            tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
             ops.append(dist.P2POp(dist.isend, tensor, dst))
         for src in range(self.world):
             if src != self.rank and sizes[src][self.rank]:
-                buf = torch.empty(sizes[src][self.rank], dtype=torch.uint8, device=self.comm_device)
+                buf = torch.empty(sizes[src][self.rank], dtype=torch.uint8, device=self.device)
                 ops.append(dist.P2POp(dist.irecv, buf, src))
                 received.append(buf)
         if ops:
@@ -550,7 +545,7 @@ class Worker:
 
     def gather_status(self, mine: StepStatus) -> list[StepStatus]:
         """Every rank's status at this step boundary, in rank order."""
-        status = torch.tensor(mine.to_row(), dtype=torch.int64, device=self.comm_device)
+        status = torch.tensor(mine.to_row(), dtype=torch.int64, device=self.device)
         gathered = [torch.zeros_like(status) for _ in range(self.world)]
         dist.all_gather(gathered, status)
         return [StepStatus.from_row(row) for row in torch.stack(gathered).tolist()]
@@ -588,7 +583,7 @@ class Worker:
         holes = queue.take_through(newest)
         while True:
             n = min(len(holes), self.args.batch_size)
-            total = torch.tensor([n], dtype=torch.int64, device=self.comm_device)
+            total = torch.tensor([n], dtype=torch.int64, device=self.device)
             dist.all_reduce(total)
             if int(total) == 0:
                 return step, trained_total
@@ -616,7 +611,7 @@ class Worker:
         assert trainer is not None, "built at join"
         params = [p for p in trainer.model.parameters() if p.requires_grad]
         trainer.optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros(1, device=self.comm_device)
+        loss_sum = torch.zeros(1, device=self.device)
         if len(batch):
             with self._users("collate"):
                 data = (
@@ -636,14 +631,15 @@ class Worker:
                     trainer.metric.update(predictions, data)  # scored before the step: progressive validation
             with self._users("loss (its backward pass)"):
                 (loss * (len(batch) / global_n)).backward()
-            loss_sum += loss.detach().reshape(1).to(self.comm_device) * len(batch)
+            loss_sum += loss.detach().reshape(1).to(self.device) * len(batch)
         flat = torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.comm_device) for p in params]
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.device) for p in params]
             + [loss_sum]
         )
         dist.all_reduce(flat)
-        if not torch.isfinite(flat[-1]) or not torch.isfinite(flat).all():
-            what = "loss" if not torch.isfinite(flat[-1]) else "gradient"
+        finite = torch.isfinite(flat)
+        if not finite.all():
+            what = "loss" if not finite[-1] else "gradient"
             raise TrainerFailure(
                 f"{self.args.trainer}: the {what} is not finite at step {step + 1}; the group stops before that step, "
                 f"and nothing past the last checkpoint is checkpointed or committed"
@@ -692,7 +688,7 @@ class Worker:
                 "trained_total": trained_total,
                 "offsets": offsets,
                 "partition_rates": rates,
-                "model": self.model.state_dict(),
+                "model": trainer.model.state_dict(),
                 "optimizer": trainer.optimizer.state_dict(),
                 **({"scheduler": trainer.scheduler.state_dict()} if trainer.scheduler is not None else {}),
                 **({"user_state": trainer.state.state_dict()} if trainer.state is not None else {}),
