@@ -2,7 +2,7 @@
 
 Parts, all real except the GPU: the Tansu broker on loopback; the trace
 producer replaying a synthetic day of CTR samples (08:00 to 08:00) into the ``samples``
-topic; the torch trainer under the local launcher (DDP workers with warm
+topic; the torch trainer under the local launcher (data-parallel workers with warm
 standbys, pause-and-restart rescales), each worker's throughput capped to
 EMULATE one GPU, and its restore slowed to EMULATE a large model's, both
 labelled as such; the local trainer service that Dagster's rescale runs
