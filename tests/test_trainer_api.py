@@ -4,6 +4,8 @@ metrics and the Lightning adapter.  Table tests say success or failure per row."
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -154,3 +156,49 @@ def test_kale_trainer_serve_refuses_a_trainer_that_does_not_resolve_in_one_line(
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "--trainer: mypkg.train:make_trainer: no module 'mypkg'" in done.stderr
     assert not (tmp_path / "logs").exists()  # no worker was started
+
+
+def _step_two_ranks(rank: int, store_path: str, out: str) -> None:
+    """One rank of a two-rank gloo group: one train step of the BatchNorm trainer on this rank's own data."""
+    import argparse
+
+    import torch.distributed as dist
+
+    from kale_dagster.trainer.worker import Worker
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
+    worker = Worker(argparse.Namespace(trainer="user_trainers:batchnorm", pipeline="bn", trainer_options="{}"))
+    worker.rank, worker.world = rank, 2
+    worker.trainer = worker._build_trainer()
+    x = torch.full((3, 2), float(rank * 10))  # the ranks see very different data
+    x[:, 1] += torch.arange(3.0)
+    batch = Samples([(x[i], torch.tensor(float(rank))) for i in range(3)], np.zeros(3, dtype=ORIGIN))
+    worker.train_step(batch, global_n=6, step=0)
+    torch.save(worker.trainer.model.state_dict(), f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_every_rank_keeps_one_model_buffers_included(tmp_path):
+    """After a step on different data, both ranks hold the same parameters and the same BatchNorm running
+    statistics (the mean of the ranks'), and the same num_batches_tracked."""
+    code = "import sys; from test_trainer_api import _step_two_ranks as step; step(int(sys.argv[1]), *sys.argv[2:])"
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(rank), str(tmp_path / "store"), str(tmp_path / "state")],
+            cwd=Path(__file__).parent,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+            },
+        )
+        for rank in (0, 1)
+    ]
+    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+    first, second = (torch.load(tmp_path / f"state.{rank}") for rank in (0, 1))
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+    assert first["1.num_batches_tracked"].item() == 1
+    # rank 0's inputs sit near 0 and rank 1's near 10: the shared running mean moved by the mean of both.
+    assert not torch.equal(first["1.running_mean"], torch.zeros(4))

@@ -68,3 +68,15 @@ def with_state(ctx: TrainerContext) -> OnlineTrainer:
     trainer.loss, trainer.state = loss, counter
     trainer.scheduler = torch.optim.lr_scheduler.StepLR(trainer.optimizer, step_size=1000, gamma=0.5)
     return trainer
+
+
+def batchnorm(ctx: TrainerContext) -> OnlineTrainer:
+    """A regressor with BatchNorm: its running statistics are buffers, not parameters."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    return OnlineTrainer(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        decode=lambda record: [],
+        loss=lambda m, batch: nn.functional.mse_loss(m(batch[0]).squeeze(-1), batch[1]),
+    )

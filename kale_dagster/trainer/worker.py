@@ -131,6 +131,14 @@ def _to_device(batch, device: torch.device):
     return batch
 
 
+def _unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy consecutive slices of ``flat`` back into ``tensors`` (each keeps its own dtype and device)."""
+    at = 0
+    for t in tensors:
+        t.copy_(flat[at : at + t.numel()].view_as(t))
+        at += t.numel()
+
+
 def emit(event: WorkerEvent, **fields) -> None:
     try:
         print(event_line(event, **fields), flush=True)
@@ -632,14 +640,23 @@ class Worker:
             with self._users("loss (its backward pass)"):
                 (loss * (len(batch) / global_n)).backward()
             loss_sum += loss.detach().reshape(1).to(self.device) * len(batch)
+        # Floating buffers (BatchNorm's running statistics) ride the same all-reduce as a mean over ranks, so that
+        # every replica keeps one model; counters (num_batches_tracked) take the group's maximum.
+        buffers = [b for b in trainer.model.buffers() if b.is_floating_point()]
+        counters = [b for b in trainer.model.buffers() if not b.is_floating_point()]
         flat = torch.cat(
             [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.device) for p in params]
+            + [b.detach().reshape(-1).to(self.device) / self.world for b in buffers]
             + [loss_sum]
         )
         dist.all_reduce(flat)
+        if counters:
+            stacked = torch.cat([c.reshape(-1).to(self.device, dtype=torch.int64) for c in counters])
+            dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
+            _unflatten(stacked, counters)
         finite = torch.isfinite(flat)
         if not finite.all():
-            what = "loss" if not finite[-1] else "gradient"
+            what = "loss" if not finite[-1] else "gradient or buffer"
             raise TrainerFailure(
                 f"{self.args.trainer}: the {what} is not finite at step {step + 1}; the group stops before that step, "
                 f"and nothing past the last checkpoint is checkpointed or committed"
@@ -652,6 +669,7 @@ class Worker:
                 p.grad = grad.clone()
             else:
                 p.grad.copy_(grad)
+        _unflatten(flat[at:-1], buffers)
         trainer.optimizer.step()
         if trainer.scheduler is not None:
             trainer.scheduler.step()
