@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -581,6 +582,23 @@ def run_live(
     }
 
 
+def calibration_record(cal: Calibration) -> dict:
+    """The calibration as saved (JSON round-trip), to compare with a saved run's."""
+    return json.loads(json.dumps({"points": cal.points, "restart_s": cal.restart_s}))
+
+
+def code_version() -> str:
+    """The git tree of the code a run exercises (the library, its sensors and this bench), marked ``+changes``
+    when the working copy differs from it."""
+    root = Path(__file__).resolve().parents[1]
+    paths = ["kale_dagster", "sensors", "bench/end_to_end.py"]
+    tree = subprocess.run(
+        ["git", "rev-parse", *(f"HEAD:{path}" for path in paths)], cwd=root, capture_output=True, text=True
+    ).stdout.split()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=root, capture_output=True, text=True)
+    return "/".join(t[:12] for t in tree) + ("+changes" if dirty.stdout.strip() else "") if tree else "unknown"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speedup", type=float, default=40.0)
@@ -638,6 +656,15 @@ def main() -> int:
         saved = json.loads(Path(args.runs_from).read_text())
         if (saved["speedup"], saved["hours"]) != (args.speedup, args.hours):
             raise SystemExit(f"--runs-from {args.runs_from}: its runs had another speed-up or length; run them again")
+        # Runs are comparable only under the same calibration and the same code (what the workers and the control
+        # plane ran): anything else is another experiment.
+        if saved.get("calibration") != calibration_record(cal):
+            raise SystemExit(f"--runs-from {args.runs_from}: its runs had another calibration; run them again")
+        if saved.get("code_version") != code_version():
+            raise SystemExit(
+                f"--runs-from {args.runs_from}: its runs ran code {saved.get('code_version')!r}, this is "
+                f"{code_version()!r}; run them again"
+            )
         # A policy's saved runs count if they ran the setting predicted now (the tuned HPA may have changed).
         same_setting = {name: name != "hpa-tuned" or saved["tuned_hpa"] == tuned for name in names}
         runs = {name: saved["runs"].get(name, [])[: args.repeats] if same_setting[name] else [] for name in names}
@@ -651,6 +678,8 @@ def main() -> int:
                 {
                     "speedup": args.speedup,
                     "hours": args.hours,
+                    "calibration": calibration_record(cal),
+                    "code_version": code_version(),
                     "tuned_hpa": tuned,
                     "sim_seeds": args.sim_seeds,
                     "simulated": simulated,

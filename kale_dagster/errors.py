@@ -44,3 +44,12 @@ class InputDataError(ValueError):
 
 class CommandError(RuntimeError):
     """A CLI subcommand failed in a way the user can fix; printed without a traceback."""
+
+
+def require_extra(module: str, extra: str, needed_by: str) -> None:
+    """Fail in one line naming the extra to install when ``module`` is absent (the core install leaves out torch,
+    the UI and the embedded broker: a code server needs none of them)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise CommandError(f"{needed_by} needs {module}, which is not installed: pip install 'kale-dagster[{extra}]'")

@@ -5,7 +5,7 @@
 * ``run_failure``: records failed Kale runs on the pipeline's gpu_allocation asset.
 """
 
-from sensors.run_failure import build_run_failure_sensor
-from sensors.stream_metrics import StreamMetricsCursor, build_stream_metrics_sensor
+from kale_dagster.sensors.run_failure import build_run_failure_sensor
+from kale_dagster.sensors.stream_metrics import StreamMetricsCursor, build_stream_metrics_sensor
 
 __all__ = ["StreamMetricsCursor", "build_run_failure_sensor", "build_stream_metrics_sensor"]

@@ -45,9 +45,9 @@ from sqlalchemy.exc import DBAPIError as DatabaseError
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.control.tick import ControlCursor, Decider, reading_from
 from kale_dagster.model.types import PartitionOffsets
+from kale_dagster.sensors.cursor import JsonCursor, is_number
 from kale_dagster.stream.history import MetricsHistory, describe_database_error
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, previous_from
-from sensors.cursor import JsonCursor, is_number
 
 if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export the type
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition

@@ -41,8 +41,9 @@ def kafka_broker():
 
 @pytest.fixture
 def controlled(kafka_broker, tmp_path):
-    """A pipeline on the embedded broker, an HPA with a 60-second scale-down window, 30x pipeline time, its workers
-    stand-ins behind the real trainer service; tick its metrics sensor with ``support.sensor_tick``."""
+    """A pipeline on the embedded broker, an HPA with a 300-second (10 s wall) scale-down window, 30x pipeline
+    time, its workers stand-ins behind the real trainer service; tick its metrics sensor with
+    ``support.sensor_tick``."""
     from dagster import instance_for_test
 
     from kale_dagster import (
@@ -68,7 +69,7 @@ def controlled(kafka_broker, tmp_path):
         policy_options={
             "behavior": {
                 "scaleDown": {
-                    "stabilizationWindowSeconds": 60,
+                    "stabilizationWindowSeconds": 300,
                     "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}],
                 }
             }

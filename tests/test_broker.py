@@ -102,9 +102,9 @@ def test_cli_help_lists_subcommands():
     ],
 )
 def test_every_command_help_shows_defaults_and_an_example(command):
-    from kale_dagster.cli import build_parser
+    from kale_dagster.cli import COMMANDS, build_parser
 
-    parser = build_parser()
+    parser = build_parser(COMMANDS)
     for word in command:  # walk down to the subcommand's own parser
         parser = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction)).choices[
             word

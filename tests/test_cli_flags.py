@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from kale_dagster.cli import Bounded, build_parser
+from kale_dagster.cli import COMMANDS, Bounded, build_parser
 
 HOSTILE = ["nan", "NaN", "inf", "-inf", "-1", "0", "1e30", "1e400", "2.5", "abc"]
 
@@ -36,7 +36,7 @@ def _required(parser: argparse.ArgumentParser, skip: argparse.Action) -> list[st
 
 
 def _flags():
-    for path, parser in _leaves(build_parser()):
+    for path, parser in _leaves(build_parser(COMMANDS)):
         for action in parser._actions:
             if action.type in (int, float):
                 pytest.fail(f"kale {' '.join(path)} {action.option_strings[0]} is numeric without bounds")

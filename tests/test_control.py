@@ -213,13 +213,22 @@ def test_sensor_decides_at_every_reading_and_hpa_windows_hold_across_ticks(contr
     )
     assert env["workers"].workers == 3
 
-    env["workers"].busy = 0.2  # HPA now recommends 1, but its 60-s scale-down window remembers the 3
+    # HPA now recommends 1, but its 300-s scale-down window (10 s wall at 30x: longer than a loaded host takes
+    # between these ticks) remembers the 3.
+    env["workers"].busy = 0.2
     third = sensor_tick(env, second.cursor)
     env["instance"].report_runless_asset_event(third.asset_events[-1])
     assert (decision_of(third)["workers"], decision_of(third)["action"]) == (3, "none")
-    time.sleep(2.5)  # 75 pipeline seconds at 30x: the window has passed
+    time.sleep(10.5)  # 315 pipeline seconds at 30x: the window has passed
     fourth = sensor_tick(env, third.cursor)
     assert decision_of(fourth)["workers"] == 1 and "ctl_rescale" in [r.job_name for r in fourth.run_requests]
+    # lag_within_slo is evaluated at every reading, by the sensor itself.
+    from dagster import AssetCheckEvaluation
+
+    for result in (first, second, third, fourth):
+        (check,) = [e for e in result.asset_events if isinstance(e, AssetCheckEvaluation)]
+        assert check.check_name == "lag_within_slo" and check.passed
+        assert check.metadata["slo_s"].value == 20 * 60 and check.metadata["time_lag_s"].value >= 0
     records = env["instance"].fetch_materializations(AssetKey(["ctl", "gpu_allocation"]), limit=10).records
     assert len(records) == 2  # every decision is an event (the test reported two of them to the instance)
 
@@ -330,9 +339,14 @@ def test_threading_lock_is_not_held_by_status():
     thread = threading.Thread(target=slow.rescale, args=(4,))
     thread.start()
     time.sleep(0.2)
-    started = time.monotonic()
-    status = slow.status()
-    assert time.monotonic() - started < 0.1 and status.rescaling and status.workers == 4
+    # status() answers while the rescale is held (a status that waited for it would wait for the release).
+    answered: list = []
+    asking = threading.Thread(target=lambda: answered.append(slow.status()))
+    asking.start()
+    asking.join(timeout=5)
+    assert answered and not slow.release.is_set(), "status() waited for the rescale"
+    status = answered[0]
+    assert status.rescaling and status.workers == 4
     slow.release.set()
     thread.join()
     assert not slow.status().rescaling and slow.status().downtimes_s
@@ -415,7 +429,9 @@ def test_kale_status_reads_where_each_pipeline_stands_from_the_instance_alone(co
     )
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
-    (printed,) = json.loads(done.stdout)
+    printed = json.loads(done.stdout)
+    assert printed["schema_version"] == 1
+    (printed,) = printed["pipelines"]
     assert printed["name"] == "ctl" and printed["running_workers"] == 2
     print(f"kale status answered in {took:.2f} s")
 

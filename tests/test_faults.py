@@ -27,6 +27,7 @@ from support import (
     decision_of,
     descendants,
     end_offsets,
+    prerequisite_missing,
     produce_events,
     running,
     sensor_tick,
@@ -299,7 +300,7 @@ def small_volume(tmp_path):
         ["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)], capture_output=True, text=True
     )
     if proc.returncode != 0:
-        pytest.skip(
+        prerequisite_missing(
             f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root in a mount namespace"
         )
     try:

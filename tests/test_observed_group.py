@@ -70,7 +70,7 @@ def test_an_observed_group_is_only_advised_on():
 
 @pytest.mark.integration
 def test_an_advisory_pipeline_decides_at_every_reading_on_a_group_it_did_not_start(kafka_broker, tmp_path):
-    from dagster import build_sensor_context, instance_for_test
+    from dagster import AssetMaterialization, build_sensor_context, instance_for_test
     from kafka import KafkaConsumer, KafkaProducer
 
     from kale_dagster import build_definitions
@@ -139,7 +139,11 @@ def test_an_advisory_pipeline_decides_at_every_reading_on_a_group_it_did_not_sta
                         )
                     )
                     cursor = result.cursor
-                    event = next(e for e in result.asset_events if e.asset_key.path == [p.name, "gpu_allocation"])
+                    event = next(
+                        e
+                        for e in result.asset_events
+                        if isinstance(e, AssetMaterialization) and e.asset_key.path == [p.name, "gpu_allocation"]
+                    )
                     decisions[p.name].append({k: v.value for k, v in event.metadata.items()})
                     # advisory: refits are requested, rescales never
                     assert all(r.job_name == f"{p.name}_refit" for r in result.run_requests)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,6 +46,16 @@ def test_several_pipelines_without_clashes():
     assert {"a/gpu_allocation", "b/traffic_forecast", "b/stream_metrics"} <= keys
     with pytest.raises(KaleConfigError, match="unique"):
         build_definitions(_pipeline("a"), _pipeline("a"))
+
+
+def test_every_asset_has_kinds_and_the_readings_go_stale_when_they_stop():
+    specs = {s.key.to_user_string(): s for s in build_definitions(_pipeline("a")).resolve_all_asset_specs()}
+    assert all(spec.kinds for spec in specs.values()), {k: s.kinds for k, s in specs.items()}
+    for key in ("a/stream_metrics", "a/gpu_allocation"):  # the sensor's readings, at the pipeline's interval
+        policy = specs[key].freshness_policy
+        assert policy is not None and policy.warn_window is not None
+        assert policy.warn_window.to_timedelta().total_seconds() == 300
+        assert policy.fail_window.to_timedelta().total_seconds() == 900
 
 
 @pytest.mark.parametrize(
@@ -105,7 +116,8 @@ def test_refit_and_decide_jobs_materialize_forecast_and_allocation(kafka_broker,
             fc_meta = result.asset_materializations_for_node("demo__traffic_forecast")[0].metadata
             assert fc_meta["model"].value == "prophet"
             assert fc_meta["fallback"].value == "none"
-            assert "data:image/png;base64" in fc_meta["plot"].value
+            plot = Path(fc_meta["plot"].value)
+            assert plot.is_relative_to(instance.storage_directory()) and plot.read_bytes()[:4] == b"\x89PNG"
             assert fc_meta["holdout_smape"].value < 0.5
             assert fc_meta["fitted_at"].value == pytest.approx(time.time(), abs=120)
             assert history.latest_forecaster("demo") is not None  # the fit the controller re-anchors

@@ -28,7 +28,7 @@ import pytest
 
 from kale_dagster.processes import stop_process_group
 from kale_dagster.stream.broker import free_loopback_port
-from support import StandInWorkers, descendants, produce_events, wait_for
+from support import StandInWorkers, descendants, prerequisite_missing, produce_events, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults, pytest.mark.timeout(900)]
 
@@ -36,10 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.faults, pyt
 def _postgres_bin(name: str) -> str:
     found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)), None)
     if found is None:
-        message = "PostgreSQL is not installed (bash .ci/install installs Debian's postgresql package)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        prerequisite_missing("PostgreSQL is not installed (bash .ci/install installs Debian's postgresql package)")
     return found
 
 

@@ -13,10 +13,10 @@ from kafka.structs import OffsetAndMetadata
 from kale_dagster import KaleConfigError
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.model.types import PartitionOffsets
+from kale_dagster.sensors import StreamMetricsCursor, build_stream_metrics_sensor
 from kale_dagster.stream.broker import start_broker
 from kale_dagster.stream.history import MetricsHistory
 from kale_dagster.stream.telemetry import PreviousOffsets, RawOffsets, build_snapshot, previous_from
-from sensors import StreamMetricsCursor, build_stream_metrics_sensor
 
 pytestmark = pytest.mark.integration
 

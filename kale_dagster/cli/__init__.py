@@ -10,24 +10,41 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from kale_dagster.errors import CommandError, InputDataError, KaleConfigError
 from kale_dagster.rules import Rule
 
-# The module providing each subcommand, in the order `kale --help` lists them.
-_COMMAND_MODULES = {
-    "broker": "kale_dagster.cli.broker",
-    "forecast": "kale_dagster.cli.forecast",
-    "trace": "kale_dagster.cli.trace",
-    "produce": "kale_dagster.cli.produce",
-    "k8s": "kale_dagster.cli.k8s",
-    "trainer": "kale_dagster.cli.trainer",
-    "status": "kale_dagster.cli.status",
-    "metrics": "kale_dagster.cli.metrics",
-    "backtest": "kale_dagster.cli.backtest",
-    "history": "kale_dagster.cli.history",
-    "demo": "kale_dagster.cli.demo",
+# Each subcommand: the module that provides it and its one-line summary, in the order a user needs them.
+# `kale --help` reads the summaries here and imports no command module, so it answers at once.
+COMMANDS = {
+    "demo": (
+        "kale_dagster.cli.demo",
+        "live demo: embedded broker, compressed diurnal day, torch trainer on emulated GPUs kept sized by Kale "
+        "through Dagster",
+    ),
+    "status": (
+        "kale_dagster.cli.status",
+        "where each pipeline stands: workers, lag against the SLO, forecast, last decision, health",
+    ),
+    "trainer": ("kale_dagster.cli.trainer", "run a trainer's workers locally (the built-in demo's or yours)"),
+    "k8s": ("kale_dagster.cli.k8s", "Kubernetes helpers (render manifests for review and GitOps)"),
+    "metrics": ("kale_dagster.cli.metrics", "each pipeline's state as Prometheus metrics"),
+    "history": ("kale_dagster.cli.history", "the metrics history (backfill it from Kafka)"),
+    "forecast": (
+        "kale_dagster.cli.forecast",
+        "evaluate a traffic forecaster on a timestamp,value trace (rolling origin)",
+    ),
+    "backtest": (
+        "kale_dagster.cli.backtest",
+        "replay a trace through Kale, HPA, KEDA and static allocation; print the paper's metrics",
+    ),
+    "trace": ("kale_dagster.cli.trace", "make arrival traces (synthetic, seeded)"),
+    "produce": ("kale_dagster.cli.produce", "replay a timestamp,value trace into a Kafka topic as CTR samples"),
+    "broker": (
+        "kale_dagster.cli.broker",
+        "run the embedded Kafka-protocol broker (Tansu, memory only) in the foreground",
+    ),
 }
 
 
@@ -90,19 +107,31 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The ``kale`` parser; with ``only``, just that subcommand's (its module alone is imported, so a command
-    like ``kale status`` does not wait for every other command's imports)."""
+def build_parser(commands: Collection[str] = ()) -> argparse.ArgumentParser:
+    """The ``kale`` parser.  The modules of ``commands`` alone are imported and register their flags (``kale
+    status`` does not wait for every other command's imports); the others are listed by their summary."""
     parser = Parser(
         prog="kale",
         description="Kale elastic GPU scheduling for online training, on Dagster.",
     )
     parser.add_argument("--version", action="version", version=f"kale-dagster {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module_name in _COMMAND_MODULES.items():
-        if only is None or name == only:
-            importlib.import_module(module_name).register(subparsers)
+    for name, (module_name, summary) in COMMANDS.items():
+        if name in commands:
+            importlib.import_module(module_name).register(subparsers, summary)
+        else:
+            subparsers.add_parser(name, help=summary)
     return parser
+
+
+JSON_SCHEMA_VERSION = 1  # raised when a --json field changes meaning or goes; new fields may appear without
+
+
+def print_json(payload: dict, indent: int | None = None) -> None:
+    """A command's ``--json`` output: one object, its ``schema_version`` first."""
+    import json
+
+    print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **payload}, indent=indent))
 
 
 def _version() -> str:
@@ -116,7 +145,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(only=given[0] if given and given[0] in _COMMAND_MODULES else None)
+    parser = build_parser(commands=given[:1])
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)

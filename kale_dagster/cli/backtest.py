@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from kale_dagster.cli import print_json
 from kale_dagster.cli.declared import add_flags, from_flags
 from kale_dagster.cli.progress import ProgressBar
 from kale_dagster.forecast.history import read_trace_csv
@@ -21,10 +20,10 @@ _COLUMNS = (
 )
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     parser = subparsers.add_parser(
         "backtest",
-        help="replay a trace through Kale, HPA, KEDA and static allocation; print the paper's metrics",
+        help=summary,
         description="Trace-driven backtest with the production policy code. The trace is scaled so its peak "
         "equals the throughput of --peak-workers workers; the first --warmup-days only warm up the forecaster.",
         epilog="example: kale trace synth --days 14 --out t.csv && kale backtest --trace t.csv --warmup-days 7 "
@@ -89,7 +88,7 @@ def run(args) -> int:
         plot_backtest({name: report["timelines"][name] for name in names}, settings.limits.slo_minutes, args.plot)
     del report["timelines"]
     if args.json:
-        print(json.dumps(report))
+        print_json(report)
         return 0
     rows = {**report["policies"], **{VARIANT_LABELS[k]: m for k, m in report["kale_variants"].items()}}
     if "optimum" in report:

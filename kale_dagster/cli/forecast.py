@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
+from kale_dagster.cli import print_json
 from kale_dagster.cli.progress import ProgressBar
 from kale_dagster.errors import CommandError
 from kale_dagster.forecast import FORECASTERS, make_forecaster
@@ -12,10 +12,10 @@ from kale_dagster.forecast.evaluate import rolling_origin
 from kale_dagster.forecast.history import read_trace_csv
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     parser = subparsers.add_parser(
         "forecast",
-        help="evaluate a traffic forecaster on a timestamp,value trace (rolling origin)",
+        help=summary,
         description="Rolling-origin evaluation over the last days of a trace: sMAPE, MAPE, MAE and band "
         "coverage at the horizon, against the better of the daily and weekly seasonal-naive baselines, the best "
         "simple baseline (seasonal naive, persistence, a recent mean) and the noise floor.",
@@ -54,7 +54,7 @@ def run(args) -> int:
     if result.note:
         print(f"note: {result.note}", file=sys.stderr)
     if args.json:
-        print(json.dumps(result.to_json()))
+        print_json(result.to_json())
         return 0
     ratio = result.smape / result.baseline_smape if result.baseline_smape else float("nan")
     print(f"model {result.model}, horizon {result.horizon_minutes:g} min, {result.folds} folds, {result.refits} refits")

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import time
 
+from kale_dagster.cli import print_json
 from kale_dagster.cli.k8s import find_pipeline
 from kale_dagster.cli.progress import ProgressBar
 from kale_dagster.errors import CommandError
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("history", help="the metrics history (backfill it from Kafka)")
+def register(subparsers, summary: str) -> None:
+    parser = subparsers.add_parser("history", help=summary)
     sub = parser.add_subparsers(dest="history_command", metavar="ACTION", required=True)
     backfill = sub.add_parser(
         "backfill",
@@ -65,7 +65,7 @@ def run_backfill(args) -> int:
         "note": result.note,
     }
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         start, end = (time.strftime("%Y-%m-%d %H:%M", time.gmtime(t)) for t in (result.start, result.end))
         span = f"{start} to {end} UTC"

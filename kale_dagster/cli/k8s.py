@@ -8,8 +8,8 @@ from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.errors import CommandError
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("k8s", help="Kubernetes helpers (render manifests for review and GitOps)")
+def register(subparsers, summary: str) -> None:
+    parser = subparsers.add_parser("k8s", help=summary)
     sub = parser.add_subparsers(dest="k8s_command", metavar="ACTION", required=True)
     render = sub.add_parser(
         "render",

@@ -6,8 +6,8 @@ import signal
 import threading
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("metrics", help="each pipeline's state as Prometheus metrics")
+def register(subparsers, summary: str) -> None:
+    parser = subparsers.add_parser("metrics", help=summary)
     sub = parser.add_subparsers(dest="metrics_command", metavar="ACTION", required=True)
     serve = sub.add_parser(
         "serve",

@@ -10,10 +10,10 @@ from kale_dagster.forecast.history import read_trace_csv
 from kale_dagster.stream.producer import ReplaySettings, replay
 
 
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     parser = subparsers.add_parser(
         "produce",
-        help="replay a timestamp,value trace into a Kafka topic as CTR samples",
+        help=summary,
         description="Produces CTR samples (user, item, dense features, a label from a fixed hidden model) at the "
         "trace's rate x --rate-scale, time-compressed by --speedup. --hot-share puts that share of traffic on "
         "partition 0 (a hot partition, as in the paper).",

@@ -1,31 +1,29 @@
-"""A minimal progress bar on stderr for long CLI runs (silent when not a terminal or disabled)."""
+"""Progress of long CLI runs on stderr, with elapsed time and ETA (tqdm), silent when not a terminal or disabled."""
 
 from __future__ import annotations
 
 import sys
-import time
+
+from tqdm import tqdm
 
 
 class ProgressBar:
+    """Fed ``update(done, total)`` by a callback, as the evaluators report their progress."""
+
     def __init__(self, label: str, enabled: bool = True, stream=None):
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.enabled = enabled and self.stream.isatty()
-        self._last = 0.0
+        self.label, self.stream = label, stream or sys.stderr
+        # disable=None: tqdm stays silent when the stream is not a terminal (a pipe, CI's log).
+        self.disable = None if enabled else True
+        self._bar: tqdm | None = None
 
     def update(self, done: int, total: int) -> None:
-        if not self.enabled or total <= 0:
+        if total <= 0:
             return
-        now = time.monotonic()
-        if done < total and now - self._last < 0.2:
-            return
-        self._last = now
-        width = 30
-        filled = int(width * done / total)
-        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        self.stream.flush()
+        if self._bar is None:
+            self._bar = tqdm(total=total, desc=self.label, file=self.stream, disable=self.disable, leave=True)
+        self._bar.total = total
+        self._bar.update(done - self._bar.n)
 
     def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.close()

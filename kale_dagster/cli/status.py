@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
 
-
-def register(subparsers) -> None:
+def register(subparsers, summary: str) -> None:
     parser = subparsers.add_parser(
         "status",
-        help="where each pipeline stands: workers, lag against the SLO, forecast, last decision, health",
+        help=summary,
         description="Reads the Dagster instance ($DAGSTER_HOME) alone: the latest gpu_allocation decision of each "
         "pipeline, its metrics sensor's state and its failed runs of the last hour.",
         epilog="example: DAGSTER_HOME=~/dagster kale status --pipeline ctr",
     )
     parser.add_argument("--pipeline", help="only this pipeline")
-    parser.add_argument("--json", action="store_true", help="one JSON object per pipeline, in a list")
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON object: schema_version, and pipelines (one object each)"
+    )
     parser.set_defaults(handler=run_status)
 
 
@@ -31,6 +31,7 @@ def open_instance():
 
 
 def run_status(args) -> int:
+    from kale_dagster.cli import print_json
     from kale_dagster.definitions.status import format_status, read_status
     from kale_dagster.errors import CommandError
 
@@ -41,5 +42,8 @@ def run_status(args) -> int:
         instance.dispose()
     if args.pipeline and not statuses:
         raise CommandError(f"pipeline {args.pipeline!r} has not decided in this instance")
-    print(json.dumps([s.to_dict() for s in statuses], indent=1) if args.json else format_status(statuses))
+    if args.json:
+        print_json({"pipelines": [s.to_dict() for s in statuses]}, indent=1)
+    else:
+        print(format_status(statuses))
     return 0

@@ -7,8 +7,8 @@ from pathlib import Path
 from kale_dagster.sim.trace import synth_trace
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("trace", help="make arrival traces (synthetic, seeded)")
+def register(subparsers, summary: str) -> None:
+    parser = subparsers.add_parser("trace", help=summary)
     sub = parser.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
     synth = sub.add_parser(
         "synth",

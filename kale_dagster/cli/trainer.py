@@ -7,7 +7,7 @@ import json
 import signal
 import threading
 
-from kale_dagster.errors import CommandError
+from kale_dagster.errors import CommandError, require_extra
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.model.limits import MAX_WORKERS, Limits
@@ -16,8 +16,8 @@ from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import DEFAULT_TRAINER, TrainerSpec, trainer_path_problem
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("trainer", help="run the torch trainer locally")
+def register(subparsers, summary: str) -> None:
+    parser = subparsers.add_parser("trainer", help=summary)
     sub = parser.add_subparsers(dest="trainer_command", metavar="ACTION", required=True)
     serve = sub.add_parser(
         "serve",
@@ -87,6 +87,7 @@ def _json_object(text: str) -> dict:
 
 
 def run_serve(args) -> int:
+    require_extra("torch", "trainer", "kale trainer serve")
     if args.workers > args.max_workers:
         raise CommandError(f"--workers {args.workers} is more than --max-workers {args.max_workers}")
     trainer = renamed(

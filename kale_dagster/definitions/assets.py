@@ -15,21 +15,32 @@ pipeline's (``control.clock``).
 """
 
 import time
+from datetime import timedelta
 
 import numpy as np
 import pandas as pd
-from dagster import AssetExecutionContext, AssetIn, AssetKey, AssetsDefinition, AssetSpec, MetadataValue, Output, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetIn,
+    AssetKey,
+    AssetsDefinition,
+    AssetSpec,
+    FreshnessPolicy,
+    MetadataValue,
+    Output,
+    asset,
+)
 
 from kale_dagster.control.controller import StreamReading
 from kale_dagster.control.tick import reading_from
 from kale_dagster.definitions.control import PipelineControl, allocation_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
-from kale_dagster.definitions.plots import png_markdown
 from kale_dagster.forecast import make_forecaster
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import realised_error, smape
 from kale_dagster.forecast.history import infer_step_s, prepare_history
 from kale_dagster.forecast.naive import DAY_S, WEEK_S
+from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig
 from kale_dagster.model.throughput import FIT_WINDOW_S, ThroughputModel, estimate_throughput
 from kale_dagster.policies import POLICIES
 
@@ -37,8 +48,25 @@ from kale_dagster.policies import POLICIES
 STALE_METRICS_S = 600.0
 
 
-def plot_path(context: AssetExecutionContext, p: OnlineTrainingPipeline, what: str) -> str:
-    return f"{context.instance.storage_directory()}/kale/{p.name}_{what}.png"
+def plot_dir(instance) -> str:
+    """Where a pipeline's plots are kept: beside the instance's storage, one folder per pipeline."""
+    return f"{instance.storage_directory()}/kale/plots"
+
+
+def plot_path(context: AssetExecutionContext, p: OnlineTrainingPipeline, what: str):
+    from kale_dagster.definitions.plots import plot_file
+
+    return plot_file(plot_dir(context.instance), p.name, what, time.time())
+
+
+def readings_freshness(p: OnlineTrainingPipeline) -> FreshnessPolicy:
+    """Stale when the metrics sensor stops reading (the sensor or the daemon stopped, the code server is down): a
+    warning after 5 missed readings, a failure after 15, and never sooner than 5 and 15 wall minutes (a daemon's
+    tick may slip by a minute)."""
+    interval = p.sensor_interval_s
+    return FreshnessPolicy.time_window(
+        warn_window=timedelta(seconds=max(5 * interval, 300)), fail_window=timedelta(seconds=max(15 * interval, 900))
+    )
 
 
 def stream_metrics_spec(p: OnlineTrainingPipeline) -> AssetSpec:
@@ -49,6 +77,7 @@ def stream_metrics_spec(p: OnlineTrainingPipeline) -> AssetSpec:
         "by the metrics sensor.",
         group_name=p.name,
         kinds={"kafka"},
+        freshness_policy=readings_freshness(p),
     )
 
 
@@ -73,11 +102,11 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
         key=p.key("traffic_forecast"),
         deps=[AssetKey(p.key("stream_metrics"))],
         group_name=p.name,
-        kinds={"prophet"} if p.forecaster.startswith("prophet") else None,
+        kinds={"prophet"} if p.forecaster.startswith("prophet") else {"python"},
         description=f"Forecast of sample arrivals over the next {p.forecast_horizon_minutes:g} min ({p.forecaster}).",
     )
     def traffic_forecast(context: AssetExecutionContext) -> Output:
-        from kale_dagster.definitions.plots import plot_forecast
+        from kale_dagster.definitions.plots import plot_forecast, plot_metadata
 
         store = p.history()
         recorded = store.stream(p.name)
@@ -116,7 +145,7 @@ def traffic_forecast_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             "history_points": len(history),
             "seeded_points": int(recorded["seeded"].fillna(False).astype(bool).sum()),
             "peak_forecast": float(fc.upper.max()),
-            "plot": png_markdown(png),
+            "plot": plot_metadata(png),
             **{k: float(v) for k, v in figures.items()},
             **(realised or {}),
         }
@@ -129,6 +158,7 @@ def throughput_model_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
     @asset(
         key=p.key("throughput_model"),
         group_name=p.name,
+        kinds={"scipy"},
         description="Resource-throughput model F(w) fitted by NNLS on measured worker throughput; the configured prior "
         "until enough worker counts were measured.",
     )
@@ -163,6 +193,8 @@ def gpu_allocation_asset(p: OnlineTrainingPipeline, control: PipelineControl) ->
     @asset(
         key=p.key("gpu_allocation"),
         group_name=p.name,
+        kinds={"pytorch", *(["kubernetes"] if isinstance(p.launcher, KubernetesLauncherConfig) else [])},
+        freshness_policy=readings_freshness(p),
         deps=[AssetKey(p.key(k)) for k in ("stream_metrics", "traffic_forecast", "throughput_model")],
         description="Workers to run now, the stabilized plan, the policy that acted and why. "
         "The metrics sensor decides at every reading; materializing it decides once more from the latest metrics.",
@@ -201,12 +233,13 @@ def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
     @asset(
         key=p.key("policy_backtest"),
         group_name=p.name,
+        kinds={"pandas"},
         ins={"model": AssetIn(key=AssetKey(p.key("throughput_model")))},
         description="What-if: every registered policy replayed on this pipeline's own recorded arrivals (last 14 "
         "days).",
     )
     def policy_backtest(context: AssetExecutionContext, model: ThroughputModel) -> Output:
-        from kale_dagster.definitions.plots import plot_backtest
+        from kale_dagster.definitions.plots import plot_backtest, plot_metadata
         from kale_dagster.sim.backtest import Backtest, BacktestSettings, Run
 
         history = p.history().arrival_history(p.name, start=p.clock.now() - 14 * DAY_S)
@@ -235,7 +268,7 @@ def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             metadata={
                 "days_replayed": round(span_days, 2),
                 "results": MetadataValue.md(backtest_table(value)),
-                "plot": png_markdown(png),
+                "plot": plot_metadata(png),
             },
         )
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dagster import AssetKey, DefaultSensorStatus, Definitions
 
-from kale_dagster.definitions.assets import pipeline_assets
+from kale_dagster.definitions.assets import pipeline_assets, plot_dir
 from kale_dagster.definitions.checks import pipeline_checks
 from kale_dagster.definitions.control import PipelineControl
 from kale_dagster.definitions.jobs import asset_jobs, backfill_job, rescale_job, schedules
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.errors import KaleConfigError
-from sensors import build_run_failure_sensor, build_stream_metrics_sensor
+from kale_dagster.sensors import build_run_failure_sensor, build_stream_metrics_sensor
 
 
 def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
@@ -38,7 +38,7 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
             control=control,
             jobs=[jobs["refit"], *([jobs["rescale"]] if "rescale" in jobs else [])],
             max_workers=p.limits.max_workers,
-            plot_dir=lambda context: f"{context.instance.storage_directory()}/kale",
+            plot_dir=lambda context: plot_dir(context.instance),
             default_status=status,
         ),
         build_run_failure_sensor(

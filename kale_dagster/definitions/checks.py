@@ -3,7 +3,7 @@
 from dagster import AssetCheckResult, AssetChecksDefinition, AssetCheckSeverity, AssetKey, asset_check
 
 from kale_dagster.definitions.assets import STALE_METRICS_S
-from kale_dagster.definitions.control import latest_metadata
+from kale_dagster.definitions.control import LAG_CHECK, lag_within_slo, latest_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.forecast.naive import DAY_S
 
@@ -59,8 +59,9 @@ def forecast_accuracy_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
 def lag_slo_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
     @asset_check(
         asset=AssetKey(p.key("gpu_allocation")),
-        name="lag_within_slo",
-        description=f"Measured time lag is within the {p.limits.slo_minutes:g}-minute SLO.",
+        name=LAG_CHECK,
+        description=f"Measured time lag is within the {p.limits.slo_minutes:g}-minute SLO. The metrics sensor "
+        "evaluates it at every reading; running the check evaluates the latest recorded one.",
     )
     def lag_slo(context) -> AssetCheckResult:
         latest = p.history().stream(p.name, start=p.clock.now() - STALE_METRICS_S)
@@ -68,8 +69,8 @@ def lag_slo_check(p: OnlineTrainingPipeline) -> AssetChecksDefinition:
             return AssetCheckResult(
                 passed=False, severity=AssetCheckSeverity.WARN, metadata={"note": "no recent stream metrics"}
             )
-        lag = float(latest["time_lag_s"].iloc[-1])
-        return AssetCheckResult(passed=lag <= p.limits.slo_s, metadata={"time_lag_s": lag, "slo_s": p.limits.slo_s})
+        passed, severity, verdict = lag_within_slo(float(latest["time_lag_s"].iloc[-1]), p.limits.slo_s)
+        return AssetCheckResult(passed=passed, severity=severity, metadata=verdict)
 
     return lag_slo
 

