@@ -47,6 +47,18 @@ def _flags():
 FLAGS = list(_flags())
 
 
+def test_every_flag_says_what_it_does_and_kale_help_lists_commands_in_order():
+    undocumented = [
+        f"kale {' '.join(path)} {action.option_strings[0]}"
+        for path, parser in _leaves(build_parser(COMMANDS))
+        for action in parser._actions
+        if action.option_strings and action.dest not in ("help", "version") and not action.help
+    ]
+    assert not undocumented, undocumented
+    listed = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert list(listed)[:3] == ["demo", "status", "trainer"]  # what a user needs first, first
+
+
 def test_every_numeric_flag_is_bounded_and_there_are_many():
     assert len(FLAGS) >= 30
 

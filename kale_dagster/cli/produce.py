@@ -19,8 +19,8 @@ def register(subparsers, summary: str) -> None:
         "partition 0 (a hot partition, as in the paper).",
         epilog="example: kale produce --trace t.csv --topic samples --speedup 48",
     )
-    parser.add_argument("--trace", required=True)
-    parser.add_argument("--topic", required=True)
+    parser.add_argument("--trace", required=True, help="CSV with header timestamp,value (arrivals per interval)")
+    parser.add_argument("--topic", required=True, help="the topic to produce into (created if missing)")
     parser.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     parser.add_argument("--speedup", type=float, gt=0, le=1_000_000, default=1.0, help="trace seconds per wall second")
     parser.add_argument("--rate-scale", type=float, gt=0, le=1_000_000, default=1.0, help="multiply the trace's rates")

@@ -30,9 +30,9 @@ def register(subparsers, summary: str) -> None:
         epilog="example: kale trainer serve --topic samples --group-id ctr --checkpoint-dir ./ckpt --workers 2",
     )
     serve.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
-    serve.add_argument("--topic", required=True)
-    serve.add_argument("--group-id", required=True)
-    serve.add_argument("--checkpoint-dir", required=True)
+    serve.add_argument("--topic", required=True, help="the topic the workers train from")
+    serve.add_argument("--group-id", required=True, help="the consumer group whose committed offsets they resume from")
+    serve.add_argument("--checkpoint-dir", required=True, help="where checkpoints are written (shared by every worker)")
     serve.add_argument("--workers", type=int, ge=1, le=MAX_WORKERS, default=1)
     serve.add_argument(
         "--max-workers",
