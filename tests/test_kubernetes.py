@@ -466,7 +466,7 @@ def test_the_shipped_role_grants_exactly_what_the_launcher_calls():
     assert granted <= used, f"the Role grants {granted - used}, which no launcher call needs"
 
 
-@pytest.mark.parametrize("path", ["docs/kubernetes/rbac.yaml"])
+@pytest.mark.parametrize("path", ["docs/kubernetes/rbac.yaml", "docs/kubernetes/rbac-scale-target.yaml"])
 def test_shipped_manifests_validate(path):
     import pathlib
 

@@ -36,6 +36,7 @@ from kale_dagster.forecast import FORECASTERS
 from kale_dagster.launchers.command import CommandHookConfig
 from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig
 from kale_dagster.launchers.observed import ObservedGroupConfig
+from kale_dagster.launchers.scale_target import ScaleTargetConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
@@ -66,6 +67,7 @@ _LocalFields = declared_model(LocalLauncherConfig, path="attributes.launcher")
 _KubernetesFields = declared_model(KubernetesLauncherConfig, path="attributes.launcher")
 _ObservedFields = declared_model(ObservedGroupConfig, path="attributes.launcher")
 _CommandFields = declared_model(CommandHookConfig, path="attributes.launcher")
+_ScaleTargetFields = declared_model(ScaleTargetConfig, path="attributes.launcher")
 
 
 class LocalLauncherAttributes(_LocalFields):  # type: ignore[misc, valid-type]
@@ -90,6 +92,13 @@ class CommandLauncherAttributes(_CommandFields):  # type: ignore[misc, valid-typ
     """A workload sized through your own commands (``CommandHookConfig``)."""
 
     kind: Literal["command"]
+
+
+class ScaleTargetLauncherAttributes(_ScaleTargetFields):  # type: ignore[misc, valid-type]
+    """A Kubernetes workload sized through its scale subresource (``ScaleTargetConfig``); ``workload_kind`` is
+    its kind (Deployment, StatefulSet, a custom kind)."""
+
+    kind: Literal["scale_target"]
 
 
 class ThroughputPriorAttributes(DeclaredModel):
@@ -156,7 +165,8 @@ _PipelineFields = declared_model(
                 LocalLauncherAttributes
                 | KubernetesLauncherAttributes
                 | ObservedLauncherAttributes
-                | CommandLauncherAttributes,
+                | CommandLauncherAttributes
+                | ScaleTargetLauncherAttributes,
                 Field(discriminator="kind"),
             ],
             Field(default_factory=LocalLauncherAttributes, description="where the workers run"),

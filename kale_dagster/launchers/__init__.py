@@ -8,7 +8,8 @@
 * ``kubernetes``: ``KubernetesLauncher`` (an Indexed Job of GPU pods) and
   ``KubernetesLauncherConfig``;
 * ``observed``: ``ObservedGroupConfig``, a consumer group Kale watches but did not start (advisory only);
-* ``command``: ``CommandHookConfig``, a workload sized through the team's own commands.
+* ``command``: ``CommandHookConfig``, a workload sized through the team's own commands;
+* ``scale_target``: ``ScaleTargetConfig``, a Kubernetes workload sized through its scale subresource.
 
 A pipeline declares one ``LauncherConfig``; its rescale job builds the launcher from it.
 """
@@ -18,6 +19,7 @@ from kale_dagster.launchers.command import CommandHookConfig
 from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesLauncherConfig
 from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.observed import ObservedGroupConfig
+from kale_dagster.launchers.scale_target import ScaleTargetConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 
 __all__ = [
@@ -31,5 +33,6 @@ __all__ = [
     "ObservedGroupConfig",
     "RescaleFailed",
     "RescaleRecord",
+    "ScaleTargetConfig",
     "TrainerSettings",
 ]
