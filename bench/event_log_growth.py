@@ -1,0 +1,115 @@
+"""Bytes a pipeline adds to Dagster's event log per pipeline-day, measured on a real instance.
+
+An advisory pipeline (its workers declared, so it decides at every reading) on the embedded broker, with the
+seven days before seeded into its metrics history.  Its metrics sensor is ticked ``--readings`` times and one
+refit run is executed; the event log's rows are summed (the serialized events, as the storage keeps them) per
+event type.  A day is then 86,400 / ``metrics_interval_seconds`` readings and 1,440 / ``forecast_refit_minutes``
+refits.  Target: under 1 MB per pipeline-day.
+
+    python bench/event_log_growth.py [--readings 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from dagster import DagsterInstance, build_sensor_context
+from kafka import KafkaProducer
+
+from kale_dagster import KafkaSource, OnlineTrainingPipeline, build_definitions
+from kale_dagster.launchers import ObservedGroupConfig
+from kale_dagster.sim.trace import synth_trace
+from kale_dagster.stream.broker import embedded_broker
+from kale_dagster.stream.history import MetricsHistory
+
+
+def event_bytes(home: Path) -> Counter:
+    """Serialized bytes per event type, each event once: the run shards (``.db`` holds the runless events).  SQLite
+    storage also copies every asset event into ``index.db``; Postgres keeps one ``event_logs`` table."""
+    sizes: Counter = Counter()
+    for db in (home / "history" / "runs").glob("*.db"):
+        if db.name == "index.db":
+            continue
+        with sqlite3.connect(db) as conn:
+            try:
+                rows = conn.execute("select dagster_event_type, sum(length(event)) from event_logs group by 1")
+            except sqlite3.OperationalError:  # not an event-log database
+                continue
+            for kind, size in rows:
+                sizes[kind or "log message"] += size or 0
+    return sizes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--readings", type=int, default=60)
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="kale-eventlog-"))
+    with embedded_broker() as broker:
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
+        p = OnlineTrainingPipeline(
+            name="clicks",
+            source=KafkaSource(broker.bootstrap_servers, ("clicks",), "ranker"),
+            launcher=ObservedGroupConfig(workers=2),
+            advisory=True,
+            history_url=f"sqlite:///{home / 'metrics.db'}",
+        )
+        trace = synth_trace(days=7, step_s=60)
+        rate = trace["value"].to_numpy(float) / 60.0
+        rows = pd.DataFrame(
+            {
+                "ts": time.time() - 7 * 86_400 + 60.0 * np.arange(len(trace)),
+                "arrival_rate": rate,
+                "consumption_rate": rate,
+                "sample_lag": 0,
+                "time_lag_s": 0.0,
+            }
+        )
+        MetricsHistory(p.history_url).seed_stream(p.name, rows)
+        defs = build_definitions(p)
+        repo = defs.get_repository_def()
+        sensor = {s.name: s for s in repo.sensor_defs}["clicks_stream_metrics"]
+        resource = repo.get_top_level_resources()["kale_stream_clicks"]
+        instance = DagsterInstance.local_temp(str(home))
+        try:
+            cursor = None
+            for _ in range(args.readings):
+                for _record in range(20):
+                    producer.send("clicks", value=b"x" * 64)
+                producer.flush()
+                result = sensor(
+                    build_sensor_context(instance=instance, cursor=cursor, resources={"kale_stream_clicks": resource})
+                )
+                cursor = getattr(result, "cursor", cursor)
+                for event in getattr(result, "asset_events", None) or []:
+                    instance.report_runless_asset_event(event)
+            readings = event_bytes(home)
+            assert defs.resolve_job_def("clicks_refit").execute_in_process(instance=instance).success
+            refit = event_bytes(home) - readings
+        finally:
+            instance.dispose()
+            producer.close()
+    per_reading = sum(readings.values()) / args.readings
+    per_day_readings = per_reading * 86_400 / p.metrics_interval_seconds
+    per_day_refits = sum(refit.values()) * 1440 / p.forecast_refit_minutes
+    print(f"{args.readings} readings: {sum(readings.values()):,} bytes, {per_reading:,.0f} per reading")
+    for kind, size in readings.most_common():
+        print(f"  {kind:32s} {size / args.readings:8,.0f} bytes per reading")
+    print(f"one refit run: {sum(refit.values()):,} bytes")
+    print(
+        f"per pipeline-day (a reading every {p.metrics_interval_seconds} s, a refit every {p.forecast_refit_minutes:g}"
+        f" min): {(per_day_readings + per_day_refits) / 1e6:.2f} MB ({per_day_readings / 1e6:.2f} MB readings, "
+        f"{per_day_refits / 1e6:.2f} MB refits); target under 1 MB"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
