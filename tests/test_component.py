@@ -350,3 +350,50 @@ def test_dg_lists_scaffolds_checks_and_loads_yaml_pipelines(tmp_path):
     assert loaded.returncode != 0  # ...loading does, with the dataclass's own message
     assert "attributes.limits.min_workers: must be <= max_workers (8), got 9" in loaded.stdout + loaded.stderr
     assert "defs/clicks/defs.yaml" in loaded.stdout + loaded.stderr
+
+
+def test_the_cli_finds_a_yaml_pipeline_by_loading_the_projects_definitions(tmp_path, monkeypatch, capsys):
+    """kale k8s render and kale history backfill load a code location's definitions (-m, -f, -w): a pipeline
+    declared in a dg project's YAML is found like one declared in Python."""
+    import sys
+
+    from kale_dagster.cli import main
+
+    project = tmp_path / "kale_project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    defs_yaml = project / "src/kale_project/defs/ctr/defs.yaml"
+    spec = yaml.safe_load(defs_yaml.read_text())
+    spec["attributes"]["launcher"] = {
+        "kind": "kubernetes",
+        "image": "registry.example.com/ranker:2",
+        "checkpoint_pvc": "ckpt",
+    }
+    defs_yaml.write_text(yaml.safe_dump(spec))
+    monkeypatch.syspath_prepend(str(project / "src"))
+    for name in [m for m in sys.modules if m == "kale_project" or m.startswith("kale_project.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert main(["k8s", "render", "--pipeline", "ctr", "--workers", "3", "-m", "kale_project.definitions"]) == 0
+    manifests = list(yaml.safe_load_all(capsys.readouterr().out))
+    job = next(m for m in manifests if m["kind"] == "Job")
+    assert job["spec"]["parallelism"] == 3
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example.com/ranker:2"
+    # A name the location does not declare is one line listing what it does.
+    assert main(["k8s", "render", "--pipeline", "nope", "--workers", "1", "-m", "kale_project.definitions"]) == 2
+    assert "no pipeline 'nope' in module kale_project.definitions; found: " in capsys.readouterr().err
+
+
+def test_the_cli_reads_the_workspace_file_by_default(tmp_path, monkeypatch, capsys):
+    from kale_dagster.cli import main
+
+    (tmp_path / "team_pipelines.py").write_text(
+        "from kale_dagster import KafkaSource, KubernetesLauncherConfig, OnlineTrainingPipeline, build_definitions\n"
+        "defs = build_definitions(OnlineTrainingPipeline(name='ws_clicks', source=KafkaSource('127.0.0.1:9092', "
+        "('clicks',), 'g'), launcher=KubernetesLauncherConfig(image='trainer:1', checkpoint_pvc='ckpt')))\n"
+    )
+    (tmp_path / "workspace.yaml").write_text("load_from:\n  - python_file:\n      relative_path: team_pipelines.py\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["k8s", "render", "--pipeline", "ws_clicks", "--workers", "2"]) == 0
+    assert "kind: Job" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path.parent)
+    assert main(["k8s", "render", "--pipeline", "ws_clicks", "--workers", "2"]) == 2
+    assert "name the code location with -m MODULE, -f FILE or -w WORKSPACE" in capsys.readouterr().err

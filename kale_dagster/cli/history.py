@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from kale_dagster.cli import print_json
-from kale_dagster.cli.k8s import find_pipeline
+from kale_dagster.cli.code_location import add_location_arguments, find_pipeline
 from kale_dagster.cli.progress import ProgressBar
 from kale_dagster.errors import CommandError
 
@@ -19,10 +19,10 @@ def register(subparsers, summary: str) -> None:
         description="Rebuild the arrival rate per bucket from the records Kafka retains, so the forecaster starts "
         "warm; "
         "only the span before the metrics sensor's first reading is written.",
-        epilog="example: kale history backfill --pipeline ctr --days 7 --module pipelines.definitions",
+        epilog="example: kale history backfill --pipeline ctr --days 7 -m pipelines.definitions",
     )
     backfill.add_argument("--pipeline", required=True, help="pipeline name")
-    backfill.add_argument("--module", default="pipelines.definitions", help="module declaring the pipelines")
+    add_location_arguments(backfill)
     backfill.add_argument(
         "--days", type=float, gt=0, le=366, default=7.0, help="how far back, at most what Kafka retains"
     )
@@ -42,7 +42,7 @@ def run_backfill(args) -> int:
 
     from kale_dagster.definitions.backfill import backfill_pipeline
 
-    pipeline = find_pipeline(args.module, args.pipeline)
+    pipeline = find_pipeline(args, args.pipeline)
     started = time.monotonic()
     bar = ProgressBar("backfill", enabled=not args.json)
     try:

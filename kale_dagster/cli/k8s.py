@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-
-from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
+from kale_dagster.cli.code_location import add_location_arguments, find_pipeline
 from kale_dagster.errors import CommandError
 
 
@@ -17,8 +15,8 @@ def register(subparsers, summary: str) -> None:
         epilog="example: kale k8s render --pipeline ctr_production --workers 8 --validate 1.37.0",
     )
     render.add_argument("--pipeline", required=True, help="pipeline name")
-    render.add_argument("--workers", type=int, ge=1, le=1024, required=True)
-    render.add_argument("--module", default="pipelines.definitions", help="module declaring the pipelines")
+    render.add_argument("--workers", type=int, ge=1, le=1024, required=True, help="the group size to render")
+    add_location_arguments(render)
     render.add_argument(
         "--validate",
         metavar="K8S_VERSION",
@@ -27,27 +25,14 @@ def register(subparsers, summary: str) -> None:
     render.set_defaults(handler=run_render)
 
 
-def find_pipeline(module_name: str, name: str) -> OnlineTrainingPipeline:
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CommandError(f"cannot import {module_name}: {exc}") from exc
-    found = {v.name: v for v in vars(module).values() if isinstance(v, OnlineTrainingPipeline)}
-    if name not in found:
-        raise CommandError(f"no pipeline {name!r} in {module_name}; found: {', '.join(sorted(found)) or 'none'}")
-    return found[name]
-
-
 def run_render(args) -> int:
     import yaml
 
     from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig, render
 
-    pipeline = find_pipeline(args.module, args.pipeline)
+    pipeline = find_pipeline(args, args.pipeline)
     if not isinstance(pipeline.launcher, KubernetesLauncherConfig):
-        raise CommandError(
-            f"pipeline {args.pipeline!r} runs its workers locally; give it launcher=KubernetesLauncherConfig(...)"
-        )
+        raise CommandError(f"pipeline {args.pipeline!r} is not declared with launcher=KubernetesLauncherConfig(...)")
     manifests = render(pipeline.name, pipeline.launcher, pipeline.source, args.workers, trainer=pipeline.trainer_spec)
     if args.validate:
         import kubernetes_validate

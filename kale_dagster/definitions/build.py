@@ -59,9 +59,21 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
     )
 
 
+#: Every pipeline built in this process, by name: how the CLI finds a pipeline in any code location (a Python
+#: module or file, a workspace, a dg project's YAML) after loading that location's definitions.
+_BUILT: dict[str, OnlineTrainingPipeline] = {}
+
+
 def build_definitions(*pipelines: OnlineTrainingPipeline) -> Definitions:
     """Merge several pipelines into one ``dagster.Definitions``; names must be unique."""
     names = [p.name for p in pipelines]
     if len(set(names)) != len(names):
         raise KaleConfigError("name", f"pipeline names must be unique, got {names}")
-    return Definitions.merge(*(pipeline_definitions(p) for p in pipelines))
+    defs = Definitions.merge(*(pipeline_definitions(p) for p in pipelines))
+    _BUILT.update({p.name: p for p in pipelines})
+    return defs
+
+
+def built_pipelines() -> dict[str, OnlineTrainingPipeline]:
+    """The pipelines ``build_definitions`` has built in this process, by name."""
+    return dict(_BUILT)

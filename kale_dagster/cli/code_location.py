@@ -1,0 +1,111 @@
+"""Which code location declares the pipelines a command works on, found the way Dagster's own commands find it:
+``-m`` a module, ``-f`` a Python file, ``-w`` a workspace file (its ``python_module`` and ``python_file``
+entries), by default the ``workspace.yaml`` in the working directory.  Loading a location builds its
+definitions, YAML components and ``@definitions`` functions included, and every pipeline built is found."""
+
+from __future__ import annotations
+
+import importlib
+import runpy
+import sys
+from pathlib import Path
+
+from kale_dagster.errors import CommandError
+
+
+def add_location_arguments(parser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-m", "--module", help="a module whose definitions declare the pipelines")
+    where.add_argument("-f", "--python-file", help="a Python file whose definitions declare the pipelines")
+    where.add_argument(
+        "-w", "--workspace", help="a workspace file (python_module and python_file entries); default: workspace.yaml"
+    )
+
+
+def find_pipeline(args, name: str):
+    """The pipeline ``name`` from the code location the arguments name."""
+    from kale_dagster.definitions.build import built_pipelines
+
+    try:
+        where = _load(args)
+    except CommandError:
+        raise
+    except Exception as exc:  # the location's own code failed to load: its first line, not a traceback
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise CommandError(f"loading the code location failed: {type(exc).__name__}: {first}") from exc
+    found = built_pipelines()
+    if name not in found:
+        raise CommandError(f"no pipeline {name!r} in {where}; found: {', '.join(sorted(found)) or 'none'}")
+    return found[name]
+
+
+def _load(args) -> str:
+    """Load the location's definitions; what was loaded, for messages."""
+    if args.module:
+        _build(_import(args.module, None))
+        return f"module {args.module}"
+    if args.python_file:
+        _build(_run_file(Path(args.python_file)))
+        return f"file {args.python_file}"
+    workspace = Path(args.workspace or "workspace.yaml")
+    if not workspace.is_file():
+        raise CommandError(
+            f"no {workspace}: name the code location with -m MODULE, -f FILE or -w WORKSPACE"
+            if not args.workspace
+            else f"no workspace file {workspace}"
+        )
+    for kind, target, working_directory in _workspace_entries(workspace):
+        _build(_import(target, working_directory) if kind == "module" else _run_file(Path(target)))
+    return f"workspace {workspace}"
+
+
+def _workspace_entries(workspace: Path) -> list[tuple[str, str, str | None]]:
+    import yaml
+
+    entries = []
+    for entry in (yaml.safe_load(workspace.read_text()) or {}).get("load_from") or []:
+        for kind in ("python_module", "python_file"):
+            spec = entry.get(kind) if isinstance(entry, dict) else None
+            if spec is None:
+                continue
+            spec = (
+                {"module_name" if kind == "python_module" else "relative_path": spec} if isinstance(spec, str) else spec
+            )
+            base = workspace.parent
+            working = spec.get("working_directory")
+            working_directory = str((base / working).resolve()) if working else str(base.resolve())
+            if kind == "python_module":
+                entries.append(("module", spec["module_name"], working_directory))
+            else:
+                entries.append(("file", str(base / spec["relative_path"]), working_directory))
+    if not entries:
+        raise CommandError(f"{workspace} loads no python_module or python_file")
+    return entries
+
+
+def _import(module_name: str, working_directory: str | None):
+    if working_directory and working_directory not in sys.path:
+        sys.path.insert(0, working_directory)
+    elif "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        return vars(importlib.import_module(module_name))
+    except ImportError as exc:
+        raise CommandError(f"cannot import {module_name}: {exc}") from exc
+
+
+def _run_file(path: Path) -> dict:
+    if not path.is_file():
+        raise CommandError(f"no file {path}")
+    sys.path.insert(0, str(path.resolve().parent))
+    return runpy.run_path(str(path))
+
+
+def _build(namespace: dict) -> None:
+    """Build what the location defines lazily (``@dagster.definitions`` functions); the rest built at import."""
+    from dagster import Definitions, definitions
+
+    lazy = type(definitions(lambda: Definitions()))
+    for value in list(namespace.values()):
+        if isinstance(value, lazy):
+            value()
