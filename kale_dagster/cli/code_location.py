@@ -105,7 +105,7 @@ def _build(namespace: dict) -> None:
     """Build what the location defines lazily (``@dagster.definitions`` functions); the rest built at import."""
     from dagster import Definitions, definitions
 
-    lazy = type(definitions(lambda: Definitions()))
+    lazy: type = type(definitions(lambda: Definitions()))  # the type @definitions returns, as it is today
     for value in list(namespace.values()):
-        if isinstance(value, lazy):
+        if type(value) is lazy:
             value()
