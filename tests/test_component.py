@@ -397,3 +397,21 @@ def test_the_cli_reads_the_workspace_file_by_default(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path.parent)
     assert main(["k8s", "render", "--pipeline", "ws_clicks", "--workers", "2"]) == 2
     assert "name the code location with -m MODULE, -f FILE or -w WORKSPACE" in capsys.readouterr().err
+
+
+def test_env_templates_render_in_any_attribute_and_an_unset_one_is_named(monkeypatch):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "10.1.2.3:9092")
+    monkeypatch.setenv("MAX_WORKERS", "24")
+    monkeypatch.delenv("NO_SUCH_VARIABLE", raising=False)
+    templated = {
+        "name": "ctr",
+        "source": {**SOURCE, "bootstrap_servers": "{{ env.KAFKA_BOOTSTRAP }}"},
+        "limits": {"max_workers": "{{ env.MAX_WORKERS }}"},
+        "trainer_options": {"region": "{{ env('REGION_UNSET_HERE', 'eu') }}"},
+    }
+    p = load(templated)
+    assert p.source.bootstrap_servers == "10.1.2.3:9092" and p.limits.max_workers == 24
+    assert p.trainer_options == {"region": "eu"}
+    with pytest.raises(ValidationError) as info:
+        load({**templated, "source": {**SOURCE, "group_id": "{{ env.NO_SUCH_VARIABLE }}"}})
+    assert "attributes.source.group_id: environment variable NO_SUCH_VARIABLE is not set" in str(info.value)

@@ -24,6 +24,8 @@ fails the schema.
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Annotated, Any, Literal
 
 from dagster import Component, ComponentLoadContext, Definitions, Scaffolder, ScaffoldRequest, scaffold_with
@@ -121,6 +123,23 @@ class ThroughputPriorAttributes(DeclaredModel):
         return at(path, ThroughputModel, form=self.form, theta=tuple(self.theta), global_batch=self.global_batch)
 
 
+_ENV_REFERENCE = re.compile(r"\{\{[^}]*?\benv\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _unset_env_references(value: Any, path: str):
+    """(the attribute's path, the variable) for each ``{{ env.NAME }}`` whose variable is not set."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _unset_env_references(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _unset_env_references(item, f"{path}[{i}]")
+    elif isinstance(value, str):
+        for name in _ENV_REFERENCE.findall(value):
+            if name not in os.environ:
+                yield path, name
+
+
 class _Scaffolder(Scaffolder):
     """Writes a commented defs.yaml for a pipeline named after its folder."""
 
@@ -183,6 +202,23 @@ class OnlineTrainingPipelineAttributes(_PipelineFields):  # type: ignore[misc, v
 
     model_config = ConfigDict(json_schema_extra=_launcher_by_kind)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _render_env_templates(cls, data: Any) -> Any:
+        """``{{ env.NAME }}`` and ``{{ env('NAME', 'default') }}`` in any attribute, rendered as Dagster renders a
+        Resolvable component's, before the attributes are checked (an unset variable without a default is an
+        error naming it)."""
+        from dagster import ResolutionContext
+
+        if not isinstance(data, dict):
+            return data
+        for path, name in _unset_env_references(data, "attributes"):
+            raise ValueError(
+                f"{path}: environment variable {name} is not set ({{{{ env.{name} }}}}); set it, or give a default "
+                f"with {{{{ env('{name}', 'default') }}}}"
+            )
+        return ResolutionContext.default().resolve_value(data)
+
     @model_validator(mode="after")
     def _valid_pipeline(self) -> OnlineTrainingPipelineAttributes:
         # The dataclasses' own checks (one validation path), when the YAML loads: dg check defs and dg dev
@@ -200,8 +236,9 @@ class OnlineTrainingPipelineComponent(Component):
     sensor, forecast, gpu_allocation asset and checks, rescale and refit jobs and schedules.
 
     The same pipeline as ``OnlineTrainingPipeline`` in Python, built by the same ``build_definitions``.
-    Its attributes are a strict schema (``OnlineTrainingPipelineAttributes``), without templating: secrets
-    are named by environment variable, never written.
+    Its attributes are a strict schema (``OnlineTrainingPipelineAttributes``); ``{{ env.NAME }}`` in any of
+    them is rendered first, as Dagster renders a Resolvable component's.  Secrets are named by environment
+    variable (``sasl_password_env``), never written.
     """
 
     def __init__(self, pipeline: OnlineTrainingPipeline):
