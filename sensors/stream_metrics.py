@@ -213,6 +213,7 @@ def build_stream_metrics_sensor(
                 figures,
                 workers=outcome.running_workers if outcome else None,
                 model_metric=quality,
+                decided=(outcome.step.decision.workers, outcome.step.decision.reason) if outcome else None,
             )
         except DatabaseError as exc:
             return unanswered(exc)
@@ -221,7 +222,12 @@ def build_stream_metrics_sensor(
                 f"a database did not answer while deciding ({undecided}); the reading is recorded, nothing decided, "
                 "cursor kept"
             )
-        events = [AssetObservation(asset_key=key, metadata=observation_meta), *(outcome.events if outcome else ())]
+        # A reading is an event when its decision is (at every reading without a decider); the history keeps all.
+        observed = outcome is None or bool(outcome.events)
+        events = [
+            *([AssetObservation(asset_key=key, metadata=observation_meta)] if observed else []),
+            *(outcome.events if outcome else ()),
+        ]
         control_cursor = outcome.cursor.to_dict() if outcome else cursor.control
         new_cursor = StreamMetricsCursor(snap.time, previous_from(snap).offsets, control_cursor, warned)
         return SensorResult(

@@ -75,6 +75,7 @@ def controlled(kafka_broker, tmp_path):
             }
         },
         clock=PipelineClock(30.0, wall_start=time.time()),
+        record_every_minutes=0,  # every decision an event: the tests read each one
         launcher=LocalLauncherConfig(service.url),
         history_url=f"sqlite:///{tmp_path / 'm.db'}",
     )

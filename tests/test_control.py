@@ -363,11 +363,19 @@ def test_threading_lock_is_not_held_by_status():
         ({"predictions": [[1.0, 2.0, 3.0]]}, ControlCursor()),
         ({"plotted_at": True}, ControlCursor()),
         ({"predictions": [], "other": 1}, ControlCursor()),
+        (
+            {"policy_state": {"window": [1, 2]}, "running_workers": 3, "recorded_at": 7.0, "recorded": "3|3"},
+            ControlCursor((), None, {"window": [1, 2]}, 3, 7.0, "3|3"),
+        ),
+        ({"policy_state": [1]}, ControlCursor()),
+        ({"running_workers": -1}, ControlCursor()),
+        ({"running_workers": True}, ControlCursor()),
+        ({"recorded_at": float("inf")}, ControlCursor()),
     ],
 )
 def test_the_control_cursor_checks_its_own_shape(stored, expected):
     cursor = ControlCursor.from_dict(stored)
-    assert cursor == expected
+    assert cursor == expected and cursor.policy_state == expected.policy_state
     assert ControlCursor.from_dict(cursor.to_dict()) == cursor  # what is written reads back as written
 
 

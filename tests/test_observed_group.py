@@ -113,6 +113,7 @@ def test_an_advisory_pipeline_decides_at_every_reading_on_a_group_it_did_not_sta
             clock=PipelineClock(30.0, wall_start=time.time()),
             history_url=f"sqlite:///{tmp_path / 'm.db'}",
             forecaster="ewma",
+            record_every_minutes=0,  # every decision an event too, to read what each one said
         )
 
     watched = [
@@ -157,9 +158,52 @@ def test_an_advisory_pipeline_decides_at_every_reading_on_a_group_it_did_not_sta
         producer.close()
     theirs = decisions["theirs"]
     assert len(theirs) == 4  # a decision at every reading
+    recorded = watched[0].history().stream("theirs")
+    assert recorded["decided_workers"].notna().sum() == 4 and recorded["decision"].str.len().min() > 0
     assert all(d["running_workers"] == 2 and "2 members" in d["workers_observed_from"] for d in theirs), theirs[-1]
     assert all("would_change_workers_by" in d for d in theirs)
     assigned = decisions["assigned"]
     assert all(d["running_workers"] == 3 and "declared 3 workers" in d["workers_observed_from"] for d in assigned)
     unknown = decisions["unknown"]
     assert all("cannot tell how many workers" in d["held"] for d in unknown), unknown[-1]
+
+
+@pytest.mark.integration
+def test_a_decision_that_changes_nothing_reaches_the_history_not_the_event_log(kafka_broker, tmp_path):
+    """By default the event log gets the decisions that change something and one every record_every_minutes:
+    a quiet advisory pipeline decides at every reading, all of them in the metrics history."""
+    from dagster import AssetMaterialization, AssetObservation, build_sensor_context, instance_for_test
+
+    from kale_dagster import build_definitions
+    from kale_dagster.control.clock import PipelineClock
+    from kale_dagster.stream.producer import ensure_topic
+
+    ensure_topic(kafka_broker.bootstrap_servers, "quiet", 2)
+    p = OnlineTrainingPipeline(
+        name="quiet",
+        source=KafkaSource(kafka_broker.bootstrap_servers, ("quiet",), "nobody", request_timeout_ms=3000),
+        advisory=True,
+        launcher=ObservedGroupConfig(workers=2),
+        clock=PipelineClock(30.0, wall_start=time.time()),  # 10 pipeline minutes are 20 s: longer than this test
+        history_url=f"sqlite:///{tmp_path / 'm.db'}",
+        forecaster="ewma",
+    )
+    repo = build_definitions(p).get_repository_def()
+    sensor = {s.name: s for s in repo.sensor_defs}["quiet_stream_metrics"]
+    resource = repo.get_top_level_resources()["kale_stream_quiet"]
+    kinds: list[list[str]] = []
+    with instance_for_test() as instance:
+        cursor = None
+        for _ in range(6):
+            result = sensor(
+                build_sensor_context(instance=instance, cursor=cursor, resources={"kale_stream_quiet": resource})
+            )
+            cursor = result.cursor
+            kinds.append([type(e).__name__ for e in result.asset_events])
+            time.sleep(0.3)
+    materialized = sum(AssetMaterialization.__name__ in k for k in kinds)
+    assert kinds[0] == ["AssetObservation", "AssetCheckEvaluation", "AssetMaterialization"]
+    assert 1 <= materialized <= 3 and [] in kinds, kinds  # the first, and any that changed something
+    assert all(k.count(AssetObservation.__name__) == k.count(AssetMaterialization.__name__) for k in kinds)
+    recorded = p.history().stream("quiet")
+    assert len(recorded) == 6 and recorded["decided_workers"].notna().all()

@@ -28,27 +28,51 @@ def _finite(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class ControlCursor:
-    """What control ticks hand on: the one-step predictions made (pipeline time, predicted rate), for the
-    forecast's recent error, and when the decision plot was last drawn."""
+    """What control ticks hand on, as HPA's controller keeps each autoscaler's state across reconciles: the
+    one-step predictions made (pipeline time, predicted rate), for the forecast's recent error; when the decision
+    plot was last drawn; the policy's memory and the workers last known to run after the latest decision; and
+    when a decision was last recorded on ``gpu_allocation``, with what it said (a decision that changes nothing
+    is recorded at most every ``record_every_minutes``)."""
 
     predictions: tuple[tuple[float, float], ...] = ()
     plotted_at: float | None = None
+    policy_state: dict | None = field(default=None, compare=False)
+    running_workers: int | None = None
+    recorded_at: float | None = None
+    recorded: str = ""
 
     def to_dict(self) -> dict:
-        return {"predictions": [list(p) for p in self.predictions], "plotted_at": self.plotted_at}
+        return {
+            "predictions": [list(p) for p in self.predictions],
+            "plotted_at": self.plotted_at,
+            "policy_state": self.policy_state,
+            "running_workers": self.running_workers,
+            "recorded_at": self.recorded_at,
+            "recorded": self.recorded,
+        }
 
     @classmethod
     def from_dict(cls, data: Any) -> ControlCursor:
         """The cursor a previous tick stored; a fresh one for anything of another shape (another version's)."""
-        if not isinstance(data, dict) or not set(data) <= {"predictions", "plotted_at"}:
+        if not isinstance(data, dict) or not set(data) <= set(cls().to_dict()):
             return cls()
         predictions, plotted_at = data.get("predictions", []), data.get("plotted_at")
+        state, running = data.get("policy_state"), data.get("running_workers")
+        recorded_at, recorded = data.get("recorded_at"), data.get("recorded", "")
         pairs_ok = isinstance(predictions, list) and all(
             isinstance(p, (list, tuple)) and len(p) == 2 and all(_finite(v) for v in p) for p in predictions
         )
-        if not pairs_ok or not (plotted_at is None or _finite(plotted_at)):
+        if (
+            not pairs_ok
+            or not all(t is None or _finite(t) for t in (plotted_at, recorded_at))
+            or not (state is None or isinstance(state, dict))
+            or not (running is None or (isinstance(running, int) and not isinstance(running, bool) and running >= 0))
+            or not isinstance(recorded, str)
+        ):
             return cls()
-        return cls(tuple((float(t), float(v)) for t, v in predictions), plotted_at)
+        return cls(
+            tuple((float(t), float(v)) for t, v in predictions), plotted_at, state, running, recorded_at, recorded
+        )
 
 
 @dataclass(frozen=True)

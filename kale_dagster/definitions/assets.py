@@ -60,12 +60,14 @@ def plot_path(context: AssetExecutionContext, p: OnlineTrainingPipeline, what: s
 
 
 def readings_freshness(p: OnlineTrainingPipeline) -> FreshnessPolicy:
-    """Stale when the metrics sensor stops reading (the sensor or the daemon stopped, the code server is down): a
-    warning after 5 missed readings, a failure after 15, and never sooner than 5 and 15 wall minutes (a daemon's
-    tick may slip by a minute)."""
-    interval = p.sensor_interval_s
+    """Stale when the metrics sensor stops reading (the sensor or the daemon stopped, the code server is down).
+    Readings reach the event log at least every ``record_every_minutes``: a warning when 5 more readings are
+    missing past that, a failure after 15, never sooner than 5 and 15 wall minutes past it (a daemon's tick may
+    slip by a minute)."""
+    interval, every = p.sensor_interval_s, p.clock.wall_duration(p.record_every_minutes * 60)
     return FreshnessPolicy.time_window(
-        warn_window=timedelta(seconds=max(5 * interval, 300)), fail_window=timedelta(seconds=max(15 * interval, 900))
+        warn_window=timedelta(seconds=every + max(5 * interval, 300)),
+        fail_window=timedelta(seconds=every + max(15 * interval, 900)),
     )
 
 
@@ -197,7 +199,8 @@ def gpu_allocation_asset(p: OnlineTrainingPipeline, control: PipelineControl) ->
         freshness_policy=readings_freshness(p),
         deps=[AssetKey(p.key(k)) for k in ("stream_metrics", "traffic_forecast", "throughput_model")],
         description="Workers to run now, the stabilized plan, the policy that acted and why. "
-        "The metrics sensor decides at every reading; materializing it decides once more from the latest metrics.",
+        "The metrics sensor decides at every reading and records here each decision that changes something, and one "
+        "every record_every_minutes (all are in the metrics history); materializing it decides once more.",
     )
     def gpu_allocation(context: AssetExecutionContext) -> Output:
         decision = control.decide(context.instance, latest_reading(p, control.rate_window_s))

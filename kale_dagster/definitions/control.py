@@ -165,7 +165,13 @@ class PipelineControl:
     def decide(self, instance, reading: StreamReading, cursor: ControlCursor = ControlCursor()) -> ControlDecision:
         """One decision from everything the pipeline knows now; reads only (``record`` writes what it measured)."""
         p = self.p
-        previous = latest_metadata(instance, self.allocation_key)
+        # The policy's memory and the workers last known run with the sensor's cursor; the latest recorded
+        # decision stands in where there is none (a decision made by hand, a sensor's first tick after an upgrade).
+        previous = (
+            {"policy_state": cursor.policy_state, "running_workers": cursor.running_workers}
+            if cursor.policy_state is not None
+            else latest_metadata(instance, self.allocation_key)
+        )
         status, launcher_error = self.launcher_status()
         model, model_source = self.throughput_model(instance)
         forecast = self.forecast()
@@ -217,24 +223,64 @@ class PipelineControl:
         refit = self._refit_request(instance, reading.time)
         if refit is not None:
             requests.append(refit)
-        plotted_at = cursor.plotted_at
-        changed = step.decision.workers != decision.running_workers
-        if plot_dir is not None and (changed or plotted_at is None or reading.time - plotted_at >= 600):
-            metadata["plot"] = self._plot(step, reading.time, plot_dir)
-            plotted_at = reading.time
         predictions = self._remember_prediction(cursor, reading.time)
+        # The lag_within_slo check is evaluated at every reading, not only when someone launches <pipeline>_decide.
         passed, severity, verdict = lag_within_slo(reading.time_lag_s, self.p.limits.slo_s, reading.time_lag_complete)
-        events = [
-            # Evaluated at every reading, not only when someone launches <pipeline>_decide.
-            AssetCheckEvaluation(
-                asset_key=self.allocation_key, check_name=LAG_CHECK, passed=passed, severity=severity, metadata=verdict
-            ),
-            AssetMaterialization(self.allocation_key, metadata=metadata),  # last: the decision
-        ]
-        quality = decision.status.model_metric if decision.status is not None else None
-        return TickOutcome(
-            step, decision.running_workers, ControlCursor(predictions, plotted_at), events, requests, quality
+        # Every decision goes to the metrics history (the sensor writes it); the event log gets those that change
+        # something (the workers wanted or running, the action, the policy, the check's verdict) and one every
+        # record_every_minutes, so that it grows by a bounded amount a day.
+        # A wait after failed rescales counts down its seconds (no change); a hold says why (the reason may vary).
+        action = (
+            "rescale"
+            if step.rescale_to is not None
+            else decision.action
+            if decision.action in ("none", "advisory: nothing applied")
+            else "waiting"
         )
+        said = "|".join(
+            map(
+                str,
+                (
+                    step.decision.workers,
+                    decision.running_workers,
+                    action,
+                    step.decision.policy,
+                    passed,
+                    bool(step.held),
+                ),
+            )
+        )
+        due = cursor.recorded_at is None or reading.time - cursor.recorded_at >= self.p.record_every_minutes * 60
+        recorded_at, events = cursor.recorded_at, []
+        if due or said != cursor.recorded or step.rescale_to is not None:
+            plotted_at = cursor.plotted_at
+            changed = step.decision.workers != decision.running_workers
+            if plot_dir is not None and (changed or plotted_at is None or reading.time - plotted_at >= 600):
+                metadata["plot"] = self._plot(step, reading.time, plot_dir)
+                plotted_at = reading.time
+            events = [
+                AssetCheckEvaluation(
+                    asset_key=self.allocation_key,
+                    check_name=LAG_CHECK,
+                    passed=passed,
+                    severity=severity,
+                    metadata=verdict,
+                ),
+                AssetMaterialization(self.allocation_key, metadata=metadata),  # last: the decision
+            ]
+            recorded_at = reading.time
+        else:
+            plotted_at = cursor.plotted_at
+        quality = decision.status.model_metric if decision.status is not None else None
+        kept = ControlCursor(
+            predictions,
+            plotted_at,
+            step.policy_state,
+            decision.running_workers,
+            recorded_at,
+            said if events else cursor.recorded,
+        )
+        return TickOutcome(step, decision.running_workers, kept, events, requests, quality)
 
     # --- helpers -------------------------------------------------------------------------
 

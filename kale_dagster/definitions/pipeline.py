@@ -85,6 +85,14 @@ class OnlineTrainingPipeline:
     metrics_interval_seconds: float = setting(
         60.0, ge=5, unit="s", description="how often the stream is read and a decision made"
     )
+    record_every_minutes: float = setting(
+        10.0,
+        ge=0,
+        le=1440,
+        unit="min",
+        description="a decision that changes nothing is recorded on gpu_allocation (with the reading and the SLO "
+        "check) at most this often; every decision is in the metrics history; 0: every reading",
+    )
     policy: str = setting("kale", choices=lambda: POLICIES, description="the scaling policy")
     policy_options: Mapping = setting(
         default_factory=dict, description="keyword options of the policy's build (e.g. an HPA's target_utilization)"

@@ -34,7 +34,8 @@ _GAUGES: tuple[tuple[str, str, Callable[[PipelineStatus], float | None]], ...] =
     ),
     (
         "kale_decision_age_seconds",
-        "Wall seconds since the latest decision (one per reading)",
+        "Wall seconds since the latest decision recorded on gpu_allocation (each that changes something, and one "
+        "every record_every_minutes otherwise)",
         lambda s: s.decided_age_s,
     ),
     ("kale_restart_seconds", "The restart time the latest decision planned with", lambda s: s.restart_s),

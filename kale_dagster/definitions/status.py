@@ -35,7 +35,7 @@ class PipelineStatus:
     reason: str
     held: str
     advisory: bool
-    decided_age_s: float | None  # wall seconds since the latest decision (one per reading)
+    decided_age_s: float | None  # wall seconds since the latest decision recorded on gpu_allocation
     sensor_running: bool
     failed_runs_last_hour: int
     extras: dict = field(default_factory=dict)  # the trainer's metric, how workers were observed, ...

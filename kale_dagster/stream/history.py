@@ -48,6 +48,9 @@ STREAM_METRICS = sa.Table(
     # The trainer's progressive-validation metric at the reading (auc, mae, ...): quality beside lag.
     sa.Column("model_metric_name", sa.String(40)),
     sa.Column("model_metric", sa.Float),
+    # The decision made at the reading: every one is here, while the event log keeps those that change something.
+    sa.Column("decided_workers", sa.Integer),
+    sa.Column("decision", sa.String(400)),
 )
 WORKER_THROUGHPUT = sa.Table(
     "kale_worker_throughput",
@@ -72,7 +75,8 @@ KEEP_FORECASTERS = 3
 _METRIC_COLUMNS = [
     c.name
     for c in STREAM_METRICS.columns
-    if c.name not in ("pipeline", "ts", "workers", "seeded", "model_metric_name", "model_metric")
+    if c.name
+    not in ("pipeline", "ts", "workers", "seeded", "model_metric_name", "model_metric", "decided_workers", "decision")
 ]
 
 
@@ -106,8 +110,11 @@ class MetricsHistory:
         workers: int | None = None,
         seeded: bool = False,
         model_metric: tuple[str, float] | None = None,
+        decided: tuple[int, str] | None = None,
     ) -> None:
+        """One reading; ``decided`` is the decision made on it: (workers, the policy's reason)."""
         name, value = model_metric or (None, None)
+        decided_workers, decision = decided or (None, None)
         row = {
             "pipeline": pipeline,
             "ts": ts,
@@ -115,6 +122,8 @@ class MetricsHistory:
             "seeded": seeded,
             "model_metric_name": name,
             "model_metric": value,
+            "decided_workers": decided_workers,
+            "decision": decision[:400] if decision else decision,
         }
         row.update({k: metrics.get(k) for k in _METRIC_COLUMNS})
         self._upsert(STREAM_METRICS, row)
