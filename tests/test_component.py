@@ -415,3 +415,24 @@ def test_env_templates_render_in_any_attribute_and_an_unset_one_is_named(monkeyp
     with pytest.raises(ValidationError) as info:
         load({**templated, "source": {**SOURCE, "group_id": "{{ env.NO_SUCH_VARIABLE }}"}})
     assert "attributes.source.group_id: environment variable NO_SUCH_VARIABLE is not set" in str(info.value)
+
+
+def test_every_attribute_is_documented_in_the_schema_dg_and_the_ui_show():
+    schema = OnlineTrainingPipelineAttributes.model_json_schema()
+    defs = schema.get("$defs", {})
+    undocumented: list[str] = []
+
+    def walk(node: dict, path: str) -> None:
+        node = defs[node["$ref"].split("/")[-1]] if "$ref" in node else node
+        for name, prop in (node.get("properties") or {}).items():
+            target = defs[prop["$ref"].split("/")[-1]] if "$ref" in prop else prop
+            if not (prop.get("description") or target.get("description")):
+                undocumented.append(f"{path}.{name}")
+            if target.get("properties"):
+                walk(target, f"{path}.{name}")
+        for branch in node.get("allOf", []):
+            if "then" in branch:
+                walk(branch["then"], f"{path}[{branch['if']['properties']['kind']['const']}]")
+
+    walk(schema, "attributes")
+    assert not undocumented, undocumented

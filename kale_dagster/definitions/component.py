@@ -75,32 +75,32 @@ _ScaleTargetFields = declared_model(ScaleTargetConfig, path="attributes.launcher
 class LocalLauncherAttributes(_LocalFields):  # type: ignore[misc, valid-type]
     """Workers run on this machine under the local trainer service (``kale trainer serve``)."""
 
-    kind: Literal["local"] = "local"
+    kind: Literal["local"] = Field(default="local", description="where the workers run: local")
 
 
 class KubernetesLauncherAttributes(_KubernetesFields):  # type: ignore[misc, valid-type]
     """Workers run as a Kubernetes Job per allocation (``KubernetesLauncherConfig``)."""
 
-    kind: Literal["kubernetes"]
+    kind: Literal["kubernetes"] = Field(description="where the workers run: kubernetes")
 
 
 class ObservedLauncherAttributes(_ObservedFields):  # type: ignore[misc, valid-type]
     """A consumer group someone else runs, watched by an advisory pipeline (``ObservedGroupConfig``)."""
 
-    kind: Literal["observed"]
+    kind: Literal["observed"] = Field(description="where the workers run: observed")
 
 
 class CommandLauncherAttributes(_CommandFields):  # type: ignore[misc, valid-type]
     """A workload sized through your own commands (``CommandHookConfig``)."""
 
-    kind: Literal["command"]
+    kind: Literal["command"] = Field(description="where the workers run: command")
 
 
 class ScaleTargetLauncherAttributes(_ScaleTargetFields):  # type: ignore[misc, valid-type]
     """A Kubernetes workload sized through its scale subresource (``ScaleTargetConfig``); ``workload_kind`` is
     its kind (Deployment, StatefulSet, a custom kind)."""
 
-    kind: Literal["scale_target"]
+    kind: Literal["scale_target"] = Field(description="where the workers run: scale_target")
 
 
 class ThroughputPriorAttributes(DeclaredModel):
@@ -157,7 +157,9 @@ def _launcher_by_kind(schema: dict) -> None:
     del launcher["oneOf"]
     launcher.update(
         type="object",
-        properties={"kind": {"enum": list(by_kind)}},
+        properties={
+            "kind": {"enum": list(by_kind), "description": f"where the workers run: one of {', '.join(by_kind)}"}
+        },
         allOf=[
             {
                 "if": {"properties": {"kind": {"const": kind}}, **({} if kind == "local" else {"required": ["kind"]})},

@@ -13,19 +13,40 @@ import pandas as pd  # noqa: E402
 
 
 def plot_backtest(timelines: dict[str, pd.DataFrame], slo_minutes: float, path) -> Path:
-    """Arrivals and capacity per policy (top), lag per policy against the SLO (bottom)."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
+    """The arrivals (top row), then one row per policy: its workers, each restart a marker, its lag against the
+    SLO on the right axis; the warm-up (not scored) shaded, and the scored totals in each row's title."""
+    fig, axes = plt.subplots(len(timelines) + 1, 1, figsize=(12, 1.9 * (len(timelines) + 1)), sharex=True)
     first = next(iter(timelines.values()))
-    top.plot(first["time"], first["arrival_rate"], color="black", lw=1, label="arrivals")
-    for name, tl in timelines.items():
-        top.plot(tl["time"], tl["capacity"], lw=0.9, label=f"{name} capacity")
-        bottom.plot(tl["time"], tl["lag_s"] / 60, lw=0.9, label=name)
-    bottom.axhline(slo_minutes, color="red", ls="--", lw=1, label="SLO")
-    top.set_ylabel("samples/s")
-    bottom.set_ylabel("lag (min)")
-    top.legend(loc="upper left", fontsize=8)
-    bottom.legend(loc="upper left", fontsize=8)
-    top.set_title("Backtest: arrivals, capacity and lag per policy")
+    warmup = first["time"][~first["scored"].astype(bool)]
+    axes[0].plot(first["time"], first["arrival_rate"], color="black", lw=0.8)
+    axes[0].set_ylabel("samples/s")
+    axes[0].set_title("arrivals", fontsize=9, loc="left")
+    for ax, (name, tl) in zip(axes[1:], timelines.items()):
+        scored = tl[tl["scored"].astype(bool)]
+        changed = tl["workers"].diff().fillna(0) != 0
+        ax.step(tl["time"], tl["workers"], where="post", color="tab:blue", lw=1)
+        ax.plot(tl["time"][changed], tl["workers"][changed], "v", color="tab:blue", ms=3)
+        ax.set_ylabel("workers")
+        lag = ax.twinx()
+        lag.plot(tl["time"], tl["lag_s"] / 60, color="tab:orange", lw=0.7)
+        lag.axhline(slo_minutes, color="red", ls="--", lw=0.8)
+        lag.set_ylabel("lag (min)", fontsize=8)
+        gpu_h = float(scored["workers"].sum()) / 60
+        restarts = int(changed[tl["scored"].astype(bool)].sum())
+        lag_min = float(scored["lag_s"].sum()) / 60  # a row a minute: minutes of lag, summed, are lag-minutes
+        ax.set_title(
+            f"{name}: {gpu_h:,.0f} GPU h, {lag_min:,.0f} lag-min, {restarts} restarts (scored span)",
+            fontsize=9,
+            loc="left",
+        )
+    if len(warmup):
+        for ax in axes:
+            ax.axvspan(warmup.iloc[0], warmup.iloc[-1], color="grey", alpha=0.15, lw=0)
+    fig.suptitle(
+        f"Backtest: workers per policy (markers: restarts), lag against the {slo_minutes:g}-minute SLO (dashed); "
+        "shaded: warm-up, not scored",
+        fontsize=10,
+    )
     return _save(fig, path)
 
 

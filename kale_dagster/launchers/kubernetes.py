@@ -66,7 +66,9 @@ class KubernetesLauncherConfig(LauncherConfig):
         description="a ReadWriteMany PersistentVolumeClaim every worker pod mounts; it holds the checkpoints"
     )
     namespace: str = setting("default", description="where the Jobs and Services are created")
-    image_pull_policy: str = setting("IfNotPresent", choices=("Always", "IfNotPresent", "Never"))
+    image_pull_policy: str = setting(
+        "IfNotPresent", choices=("Always", "IfNotPresent", "Never"), description="the worker container's pull policy"
+    )
     image_pull_secrets: tuple[str, ...] = setting((), description="Secrets to pull the image with")
     service_account: str | None = setting(None, description="the worker pods' service account")
     gpus_per_worker: int = setting(1, ge=0, le=16, description="nvidia.com/gpu per worker pod")
