@@ -358,7 +358,7 @@ class PipelineControl:
     def _plot(self, step: ControlStep, now: float, plot_dir: str) -> MetadataValue:
         from kale_dagster.definitions.plots import plot_allocation, plot_file, plot_metadata
 
-        recent = self.history.stream(self.p.name, start=now - 2 * 86_400)
+        recent = self.history.stream(self.p.name, start=now - 86_400)  # the last day: what ran and what was decided
         plan_times = pd.to_datetime(
             now + step.decision.plan_step_s * np.arange(len(step.decision.plan)), unit="s", utc=True
         )

@@ -79,10 +79,13 @@ def plot_forecast(
 
 
 def plot_allocation(stream: pd.DataFrame, plan_times, plan_workers, slo_minutes: float, path, title: str) -> Path:
-    """Workers over time with the plan ahead (top), time lag against the SLO (bottom)."""
+    """Workers that ran and workers decided (in advisory mode: what Kale would have run) over time, with the plan
+    ahead (top); time lag against the SLO (bottom)."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
     if "workers" in stream and stream["workers"].notna().any():
-        top.step(stream["timestamp"], stream["workers"], where="post", color="black", lw=1.2, label="workers")
+        top.step(stream["timestamp"], stream["workers"], where="post", color="black", lw=1.2, label="ran")
+    if "decided_workers" in stream and stream["decided_workers"].notna().any():
+        top.step(stream["timestamp"], stream["decided_workers"], where="post", color="tab:blue", lw=1, label="decided")
     top.step(plan_times, plan_workers, where="post", color="tab:blue", lw=1.5, ls="--", label="plan")
     top.set_ylabel("workers")
     top.legend(loc="upper left", fontsize=8)
