@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from unittest import mock
 
+import jsonschema
 import kubernetes_validate
 import pytest
 
@@ -28,6 +29,7 @@ class FakeCluster:
         self.custom = mock.MagicMock()
         self.custom.get_namespaced_custom_object_scale.side_effect = self._get
         self.custom.patch_namespaced_custom_object_scale.side_effect = self._patch
+        self.custom.get_namespaced_custom_object.return_value = {"spec": {}}  # a custom resource without elasticPolicy
         self.autoscaling = mock.MagicMock()
         self.autoscaling.list_namespaced_horizontal_pod_autoscaler.return_value = SimpleNamespace(
             items=[
@@ -198,3 +200,49 @@ def test_the_documented_role_grants_exactly_what_the_launcher_calls():
         (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
     }
     assert used == granted
+
+
+def yaml_load(name: str) -> dict:
+    from pathlib import Path
+
+    import yaml
+
+    return yaml.safe_load((Path(__file__).parent / "fixtures" / name).read_text())
+
+
+class FakePyTorchJob(FakeCluster):
+    """An elastic PyTorchJob behind the same mocked client: its scale subresource reads and writes the paths
+    the published CRD declares, and every object a patch leaves validates against the CRD's schema."""
+
+    CRD = yaml_load("kubeflow.org_pytorchjobs.yaml")
+
+    def __init__(self, replicas: int, low: int, high: int):
+        super().__init__(replicas, lag_polls=0)
+        self.obj = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "ranker", "namespace": "ml"},
+            "spec": {
+                "elasticPolicy": {"minReplicas": low, "maxReplicas": high, "rdzvBackend": "c10d"},
+                "pytorchReplicaSpecs": {"Worker": {"replicas": replicas, "restartPolicy": "OnFailure", "template": {}}},
+            },
+        }
+        self.custom.get_namespaced_custom_object.side_effect = lambda **path: self.obj
+        scale = self.CRD["spec"]["versions"][0]["subresources"]["scale"]
+        assert scale["specReplicasPath"] == ".spec.pytorchReplicaSpecs.Worker.replicas"
+
+    def _patch(self, body, **path):
+        answer = super()._patch(body, **path)
+        self.obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = body["spec"]["replicas"]
+        schema = self.CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        jsonschema.validate(self.obj, schema)  # what the API server would check against the CRD
+        return answer
+
+
+def test_an_elastic_pytorchjob_is_sized_within_its_elastic_policy():
+    job = FakePyTorchJob(replicas=2, low=1, high=4)
+    target = _target(job, workload_kind="PyTorchJob", api_version="kubeflow.org/v1", plural="pytorchjobs")
+    assert target.rescale(4) is not None and job.obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 4
+    with pytest.raises(RuntimeError, match="elasticPolicy allows 1 to 4 replicas, not 6: align the pipeline's limits"):
+        target.rescale(6)
+    assert job.spec == 4 and len(job.events) == 1  # nothing patched past the policy

@@ -4,6 +4,10 @@ Any resource with a ``/scale`` subresource: a Deployment, a StatefulSet, or a cu
 one.  Kale reads ``status.replicas`` as the workers that run and patches ``spec.replicas``; the workload's own
 controller restarts the pods, and the rescale's downtime runs until the scale status shows the new size.
 
+A custom resource with an ``elasticPolicy`` (Kubeflow's PyTorchJob, whose scale subresource sets its Worker
+replicas) is only sized within that policy's minReplicas and maxReplicas: a target outside them fails the rescale
+in one line saying which bound to change, rather than a patch the elastic agent would not honour.
+
 Two controllers on one scale target fight (each undoes the other's change), so a target that a
 HorizontalPodAutoscaler already scales (KEDA's ScaledObjects scale through one too) is refused, naming it.  Each
 rescale leaves an Event on the workload with its reason and the old and new size, where ``kubectl describe``
@@ -150,6 +154,7 @@ class ScaleTarget:
         before = self.status().workers
         if before == m:
             return None
+        self._check_elastic_bounds(m)
         owner = self._autoscaler()
         if owner is not None:
             raise RuntimeError(
@@ -180,6 +185,19 @@ class ScaleTarget:
             reason=reason,
             phases={"scale": round(took, 3)},
         )
+
+    def _check_elastic_bounds(self, m: int) -> None:
+        if self._path["group"] == "apps":
+            return
+        workload = self.custom_api.get_namespaced_custom_object(**self._path)
+        elastic = (workload.get("spec") or {}).get("elasticPolicy") or {}
+        low, high = elastic.get("minReplicas"), elastic.get("maxReplicas")
+        if (low is not None and m < low) or (high is not None and m > high):
+            raise RuntimeError(
+                f"{self.config.describe()}'s elasticPolicy allows {low if low is not None else 'any'} to "
+                f"{high if high is not None else 'any'} replicas, not {m}: align the pipeline's limits "
+                "(min_workers, max_workers) with it, or widen the policy"
+            )
 
     def _event(self, before: int, after: int, reason: str) -> None:
         """An Event on the workload: ``kubectl describe`` shows why Kale resized it."""
