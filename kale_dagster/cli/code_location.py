@@ -1,7 +1,8 @@
 """Which code location declares the pipelines a command works on, found the way Dagster's own commands find it:
 ``-m`` a module, ``-f`` a Python file, ``-w`` a workspace file (its ``python_module`` and ``python_file``
 entries), by default the ``workspace.yaml`` in the working directory.  Loading a location builds its
-definitions, YAML components and ``@definitions`` functions included, and every pipeline built is found."""
+definitions, YAML components and ``@definitions`` functions included: every pipeline built is found, and every
+``OnlineTrainingPipeline`` the location's modules declare."""
 
 from __future__ import annotations
 
@@ -26,26 +27,28 @@ def find_pipeline(args, name: str):
     """The pipeline ``name`` from the code location the arguments name."""
     from kale_dagster.definitions.build import built_pipelines
 
+    declared: dict = {}
     try:
-        where = _load(args)
+        where = _load(args, declared)
     except CommandError:
         raise
     except Exception as exc:  # the location's own code failed to load: its first line, not a traceback
         first = (str(exc).strip().splitlines() or [""])[0]
         raise CommandError(f"loading the code location failed: {type(exc).__name__}: {first}") from exc
-    found = built_pipelines()
+    found = {**declared, **built_pipelines()}
     if name not in found:
         raise CommandError(f"no pipeline {name!r} in {where}; found: {', '.join(sorted(found)) or 'none'}")
     return found[name]
 
 
-def _load(args) -> str:
-    """Load the location's definitions; what was loaded, for messages."""
+def _load(args, declared: dict) -> str:
+    """Load the location's definitions, adding the pipelines its modules declare to ``declared``; what was
+    loaded, for messages."""
     if args.module:
-        _build(_import(args.module, None))
+        declared.update(_build(_import(args.module, None)))
         return f"module {args.module}"
     if args.python_file:
-        _build(_run_file(Path(args.python_file)))
+        declared.update(_build(_run_file(Path(args.python_file))))
         return f"file {args.python_file}"
     workspace = Path(args.workspace or "workspace.yaml")
     if not workspace.is_file():
@@ -55,7 +58,7 @@ def _load(args) -> str:
             else f"no workspace file {workspace}"
         )
     for kind, target, working_directory in _workspace_entries(workspace):
-        _build(_import(target, working_directory) if kind == "module" else _run_file(Path(target)))
+        declared.update(_build(_import(target, working_directory) if kind == "module" else _run_file(Path(target))))
     return f"workspace {workspace}"
 
 
@@ -101,11 +104,15 @@ def _run_file(path: Path) -> dict:
     return runpy.run_path(str(path))
 
 
-def _build(namespace: dict) -> None:
-    """Build what the location defines lazily (``@dagster.definitions`` functions); the rest built at import."""
+def _build(namespace: dict) -> dict:
+    """Build what the location defines lazily (``@dagster.definitions`` functions; the rest is built at import);
+    the pipelines the namespace declares, by name."""
     from dagster import Definitions, definitions
+
+    from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 
     lazy: type = type(definitions(lambda: Definitions()))  # the type @definitions returns, as it is today
     for value in list(namespace.values()):
         if type(value) is lazy:
             value()
+    return {v.name: v for v in namespace.values() if isinstance(v, OnlineTrainingPipeline)}
