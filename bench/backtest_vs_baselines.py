@@ -93,6 +93,18 @@ def run(label: str, history: pd.DataFrame, warmup_days: float, variants=tuple(KA
         + ", ".join(f"{k} {r:.3f}x" for k, r in report["cost_over_optimum"].items() if k != "optimum")
         + f" (best baseline: {report['best_baseline_by_cost']})"
     )
+    excess = report.get("excess_cost")
+    if excess:
+        parts = ("gpu", "lag", "slo")
+        print(
+            "Kale's excess cost over the optimum's, GPU-minutes by part (gpu / 8 x lag / 100 x SLO): forecast error "
+            + " / ".join(f"{excess['forecast'][p]:+,.0f}" for p in parts)
+            + "; planning error "
+            + " / ".join(f"{excess['planning'][p]:+,.0f}" for p in parts)
+            + "; rescales: Kale {kale}, perfect forecast {perfect_forecast}, optimum {optimum}".format(
+                **excess["rescales"]
+            )
+        )
     beaten = report["kale_dominated_by"]
     print(
         "swept settings with <= Kale's GPU hours and lower accumulated lag: "

@@ -484,3 +484,20 @@ def test_windowed_means_are_numpys_mean_of_each_window(window):
     rates = np.random.default_rng(window).lognormal(3, 2, 400)
     expected = [rates[0]] + [np.mean(rates[max(m - window, 0) : m]) for m in range(1, len(rates))]
     assert windowed_means(rates, window).tolist() == [float(x) for x in expected]
+
+
+def test_the_excess_cost_splits_into_forecast_and_planning_error_by_part():
+    from kale_dagster.sim.metrics import cost_parts, excess_cost, objective
+
+    def m(gpu_h, lag, slo, rescales):
+        return {"gpu_hours": gpu_h, "accumulated_lag_minutes": lag, "slo_violation_rate": slo, "rescales": rescales}
+
+    kale, perfect, optimum = m(30.0, 100.0, 0.01, 9), m(25.0, 80.0, 0.0, 6), m(20.0, 50.0, 0.0, 4)
+    minutes = 1000.0
+    split = excess_cost(kale, perfect, optimum, minutes)
+    assert split["forecast"] == {"gpu": 300.0, "lag": 160.0, "slo": 1000.0}
+    assert split["planning"] == {"gpu": 300.0, "lag": 240.0, "slo": 0.0}
+    total = sum(split["forecast"].values()) + sum(split["planning"].values())
+    assert total == pytest.approx(objective(kale, minutes) - objective(optimum, minutes))
+    assert cost_parts(optimum, minutes) == {"gpu": 1200.0, "lag": 400.0, "slo": 0.0}
+    assert split["rescales"] == {"kale": 9, "perfect_forecast": 6, "optimum": 4}

@@ -34,7 +34,7 @@ from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.policies import POLICIES, Sizing
 from kale_dagster.policies.kale import KaleConfig
 from kale_dagster.rules import check, need, setting
-from kale_dagster.sim.metrics import objective
+from kale_dagster.sim.metrics import excess_cost, objective
 from kale_dagster.sim.oracle import Hindsight, OracleSchedule, SchedulePolicy, optimal_schedule
 from kale_dagster.sim.simulate import ForecastFeed, SimConfig, SimResult, simulate
 
@@ -408,6 +408,9 @@ def compare(
             costs["best_baseline"], report["best_baseline_by_cost"] = min(baselines)
         report["costs"] = costs
         report["cost_over_optimum"] = {k: c / costs["optimum"] for k, c in costs.items()}
+        perfect = report["kale_variants"].get("kale_perfect_forecast")
+        if "kale" in report["policies"] and perfect is not None:
+            report["excess_cost"] = excess_cost(report["policies"]["kale"], perfect, report["optimum"], minutes)
     if kale:
         for name, rows in swept.items():
             best = best_at_kales_gpu_hours(kale, rows)

@@ -56,11 +56,28 @@ def score_readings(
     )
 
 
+def cost_parts(metrics: dict, minutes: float, lag_weight: float = 8.0, violation_weight: float = 100.0) -> dict:
+    """Kale's own cost over ``minutes`` scored minutes, by part, in GPU-minutes: the GPU-minutes, ``lag_weight``
+    x lag-minutes, ``violation_weight`` x minutes above the SLO (the defaults are Kale's)."""
+    return {
+        "gpu": metrics["gpu_hours"] * 60.0,
+        "lag": lag_weight * metrics["accumulated_lag_minutes"],
+        "slo": violation_weight * metrics["slo_violation_rate"] * minutes,
+    }
+
+
 def objective(metrics: dict, minutes: float, lag_weight: float = 8.0, violation_weight: float = 100.0) -> float:
-    """Kale's own cost over ``minutes`` scored minutes, in GPU-minutes: GPU-minutes + ``lag_weight`` x
-    lag-minutes + ``violation_weight`` x minutes above the SLO (the defaults are Kale's)."""
-    return (
-        metrics["gpu_hours"] * 60.0
-        + lag_weight * metrics["accumulated_lag_minutes"]
-        + violation_weight * metrics["slo_violation_rate"] * minutes
-    )
+    """Kale's own cost: the sum of ``cost_parts``."""
+    return sum(cost_parts(metrics, minutes, lag_weight, violation_weight).values())
+
+
+def excess_cost(kale: dict, perfect: dict, optimum: dict, minutes: float) -> dict:
+    """Where Kale's cost over the optimum's goes, by part (GPU, lag, SLO), each split into forecast error (Kale
+    against Kale with a perfect forecast) and planning error (Kale with a perfect forecast against the optimum),
+    in GPU-minutes; with the rescales of each."""
+    k, p, o = (cost_parts(m, minutes) for m in (kale, perfect, optimum))
+    return {
+        "forecast": {part: k[part] - p[part] for part in k},
+        "planning": {part: p[part] - o[part] for part in k},
+        "rescales": {"kale": kale["rescales"], "perfect_forecast": perfect["rescales"], "optimum": optimum["rescales"]},
+    }
