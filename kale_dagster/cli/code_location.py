@@ -27,9 +27,8 @@ def find_pipeline(args, name: str):
     """The pipeline ``name`` from the code location the arguments name."""
     from kale_dagster.definitions.build import built_pipelines
 
-    declared: dict = {}
     try:
-        where = _load(args, declared)
+        where, declared = _load(args)
     except CommandError:
         raise
     except Exception as exc:  # the location's own code failed to load: its first line, not a traceback
@@ -41,15 +40,12 @@ def find_pipeline(args, name: str):
     return found[name]
 
 
-def _load(args, declared: dict) -> str:
-    """Load the location's definitions, adding the pipelines its modules declare to ``declared``; what was
-    loaded, for messages."""
+def _load(args) -> tuple[str, dict]:
+    """Load the location's definitions: what was loaded (for messages), and the pipelines its modules declare."""
     if args.module:
-        declared.update(_build(_import(args.module, None)))
-        return f"module {args.module}"
+        return f"module {args.module}", _build(_import(args.module, None))
     if args.python_file:
-        declared.update(_build(_run_file(Path(args.python_file))))
-        return f"file {args.python_file}"
+        return f"file {args.python_file}", _build(_run_file(Path(args.python_file)))
     workspace = Path(args.workspace or "workspace.yaml")
     if not workspace.is_file():
         raise CommandError(
@@ -57,30 +53,32 @@ def _load(args, declared: dict) -> str:
             if not args.workspace
             else f"no workspace file {workspace}"
         )
+    declared: dict = {}
     for kind, target, working_directory in _workspace_entries(workspace):
-        declared.update(_build(_import(target, working_directory) if kind == "module" else _run_file(Path(target))))
-    return f"workspace {workspace}"
+        declared.update(
+            _build(_import(target, working_directory) if kind == "python_module" else _run_file(Path(target)))
+        )
+    return f"workspace {workspace}", declared
 
 
-def _workspace_entries(workspace: Path) -> list[tuple[str, str, str | None]]:
+#: A workspace entry's kind, and the key that names its target (a string entry is that key's value).
+_ENTRY_TARGET = {"python_module": "module_name", "python_file": "relative_path"}
+
+
+def _workspace_entries(workspace: Path) -> list[tuple[str, str, str]]:
+    """(kind, module name or file path, working directory) for each Python entry of a workspace file."""
     import yaml
 
+    base = workspace.parent.resolve()
     entries = []
     for entry in (yaml.safe_load(workspace.read_text()) or {}).get("load_from") or []:
-        for kind in ("python_module", "python_file"):
+        for kind, key in _ENTRY_TARGET.items():
             spec = entry.get(kind) if isinstance(entry, dict) else None
             if spec is None:
                 continue
-            spec = (
-                {"module_name" if kind == "python_module" else "relative_path": spec} if isinstance(spec, str) else spec
-            )
-            base = workspace.parent
-            working = spec.get("working_directory")
-            working_directory = str((base / working).resolve()) if working else str(base.resolve())
-            if kind == "python_module":
-                entries.append(("module", spec["module_name"], working_directory))
-            else:
-                entries.append(("file", str(base / spec["relative_path"]), working_directory))
+            spec = {key: spec} if isinstance(spec, str) else spec
+            target = spec[key] if kind == "python_module" else str(base / spec[key])
+            entries.append((kind, target, str((base / spec.get("working_directory", ".")).resolve())))
     if not entries:
         raise CommandError(f"{workspace} loads no python_module or python_file")
     return entries

@@ -51,6 +51,8 @@ DECIDED_TAG = "kale/decided_at"
 
 
 LAG_CHECK = "lag_within_slo"
+#: A decision's action when it applies nothing (as the decision's metadata says it).
+NO_ACTION, ADVISED = "none", "advisory: nothing applied"
 
 
 def lag_within_slo(time_lag_s: float, slo_s: float, complete: bool = True) -> tuple[bool, AssetCheckSeverity, dict]:
@@ -198,9 +200,9 @@ class PipelineControl:
         if step.rescale_to is not None:
             action = f"rescale to {step.rescale_to} requested"
         elif p.advisory and step.decision.workers != (status.workers if status else None):
-            action = "advisory: nothing applied"
+            action = ADVISED
         else:
-            action = note or "none"
+            action = note or NO_ACTION
         return ControlDecision(step, reading.time, status, int(running), model_source, forecast, error, action, stale)
 
     def record(self, decision: ControlDecision) -> None:
@@ -218,7 +220,7 @@ class PipelineControl:
         """``decide`` and ``record``, then the events and run requests of the sensor tick."""
         decision = self.decide(instance, reading, cursor)
         self.record(decision)
-        step, metadata = decision.step, allocation_metadata(self.p, decision)
+        step = decision.step
         requests = [self._rescale_request(step.rescale_to, reading.time)] if step.rescale_to is not None else []
         refit = self._refit_request(instance, reading.time)
         if refit is not None:
@@ -227,33 +229,12 @@ class PipelineControl:
         # The lag_within_slo check is evaluated at every reading, not only when someone launches <pipeline>_decide.
         passed, severity, verdict = lag_within_slo(reading.time_lag_s, self.p.limits.slo_s, reading.time_lag_complete)
         # Every decision goes to the metrics history (the sensor writes it); the event log gets those that change
-        # something (the workers wanted or running, the action, the policy, the check's verdict) and one every
-        # record_every_minutes, so that it grows by a bounded amount a day.
-        # A wait after failed rescales counts down its seconds (no change); a hold says why (the reason may vary).
-        action = (
-            "rescale"
-            if step.rescale_to is not None
-            else decision.action
-            if decision.action in ("none", "advisory: nothing applied")
-            else "waiting"
-        )
-        said = "|".join(
-            map(
-                str,
-                (
-                    step.decision.workers,
-                    decision.running_workers,
-                    action,
-                    step.decision.policy,
-                    passed,
-                    bool(step.held),
-                ),
-            )
-        )
+        # something and one every record_every_minutes, so that it grows by a bounded amount a day.
+        said = what_it_says(decision, passed)
         due = cursor.recorded_at is None or reading.time - cursor.recorded_at >= self.p.record_every_minutes * 60
-        recorded_at, events = cursor.recorded_at, []
+        plotted_at, recorded_at, recorded, events = cursor.plotted_at, cursor.recorded_at, cursor.recorded, []
         if due or said != cursor.recorded or step.rescale_to is not None:
-            plotted_at = cursor.plotted_at
+            metadata = allocation_metadata(self.p, decision)
             changed = step.decision.workers != decision.running_workers
             if plot_dir is not None and (changed or plotted_at is None or reading.time - plotted_at >= 600):
                 metadata["plot"] = self._plot(step, reading.time, plot_dir)
@@ -268,17 +249,10 @@ class PipelineControl:
                 ),
                 AssetMaterialization(self.allocation_key, metadata=metadata),  # last: the decision
             ]
-            recorded_at = reading.time
-        else:
-            plotted_at = cursor.plotted_at
+            recorded_at, recorded = reading.time, said
         quality = decision.status.model_metric if decision.status is not None else None
         kept = ControlCursor(
-            predictions,
-            plotted_at,
-            step.policy_state,
-            decision.running_workers,
-            recorded_at,
-            said if events else cursor.recorded,
+            predictions, plotted_at, step.policy_state, decision.running_workers, recorded_at, recorded
         )
         return TickOutcome(step, decision.running_workers, kept, events, requests, quality)
 
@@ -371,6 +345,21 @@ class PipelineControl:
             title=f"{self.p.name}: {step.decision.workers} workers ({step.decision.policy})",
         )
         return plot_metadata(png)
+
+
+def what_it_says(decision: ControlDecision, passed: bool) -> str:
+    """What an operator acts on in a decision, to tell whether it changed: the workers wanted and running, the
+    action, the policy, whether it held, and the lag check's verdict.  A wait after failed rescales counts down
+    its seconds and a hold's reason may vary in its figures: neither is a change."""
+    step = decision.step
+    if step.rescale_to is not None:
+        action = "rescale"
+    elif decision.action in (NO_ACTION, ADVISED):
+        action = decision.action
+    else:
+        action = "waiting"
+    fields = (step.decision.workers, decision.running_workers, action, step.decision.policy, passed, bool(step.held))
+    return "|".join(map(str, fields))
 
 
 def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) -> dict:

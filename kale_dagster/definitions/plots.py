@@ -22,7 +22,8 @@ def plot_backtest(timelines: dict[str, pd.DataFrame], slo_minutes: float, path) 
     axes[0].set_ylabel("samples/s")
     axes[0].set_title("arrivals", fontsize=9, loc="left")
     for ax, (name, tl) in zip(axes[1:], timelines.items()):
-        scored = tl[tl["scored"].astype(bool)]
+        in_score = tl["scored"].astype(bool)
+        scored = tl[in_score]
         changed = tl["workers"].diff().fillna(0) != 0
         ax.step(tl["time"], tl["workers"], where="post", color="tab:blue", lw=1)
         ax.plot(tl["time"][changed], tl["workers"][changed], "v", color="tab:blue", ms=3)
@@ -32,7 +33,7 @@ def plot_backtest(timelines: dict[str, pd.DataFrame], slo_minutes: float, path) 
         lag.axhline(slo_minutes, color="red", ls="--", lw=0.8)
         lag.set_ylabel("lag (min)", fontsize=8)
         gpu_h = float(scored["workers"].sum()) / 60
-        restarts = int(changed[tl["scored"].astype(bool)].sum())
+        restarts = int(changed[in_score].sum())
         lag_min = float(scored["lag_s"].sum()) / 60  # a row a minute: minutes of lag, summed, are lag-minutes
         ax.set_title(
             f"{name}: {gpu_h:,.0f} GPU h, {lag_min:,.0f} lag-min, {restarts} restarts (scored span)",

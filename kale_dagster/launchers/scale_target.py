@@ -121,14 +121,15 @@ class ScaleTarget:
             group=group, version=version, namespace=config.namespace, plural=config.resource, name=config.name
         )
 
-    def _scale(self) -> dict:
+    def _replicas(self) -> tuple[int, int]:
+        """(the replicas the workload's spec asks for, those its status shows), from the scale subresource."""
         scale = self.custom_api.get_namespaced_custom_object_scale(**self._path)
-        return scale if isinstance(scale, dict) else scale.to_dict()
+        scale = scale if isinstance(scale, dict) else scale.to_dict()
+        spec, status = (scale.get(part) or {} for part in ("spec", "status"))
+        return int(spec.get("replicas") or 0), int(status.get("replicas") or 0)
 
     def status(self) -> LauncherStatus:
-        scale = self._scale()
-        running = int((scale.get("status") or {}).get("replicas") or 0)
-        wanted = int((scale.get("spec") or {}).get("replicas") or 0)
+        wanted, running = self._replicas()
         # While pods start or stop the allocation is the target (its GPUs are held), as for Kale's own launchers.
         return LauncherStatus(
             workers=wanted,
@@ -165,14 +166,11 @@ class ScaleTarget:
         started = self.clock()
         self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": m}})
         self._event(before, m, reason)
-        while True:
-            scale = self._scale()
-            if int((scale.get("status") or {}).get("replicas") or 0) == m:
-                break
+        while (running := self._replicas()[1]) != m:
             if self.clock() - started > self.config.ready_timeout_s:
                 raise RescaleFailed(
                     f"{self.config.describe()} did not reach {m} replicas within {self.config.ready_timeout_s:g} s "
-                    f"(its scale status shows {(scale.get('status') or {}).get('replicas')}); its spec asks for {m}",
+                    f"(its scale status shows {running}); its spec asks for {m}",
                     restored=None,
                 )
             self.sleeper(self.poll_s)

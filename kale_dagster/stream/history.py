@@ -29,6 +29,8 @@ import sqlalchemy as sa
 from kale_dagster.errors import KaleConfigError
 
 DEFAULT_RETENTION_DAYS = 35.0
+#: Characters of a decision's reason the history keeps.
+DECISION_CHARS = 400
 
 _META = sa.MetaData()
 STREAM_METRICS = sa.Table(
@@ -50,7 +52,7 @@ STREAM_METRICS = sa.Table(
     sa.Column("model_metric", sa.Float),
     # The decision made at the reading: every one is here, while the event log keeps those that change something.
     sa.Column("decided_workers", sa.Integer),
-    sa.Column("decision", sa.String(400)),
+    sa.Column("decision", sa.String(DECISION_CHARS)),
 )
 WORKER_THROUGHPUT = sa.Table(
     "kale_worker_throughput",
@@ -123,7 +125,7 @@ class MetricsHistory:
             "model_metric_name": name,
             "model_metric": value,
             "decided_workers": decided_workers,
-            "decision": decision[:400] if decision else decision,
+            "decision": decision[:DECISION_CHARS] if decision else decision,
         }
         row.update({k: metrics.get(k) for k in _METRIC_COLUMNS})
         self._upsert(STREAM_METRICS, row)

@@ -640,20 +640,20 @@ class Worker:
             with self._users("loss (its backward pass)"):
                 (loss * (len(batch) / global_n)).backward()
             loss_sum += loss.detach().reshape(1).to(self.device) * len(batch)
+        for p in params:  # a parameter this rank's batch did not reach still joins the group's average
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         # Floating buffers (BatchNorm's running statistics) ride the same all-reduce as a mean over ranks, so that
         # every replica keeps one model; counters (num_batches_tracked) take the group's maximum.
+        grads = [p.grad for p in params]
         buffers = [b for b in trainer.model.buffers() if b.is_floating_point()]
         counters = [b for b in trainer.model.buffers() if not b.is_floating_point()]
         flat = torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.device) for p in params]
+            [g.reshape(-1).to(self.device) for g in grads]
             + [b.detach().reshape(-1).to(self.device) / self.world for b in buffers]
             + [loss_sum]
         )
         dist.all_reduce(flat)
-        if counters:
-            stacked = torch.cat([c.reshape(-1).to(self.device, dtype=torch.int64) for c in counters])
-            dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
-            _unflatten(stacked, counters)
         finite = torch.isfinite(flat)
         if not finite.all():
             what = "loss" if not finite[-1] else "gradient or buffer"
@@ -661,15 +661,11 @@ class Worker:
                 f"{self.args.trainer}: the {what} is not finite at step {step + 1}; the group stops before that step, "
                 f"and nothing past the last checkpoint is checkpointed or committed"
             )
-        at = 0
-        for p in params:
-            grad = flat[at : at + p.numel()].view_as(p).to(p.device)
-            at += p.numel()
-            if p.grad is None:
-                p.grad = grad.clone()
-            else:
-                p.grad.copy_(grad)
-        _unflatten(flat[at:-1], buffers)
+        _unflatten(flat, grads + buffers)  # the losses, last, stay behind
+        if counters:
+            stacked = torch.cat([c.reshape(-1).to(self.device, dtype=torch.int64) for c in counters])
+            dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
+            _unflatten(stacked, counters)
         trainer.optimizer.step()
         if trainer.scheduler is not None:
             trainer.scheduler.step()
