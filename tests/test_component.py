@@ -153,11 +153,11 @@ BAD_YAML = [
         "should match pattern",
     ),
     (
-        "zero workers",
-        {"name": "ctr", "source": SOURCE, "limits": {"min_workers": 0}},
+        "negative workers",
+        {"name": "ctr", "source": SOURCE, "limits": {"min_workers": -1}},
         "limits.min_workers",
-        "less than the minimum of 1",
-        "greater than or equal to 1",
+        "less than the minimum of 0",
+        "greater than or equal to 0",
     ),
     ("bad name", {"name": "CTR-1", "source": SOURCE}, "name", "does not match", "should match pattern"),
     (

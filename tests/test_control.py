@@ -18,6 +18,7 @@ from dagster import MetadataValue
 
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.control.controller import (
+    OUTCOMES,
     Controller,
     ControlSettings,
     StreamReading,
@@ -371,11 +372,19 @@ def test_threading_lock_is_not_held_by_status():
         ({"running_workers": -1}, ControlCursor()),
         ({"running_workers": True}, ControlCursor()),
         ({"recorded_at": float("inf")}, ControlCursor()),
+        (
+            {"decisions": {"keep": 4, "held": 1}, "rescales": {"scale_up": 1}},
+            ControlCursor(decisions={"keep": 4, "held": 1}, rescales={"scale_up": 1}),
+        ),
+        ({"decisions": {"keep": -1}}, ControlCursor()),
+        ({"rescales": {"keep": 1.5}}, ControlCursor()),
+        ({"decisions": [1]}, ControlCursor()),
     ],
 )
 def test_the_control_cursor_checks_its_own_shape(stored, expected):
     cursor = ControlCursor.from_dict(stored)
     assert cursor == expected and cursor.policy_state == expected.policy_state
+    assert (cursor.decisions, cursor.rescales) == (expected.decisions, expected.rescales)
     assert ControlCursor.from_dict(cursor.to_dict()) == cursor  # what is written reads back as written
 
 
@@ -417,8 +426,10 @@ def test_kale_status_reads_where_each_pipeline_stands_from_the_instance_alone(co
         for event in result.asset_events:  # stored, as the daemon stores a sensor's events
             env["instance"].report_runless_asset_event(event)
         time.sleep(0.3)
+    store_sensor_cursor(env["instance"], "ctl_stream_metrics", cursor)  # as the daemon keeps it
     (status,) = read_status(env["instance"])
     assert (status.name, status.running_workers, status.min_workers, status.max_workers) == ("ctl", 2, 1, 8)
+    assert sum(status.decisions.values()) == 2 and set(status.decisions) <= set(OUTCOMES), status.decisions
     assert status.desired_workers is not None and status.slo_minutes == 20 and status.backlog is not None
     assert status.decided_age_s is not None and 0 <= status.decided_age_s < 30
     assert status.reason and status.policy == "hpa" and status.extras["model_auc"] == 0.7
@@ -459,6 +470,8 @@ def test_kale_status_reads_where_each_pipeline_stands_from_the_instance_alone(co
         'kale_model_metric{metric="auc",pipeline="ctl"} 0.7',
         'kale_sensor_running{pipeline="ctl"} 0.0',
         'kale_restart_seconds{pipeline="ctl"}',
+        *(f'kale_decisions_total{{outcome="{o}",pipeline="ctl"}} {float(n)}' for o, n in status.decisions.items()),
+        'kale_rescales_requested_total{outcome="scale_down",pipeline="ctl"}',
     ):
         assert line in text, text
     server = subprocess.Popen(
@@ -479,6 +492,28 @@ def test_kale_status_reads_where_each_pipeline_stands_from_the_instance_alone(co
         server.wait(10)
 
 
+def store_sensor_cursor(instance, sensor: str, cursor: str | None) -> None:
+    """Keep a sensor's cursor in the instance, as the daemon does after a tick (the test ticks by hand)."""
+    from dagster._core.remote_origin import (
+        InProcessCodeLocationOrigin,
+        RemoteInstigatorOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.scheduler.instigation import (
+        InstigatorState,
+        InstigatorStatus,
+        InstigatorType,
+        SensorInstigatorData,
+    )
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    location = InProcessCodeLocationOrigin(LoadableTargetOrigin(python_file=__file__))
+    origin = RemoteInstigatorOrigin(RemoteRepositoryOrigin(location, "__repository__"), sensor)
+    instance.add_instigator_state(
+        InstigatorState(origin, InstigatorType.SENSOR, InstigatorStatus.STOPPED, SensorInstigatorData(cursor=cursor))
+    )
+
+
 @pytest.mark.parametrize("command", [["status"], ["metrics", "serve", "--port", "0"]])
 def test_kale_status_and_metrics_without_an_instance_are_one_line(command):
     import subprocess
@@ -490,3 +525,23 @@ def test_kale_status_and_metrics_without_an_instance_are_one_line(command):
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "no Dagster instance" in done.stderr and "set DAGSTER_HOME" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "running, decided, rescale_to, held, outcome",
+    [
+        (3, 3, None, "", "keep"),
+        (3, 5, 5, "", "scale_up"),
+        (3, 5, None, "", "scale_up"),  # advisory: what it would have done
+        (3, 2, 2, "", "scale_down"),
+        (3, 3, 3, "", "recover"),  # a failed group restarted at its size
+        (3, 3, None, "no arrival rate yet", "held"),
+    ],
+)
+def test_a_step_s_outcome_is_one_bounded_label(running, decided, rescale_to, held, outcome):
+    from kale_dagster.control.controller import ControlStep
+    from kale_dagster.model.types import Decision, Observation
+
+    obs = None if held else Observation(0.0, running, 10.0, 10.0, 0.0, 0.0, 0.5)
+    step = ControlStep(Decision(decided, "kale", "why"), obs, 60.0, "declared", rescale_to=rescale_to, held=held)
+    assert step.outcome == outcome and outcome in OUTCOMES

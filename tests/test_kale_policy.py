@@ -269,3 +269,31 @@ def test_quantile_reads_the_band():
     assert fc.level(None)[0] == pytest.approx(1200)
     assert fc.level(0.5)[0] == pytest.approx(1000)
     assert 1000 < fc.level(0.7)[0] < 1200
+
+
+@pytest.mark.parametrize(
+    "workers, backlog, forecast, expected, says",
+    [
+        # At zero: what waits is not above activation_lag, so nothing starts.
+        (0, 500, [0.0] * 120, 0, "idle at 0 workers"),
+        (0, 500, [3500.0] * 120, 0, "idle at 0 workers"),
+        # More than activation_lag waits: the cheapest start, whatever the forecast says.
+        (0, 5000, [0.0] * 120, 1, "0 -> 1 workers"),
+        (0, 5000, [3500.0] * 120, 5, "0 -> 5 workers"),  # 4 for the rate, one more to drain
+        # Running on an idle stream forecast to stay idle: all workers stop.
+        (2, 0, [0.0] * 120, 0, "2 -> 0 workers"),
+        # Running, with traffic forecast: zero would leave it waiting, so the workers stay.
+        (4, 0, [3500.0] * 120, 4, "hold at 4"),
+        (1, 0, [0.0] * 60 + [3500.0] * 60, 4, "1 -> 4 workers"),  # not to zero: ahead of the rise instead
+    ],
+)
+def test_scale_to_zero_with_an_activation_threshold(workers, backlog, forecast, expected, says):
+    policy = KalePolicy(_sizing(LINEAR, min_workers=0, activation_lag=1000, restart_minutes=5))
+    rate = forecast[0]
+    d = policy.decide(_obs(workers=workers, rate=rate, backlog=backlog, forecast=_forecast(forecast)))
+    assert d.workers == expected and says in d.reason, d.reason
+
+
+def test_zero_workers_is_no_candidate_without_min_workers_zero():
+    policy = KalePolicy(_sizing(LINEAR, restart_minutes=5))
+    assert policy.decide(_obs(workers=2, rate=0.0, forecast=_forecast([0.0] * 120))).workers == 1

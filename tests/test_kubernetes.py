@@ -242,6 +242,17 @@ def test_rescale_replaces_the_job_and_is_idempotent():
     assert cluster.jobs == {}
 
 
+def test_scale_to_zero_deletes_the_job_and_the_next_rescale_starts_one():
+    cluster = FakeCluster()
+    launcher = _launcher(cluster)
+    launcher.start(2)
+    record = launcher.rescale(0, "idle")
+    assert (record.from_workers, record.to_workers) == (2, 0) and cluster.jobs == {}
+    assert launcher.workers == 0 and launcher.rescale(0) is None  # already at zero
+    assert launcher.rescale(3).from_workers == 0 and cluster.created == [2, 3] and len(cluster.jobs) == 1
+    assert launcher.status().downtimes_s == ()  # neither a stop to nothing nor a start from it is a restart
+
+
 def test_downtime_ends_at_the_first_training_step_in_the_pod_logs():
     """Ready pods are not yet training: the downtime runs on until every pod logged its first step."""
     cluster = FakeCluster()

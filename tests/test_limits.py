@@ -19,7 +19,11 @@ from kale_dagster.model.limits import MAX_WORKERS
         ({"min_workers": 2, "max_workers": 2}, []),
         ({"max_workers": MAX_WORKERS}, []),
         ({"slo_minutes": 0.5, "restart_minutes": 0}, []),
-        ({"min_workers": 0}, ["min_workers"]),
+        ({"min_workers": 0}, []),
+        ({"min_workers": 0, "activation_lag": 500}, []),
+        ({"min_workers": -1}, ["min_workers"]),
+        ({"activation_lag": 500}, ["activation_lag"]),  # scale-to-zero's threshold without min_workers 0
+        ({"min_workers": 0, "activation_lag": -1}, ["activation_lag"]),
         ({"max_workers": 0}, ["max_workers"]),
         ({"max_workers": MAX_WORKERS + 1}, ["max_workers"]),
         ({"max_workers": 10**9}, ["max_workers"]),
@@ -33,7 +37,7 @@ from kale_dagster.model.limits import MAX_WORKERS
         ({"restart_minutes": -1}, ["restart_minutes"]),
         # Every broken rule at once, in the declaration's order.
         (
-            {"min_workers": 0, "max_workers": -1, "slo_minutes": -5, "restart_minutes": float("nan")},
+            {"min_workers": -1, "max_workers": -1, "slo_minutes": -5, "restart_minutes": float("nan")},
             ["min_workers", "max_workers", "slo_minutes", "restart_minutes"],
         ),
     ],
@@ -53,7 +57,7 @@ def test_limits(kwargs, fields):
 
 def test_a_joined_error_survives_pickling_and_a_process_pool():
     with pytest.raises(KaleConfigError) as err:
-        Limits(min_workers=0, slo_minutes=0)
+        Limits(min_workers=-1, slo_minutes=0)
     again = pickle.loads(pickle.dumps(err.value))
     assert str(again) == str(err.value) and [e.field for e in again.errors] == ["min_workers", "slo_minutes"]
     with ProcessPoolExecutor(1) as pool, pytest.raises(KaleConfigError, match="max_workers: must be <= 1024"):

@@ -92,6 +92,14 @@ def test_a_rescale_patches_the_scale_subresource_and_waits_for_its_status(config
     assert len([c for c in cluster.calls if c[0] == "patch"]) == 1
 
 
+def test_a_deployment_scales_to_zero_and_back():
+    cluster = FakeCluster(replicas=2)
+    target = _target(cluster)
+    assert target.rescale(0, reason="idle").to_workers == 0 and cluster.status == 0
+    assert target.status().workers == 0 and target.rescale(0) is None
+    assert target.rescale(3, reason="activated").from_workers == 0 and cluster.status == 3
+
+
 def test_each_rescale_leaves_a_valid_event_on_the_workload():
     cluster = FakeCluster(replicas=3)
     _target(cluster).rescale(1, reason="hold at 1: keeping 1 costs least")

@@ -501,3 +501,32 @@ def test_the_excess_cost_splits_into_forecast_and_planning_error_by_part():
     assert total == pytest.approx(objective(kale, minutes) - objective(optimum, minutes))
     assert cost_parts(optimum, minutes) == {"gpu": 1200.0, "lag": 400.0, "slo": 0.0}
     assert split["rescales"] == {"kale": 9, "perfect_forecast": 6, "optimum": 4}
+
+
+def _idle_nights(days: int = 3) -> pd.DataFrame:
+    """Traffic from 06:00 to 22:00 each day and none at night."""
+    t = pd.date_range("2026-01-01", periods=days * 144, freq="10min", tz="UTC")
+    hour = (t.hour + t.minute / 60).to_numpy()
+    return pd.DataFrame(
+        {"timestamp": t, "rate": np.where((hour >= 6) & (hour < 22), 100 + 80 * np.sin((hour - 6) / 16 * np.pi), 0.0)}
+    )
+
+
+@pytest.mark.parametrize("policy", ["kale", "keda"])
+def test_scale_to_zero_stops_idle_workers_and_the_first_records_start_them(policy):
+    def run(limits):
+        settings = BacktestSettings(limits=limits, warmup_days=2, forecaster="prophet", peak_workers=8, processes=1)
+        return Backtest(_idle_nights(), settings).run(policy)
+
+    to_zero = run(Limits(min_workers=0, activation_lag=1000, restart_minutes=5))
+    kept = run(Limits(min_workers=1, restart_minutes=5))
+    day = to_zero.timeline[to_zero.timeline["scored"]]
+    hour = day["time"].dt.hour + day["time"].dt.minute / 60
+    night = day[(hour >= 3) & (hour < 6)]
+    assert (night["workers"] == 0).all()  # idle: nothing runs
+    morning = day[(hour >= 6) & (hour < 7)]
+    started = morning[morning["workers"] > 0]
+    assert len(started) and started["time"].iloc[0] - morning["time"].iloc[0] <= pd.Timedelta(minutes=20)
+    assert day["lag_s"].iloc[-60:].max() == 0  # everything that arrived was trained
+    assert to_zero.metrics.gpu_hours < kept.metrics.gpu_hours
+    assert to_zero.metrics.slo_violation_rate <= kept.metrics.slo_violation_rate

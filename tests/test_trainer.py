@@ -259,9 +259,10 @@ def _rescale_every(launcher, seconds: float, *targets: int) -> None:
 @pytest.mark.slow
 def test_planned_rescales_lose_nothing_and_repeat_nothing(kafka_broker, tmp_path):
     trained, produced, records = _train_through(
-        kafka_broker, tmp_path, lambda launcher: _rescale_every(launcher, 2.5, 3, 1, 2), produce_s=12
+        kafka_broker, tmp_path, lambda launcher: _rescale_every(launcher, 2.5, 3, 1, 0, 2), produce_s=14
     )
-    assert len(records) == 4  # start and 3 rescales
+    assert len(records) == 5  # start and 4 rescales, one of them a stop to zero (min_workers: 0) and back
+    assert [r.to_workers for r in records] == [2, 3, 1, 0, 2] and records[3].phases.keys() == {"stop"}
     print(f"produced {produced}, trained {len(trained)}")
     assert len(trained) == produced  # every sample exactly once
 

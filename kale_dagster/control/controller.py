@@ -91,6 +91,22 @@ class ControlStep:
         again; taken on demand because a long-lived caller, the simulator, never needs it)."""
         return self.state() if callable(self.state) else dict(self.state)
 
+    @property
+    def outcome(self) -> str:
+        """What the decision amounts to, one of ``OUTCOMES``: a bounded label for counting decisions and
+        rescales (the reason is free text).  ``recover`` restarts a failed group at the size it ran."""
+        if self.held or self.observation is None:
+            return "held"
+        if self.decision.workers > self.observation.workers:
+            return "scale_up"
+        if self.decision.workers < self.observation.workers:
+            return "scale_down"
+        return "recover" if self.rescale_to is not None else "keep"
+
+
+#: Every ``ControlStep.outcome``.
+OUTCOMES = ("keep", "scale_up", "scale_down", "recover", "held")
+
 
 def restart_estimate(downtimes_s: Sequence[float], declared_s: float) -> tuple[float, str]:
     """The restart time to plan with: the median of measured restarts, else the declared one."""
@@ -243,7 +259,8 @@ class Controller:
         restart_s, restart_source = self._restart[1]
         if status is None:
             held = f"the launcher did not answer ({launcher_error or 'no status'})"
-            return self._hold(last_workers or s.limits.min_workers, held, policy_state, restart_s, restart_source)
+            workers = last_workers if last_workers is not None else s.limits.min_workers
+            return self._hold(workers, held, policy_state, restart_s, restart_source)
         if reading.arrival_rate is None:
             return self._hold(
                 status.workers,

@@ -26,13 +26,20 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _counts(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value.values()
+    )
+
+
 @dataclass(frozen=True)
 class ControlCursor:
     """What control ticks hand on, as HPA's controller keeps each autoscaler's state across reconciles: the
     one-step predictions made (pipeline time, predicted rate), for the forecast's recent error; when the decision
     plot was last drawn; the policy's memory and the workers last known to run after the latest decision; and
     when a decision was last recorded on ``gpu_allocation``, with what it said (a decision that changes nothing
-    is recorded at most every ``record_every_minutes``)."""
+    is recorded at most every ``record_every_minutes``); and the decisions and requested rescales so far, by
+    ``ControlStep.outcome``, for the Prometheus counters (the event log does not keep every decision)."""
 
     predictions: tuple[tuple[float, float], ...] = ()
     plotted_at: float | None = None
@@ -40,6 +47,16 @@ class ControlCursor:
     running_workers: int | None = None
     recorded_at: float | None = None
     recorded: str = ""
+    decisions: dict[str, int] = field(default_factory=dict, compare=False)
+    rescales: dict[str, int] = field(default_factory=dict, compare=False)
+
+    def counted(self, step: ControlStep) -> tuple[dict[str, int], dict[str, int]]:
+        """The counts with ``step`` added."""
+        decisions, rescales = dict(self.decisions), dict(self.rescales)
+        decisions[step.outcome] = decisions.get(step.outcome, 0) + 1
+        if step.rescale_to is not None:
+            rescales[step.outcome] = rescales.get(step.outcome, 0) + 1
+        return decisions, rescales
 
     def to_dict(self) -> dict:
         return {
@@ -49,6 +66,8 @@ class ControlCursor:
             "running_workers": self.running_workers,
             "recorded_at": self.recorded_at,
             "recorded": self.recorded,
+            "decisions": dict(self.decisions),
+            "rescales": dict(self.rescales),
         }
 
     @classmethod
@@ -59,6 +78,7 @@ class ControlCursor:
         predictions, plotted_at = data.get("predictions", []), data.get("plotted_at")
         state, running = data.get("policy_state"), data.get("running_workers")
         recorded_at, recorded = data.get("recorded_at"), data.get("recorded", "")
+        decisions, rescales = data.get("decisions", {}), data.get("rescales", {})
         pairs_ok = isinstance(predictions, list) and all(
             isinstance(p, (list, tuple)) and len(p) == 2 and all(_finite(v) for v in p) for p in predictions
         )
@@ -68,10 +88,18 @@ class ControlCursor:
             or not (state is None or isinstance(state, dict))
             or not (running is None or (isinstance(running, int) and not isinstance(running, bool) and running >= 0))
             or not isinstance(recorded, str)
+            or not all(_counts(c) for c in (decisions, rescales))
         ):
             return cls()
         return cls(
-            tuple((float(t), float(v)) for t, v in predictions), plotted_at, state, running, recorded_at, recorded
+            tuple((float(t), float(v)) for t, v in predictions),
+            plotted_at,
+            state,
+            running,
+            recorded_at,
+            recorded,
+            dict(decisions),
+            dict(rescales),
         )
 
 

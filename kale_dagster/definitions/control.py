@@ -252,7 +252,13 @@ class PipelineControl:
             recorded_at, recorded = reading.time, said
         quality = decision.status.model_metric if decision.status is not None else None
         kept = ControlCursor(
-            predictions, plotted_at, step.policy_state, decision.running_workers, recorded_at, recorded
+            predictions,
+            plotted_at,
+            step.policy_state,
+            decision.running_workers,
+            recorded_at,
+            recorded,
+            *cursor.counted(step),
         )
         return TickOutcome(step, decision.running_workers, kept, events, requests, quality)
 

@@ -44,6 +44,12 @@ _GAUGES: tuple[tuple[str, str, Callable[[PipelineStatus], float | None]], ...] =
     ("kale_failed_runs_last_hour", "The pipeline's failed runs over the last hour", lambda s: s.failed_runs_last_hour),
 )
 
+# Counted by the metrics sensor, in its cursor, by ControlStep.outcome (keep, scale_up, scale_down, recover, held).
+_COUNTERS: tuple[tuple[str, str, Callable[[PipelineStatus], dict[str, int]]], ...] = (
+    ("kale_decisions", "Decisions made (advisory ones included), by what they amount to", lambda s: s.decisions),
+    ("kale_rescales_requested", "Rescales the controller requested, by what they amount to", lambda s: s.rescales),
+)
+
 
 class PipelineCollector(Collector):
     """Gauges per pipeline, read from the instance ``open_instance`` returns at every scrape."""
@@ -83,6 +89,15 @@ class PipelineCollector(Collector):
                 if key.startswith("model_") and isinstance(value, (int, float)):
                     quality.add_metric([s.name, key.removeprefix("model_")], float(value))
         yield quality
+        from kale_dagster.control.controller import OUTCOMES
+
+        for name, text, read in _COUNTERS:
+            family = CounterMetricFamily(name, text, labels=["pipeline", "outcome"])
+            for s in statuses:
+                counts = read(s)
+                for outcome in OUTCOMES:
+                    family.add_metric([s.name, outcome], counts.get(outcome, 0))
+            yield family
         runs = CounterMetricFamily("kale_rescale_runs", "Rescale runs, by outcome", labels=["pipeline", "status"])
         for (pipeline, status), count in sorted(rescales.items()):
             runs.add_metric([pipeline, status], count)

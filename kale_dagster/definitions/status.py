@@ -8,6 +8,7 @@ so no code location has to be loaded: an operator's ``kubectl get hpa``.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -38,6 +39,8 @@ class PipelineStatus:
     decided_age_s: float | None  # wall seconds since the latest decision recorded on gpu_allocation
     sensor_running: bool
     failed_runs_last_hour: int
+    decisions: dict[str, int] = field(default_factory=dict)  # decisions so far, by ControlStep.outcome
+    rescales: dict[str, int] = field(default_factory=dict)  # rescales requested so far, by outcome
     extras: dict = field(default_factory=dict)  # the trainer's metric, how workers were observed, ...
 
     def to_dict(self) -> dict:
@@ -52,7 +55,8 @@ def read_status(instance, pipeline: str | None = None, now: float | None = None)
     now = time.time() if now is None else now
     keys = [k for k in instance.all_asset_keys() if len(k.path) == 2 and k.path[1] == "gpu_allocation"]
     names = sorted(k.path[0] for k in keys if pipeline is None or k.path[0] == pipeline)
-    running_sensors = {s.name for s in instance.all_instigator_state() if s.status == InstigatorStatus.RUNNING}
+    sensors = {s.name: s for s in instance.all_instigator_state()}
+    running_sensors = {name for name, s in sensors.items() if s.status == InstigatorStatus.RUNNING}
     out = []
     for name in names:
         event = instance.get_latest_materialization_event(AssetKey([name, "gpu_allocation"]))
@@ -90,10 +94,23 @@ def read_status(instance, pipeline: str | None = None, now: float | None = None)
                 decided_age_s=now - event.timestamp if event is not None else None,
                 sensor_running=f"{name}_stream_metrics" in running_sensors,
                 failed_runs_last_hour=len(failed),
+                **_counts(sensors.get(f"{name}_stream_metrics")),
                 extras={k: v for k, v in meta.items() if k.startswith("model_") or k == "workers_observed_from"},
             )
         )
     return out
+
+
+def _counts(sensor) -> dict[str, dict[str, int]]:
+    """The decisions and rescales the sensor's cursor has counted (none before its first tick)."""
+    from kale_dagster.control.tick import ControlCursor
+
+    data = getattr(getattr(sensor, "instigator_data", None), "cursor", None)
+    try:
+        control = ControlCursor.from_dict(json.loads(data).get("control")) if data else ControlCursor()
+    except (ValueError, AttributeError):
+        control = ControlCursor()
+    return {"decisions": control.decisions, "rescales": control.rescales}
 
 
 def _utc(ts: float):

@@ -146,6 +146,13 @@ class Launcher(ABC):
     def stop(self) -> None:
         """Stop every worker (each checkpoints and commits first)."""
 
+    def _scale_to_zero(self) -> dict:
+        """Stop the running group (checkpointing) and start none, for ``min_workers: 0``; the launcher stays
+        usable.  Returns the phases, in seconds.  By default ``stop``, for launchers that can start again."""
+        started = self._clock()
+        self.stop()
+        return {"stop": round(self._clock() - started, 3)}
+
     def _measurements(self) -> dict:
         """What the workers report (``reported``, ``busy_share``, ``samples_per_s``, ``emulated``);
         nothing by default."""
@@ -167,27 +174,29 @@ class Launcher(ABC):
         )
 
     def _recent_downtimes(self) -> tuple[float, ...]:
-        """The latest restarts' downtimes; a start from nothing is not a restart."""
-        return tuple(r.downtime_s for r in self.records if r.from_workers > 0)[-self.recent_restarts :]
+        """The latest restarts' downtimes; a start from nothing and a stop to nothing are not restarts."""
+        return tuple(r.downtime_s for r in self.records if r.from_workers > 0 and r.to_workers > 0)[
+            -self.recent_restarts :
+        ]
 
     def start(self, n: int, reason: str = "start") -> RescaleRecord:
         return self._restart(n, reason)
 
     def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None:
-        """Restart the group at ``m`` workers; None when it already runs at ``m`` (idempotent)."""
+        """Restart the group at ``m`` workers, or stop it at 0; None when it already runs at ``m`` (idempotent)."""
         with self._lock:
-            if self._running_at(m):
+            if self._running_at(m) if m else self.workers == 0:
                 return None
             return self._restart(m, reason)
 
     def _restart(self, n: int, reason: str) -> RescaleRecord:
-        if n < 1:
-            raise KaleConfigError("workers", f"must be >= 1, got {n}")
+        if n < 0:
+            raise KaleConfigError("workers", f"must be >= 0, got {n}")
         with self._lock:
             started, previous = self._clock(), self.workers
             self._target = n
             try:
-                phases = self._replace_group(n)
+                phases = self._replace_group(n) if n else self._scale_to_zero()
             finally:
                 self._target = None
             record = RescaleRecord(

@@ -277,6 +277,20 @@ class LocalLauncher(Launcher):
             _retire(self._pool, wait=True)
             self._pool.clear()
 
+    def _scale_to_zero(self) -> dict:
+        """Stop the group; its workers checkpoint, commit and wait as standbys, so the next start is warm."""
+        started = time.monotonic()
+        back = self._stop_group()
+        if not self.reuse_workers:
+            _retire(back, wait=True)
+            back = []
+        keep = self._standbys_wanted(0)
+        pool = back + self._pool
+        _retire(pool[keep:], wait=False)
+        self._pool = pool[:keep]
+        self._failed = ""
+        return {"stop": round(time.monotonic() - started, 3)}
+
     def wait_warm(self, timeout: float = 120.0) -> None:
         """Block until the standby pool is ready.  A standby starting up (a Python
         process importing torch) takes CPU from the group, so measurements wait."""

@@ -236,9 +236,9 @@ class LauncherService:
                 except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nesting past any use
                     return self._reply(400, {"error": 'expected JSON {"workers": <int>, "reason": "..."}'})
                 most = getattr(service.launcher, "max_workers", None) or MAX_WORKERS
-                if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= most:
+                if not isinstance(workers, int) or isinstance(workers, bool) or not 0 <= workers <= most:
                     return self._reply(
-                        400, {"error": f"workers must be a whole number from 1 to {most}, got {workers!r}"[:300]}
+                        400, {"error": f"workers must be a whole number from 0 to {most}, got {workers!r}"[:300]}
                     )
                 if not service._busy.acquire(blocking=False):
                     return self._reply(409, {"error": "another rescale is in progress"})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kale_dagster.rules import check, ordered, setting
+from kale_dagster.rules import check, need, ordered, setting
 
 #: The most workers a pipeline may declare: a decision's cost grows with the worker counts it weighs.
 MAX_WORKERS = 1024
@@ -23,7 +23,13 @@ MAX_WORKERS = 1024
 class Limits:
     """Worker bounds, the lag SLO and the declared restart time of one pipeline."""
 
-    min_workers: int = setting(1, ge=1, le=MAX_WORKERS, description="the fewest workers the pipeline runs")
+    min_workers: int = setting(
+        1,
+        ge=0,
+        le=MAX_WORKERS,
+        description="the fewest workers the pipeline runs; 0 stops them all while the stream is idle "
+        "(see activation_lag)",
+    )
     max_workers: int = setting(
         32, ge=1, le=MAX_WORKERS, description="the most workers (GPUs) the pipeline may run at once"
     )
@@ -39,8 +45,25 @@ class Limits:
         "rescales once there are some",
     )
 
+    activation_lag: int = setting(
+        0,
+        ge=0,
+        le=10**15,
+        description="with min_workers 0: the waiting samples above which a pipeline at zero workers starts "
+        "them again (KEDA's activationLagThreshold)",
+    )
+
     def __post_init__(self):
-        check(self, lambda: ordered(self, "min_workers", "max_workers"))
+        check(
+            self,
+            lambda: ordered(self, "min_workers", "max_workers"),
+            need(
+                self.activation_lag == 0 or self.min_workers == 0,
+                "activation_lag",
+                f"applies only with min_workers 0 (got min_workers {self.min_workers}); set min_workers: 0 to "
+                "stop idle workers, or leave activation_lag out",
+            ),
+        )
 
     @property
     def slo_s(self) -> float:

@@ -447,8 +447,9 @@ class HPAPolicy:
 
 def build(sizing: Sizing, **options) -> HPAPolicy:
     """An HPA between the sizing's worker bounds; ``options`` are further ``HPAPolicy`` fields
-    (``behavior`` may be given as Kubernetes writes it, see ``HPABehavior.from_spec``)."""
-    return HPAPolicy(min_replicas=sizing.limits.min_workers, max_replicas=sizing.limits.max_workers, **options)
+    (``behavior`` may be given as Kubernetes writes it, see ``HPABehavior.from_spec``).  An HPA keeps at least one
+    replica (minReplicas 0 needs the alpha HPAScaleToZero gate), so ``min_workers: 0`` means 1 here."""
+    return HPAPolicy(min_replicas=max(sizing.limits.min_workers, 1), max_replicas=sizing.limits.max_workers, **options)
 
 
 def sweep_behavior(scale_down_window_s: float, rate_policies: str) -> dict:

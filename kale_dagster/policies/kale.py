@@ -23,6 +23,13 @@ One decision, in stages that are each small and testable:
    buys over the horizon exceeds what its downtime costs.  This test, the
    expected plan and the backlog's drain rate in stage 2 and the guards of
    stage 4 are our additions to the paper.
+
+With ``min_workers: 0`` (scale to zero, as KEDA users know it) zero workers
+is one more candidate while at most ``activation_lag`` samples wait.  It is
+judged as holding zero over the horizon, so every forecast arrival waits in
+full and one restart back up is charged: Kale stops the workers only when the
+forecast says the stream stays idle.  At zero it holds until more than
+``activation_lag`` samples wait, then starts at the cheapest level.
 """
 
 from __future__ import annotations
@@ -226,7 +233,8 @@ class KalePolicy:
         outlook: np.ndarray | None = None,
         horizon_need: int | None = None,
     ) -> tuple[int, str]:
-        """The candidate whose projected cost (GPU-min + weighted lag) most undercuts keeping the current level.
+        """The candidate whose projected cost (GPU-min + weighted lag) most undercuts keeping the current level;
+        at zero workers (activated: records wait) the cheapest candidate, since zero is no longer an option.
 
         Each candidate is judged against keeping over the same span: the horizon, or, for a scale-in to a level
         the whole horizon's plan is content with (``horizon_need``, backlog drain included) when there is an
@@ -238,7 +246,11 @@ class KalePolicy:
         judged = []  # (workers, the span it is judged over, charged a restart back up?)
         for w in sorted(candidates - {current}):
             span, back_up = rates, False
-            if w < current and outlook is not None and len(outlook) and horizon_need is not None and w >= horizon_need:
+            if w == 0:  # zero holds for the span, then the stream needs workers again if anything arrives
+                back_up = bool(np.any(rates > 0))
+            elif (
+                w < current and outlook is not None and len(outlook) and horizon_need is not None and w >= horizon_need
+            ):
                 span, back_up = self._lasting(w, current, rates, outlook)
             judged.append((w, span, back_up))
         # One projection per span: keeping, each candidate after its restart, and (for a restart back up) without it.
@@ -249,11 +261,23 @@ class KalePolicy:
             projected.update({(len(span), *option): p for option, p in self._project(obs, span, options).items()})
 
         best, best_delta, best_note = current, 0.0, ""
+        if current == 0:  # activated: the cheapest start wins, however dear
+            best_delta = math.inf
         for w, span, back_up in judged:
             p, kept = projected[(len(span), w, restart)], projected[(len(span), current, 0.0)]
             delta = self._cost(p) - self._cost(kept)
-            if back_up:  # what one restart costs at w over the span
-                delta += self._cost(p) - self._cost(projected[(len(span), w, 0.0)])
+            if back_up:  # what one restart costs over the span: at w, or at one worker for a stop at zero
+                again = w or 1
+                if w == 0:
+                    projected.update(
+                        {
+                            (len(span), *o): q
+                            for o, q in self._project(obs, span, [(again, restart), (again, 0.0)]).items()
+                        }
+                    )
+                delta += self._cost(projected[(len(span), again, restart)]) - self._cost(
+                    projected[(len(span), again, 0.0)]
+                )
             if delta < best_delta:
                 best, best_delta = w, delta
                 best_note = (
@@ -289,6 +313,13 @@ class KalePolicy:
         current = obs.workers
         if obs.restarting:
             return Decision(current, self.name, "rescale in progress; waiting for it to finish")
+        if current == 0 and obs.backlog <= self.limits.activation_lag:
+            return Decision(
+                0,
+                self.name,
+                f"idle at 0 workers: {obs.backlog:,.0f} samples waiting, not above activation_lag "
+                f"{self.limits.activation_lag:,}",
+            )
 
         burst = self._burst(obs)
         if burst:
@@ -381,6 +412,10 @@ class KalePolicy:
         current = obs.workers
         plan_t = tuple(int(p) for p in plan)
         held = []
+        if current == 0:  # activated (decide holds an idle zero): zero is not a candidate
+            candidates = {max(c, 1) for c in candidates}
+        elif self.limits.min_workers == 0 and obs.backlog <= self.limits.activation_lag:
+            candidates = candidates | {0}
         if any(c < current for c in candidates):
             if obs.time_lag_s > self.scale_in_lag_guard:
                 held.append(

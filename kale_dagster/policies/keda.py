@@ -172,6 +172,9 @@ class KedaKafkaPolicy:
     max_replicas: int = setting(100, ge=1, description="maxReplicaCount")
     partition_count: int | None = setting(None, ge=1, description="partitions, when readings carry no offsets")
     cooldown_period_s: float = setting(300.0, ge=0, unit="s", description="cooldownPeriod")
+    initial_cooldown_period_s: float = setting(
+        0.0, ge=0, unit="s", description="initialCooldownPeriod: how long a never-active object waits to go to zero"
+    )
     behavior: HPABehavior | None = (
         None  # the HPA's; or a Mapping, as Kubernetes writes it; None: upstream's legacy path
     )
@@ -179,6 +182,8 @@ class KedaKafkaPolicy:
     sync_period_s: float = 15.0
     _hpa: HPAPolicy = field(init=False)
     _last_active: float | None = field(init=False, default=None)
+    #: When the scaled object first decided: its creation, for initialCooldownPeriod.
+    _created: float | None = field(init=False, default=None)
     #: excludePersistentLag's memory: each partition's committed offset at the previous poll.
     _previous_offsets: dict = field(init=False, default_factory=dict)
 
@@ -230,12 +235,14 @@ class KedaKafkaPolicy:
     def state(self) -> dict:
         return {
             "last_active": self._last_active,
+            "created": self._created,
             "hpa": self._hpa.state(),
             "previous_offsets": {str(k): v for k, v in self._previous_offsets.items()},
         }
 
     def load_state(self, state: dict) -> None:
         self._last_active = state.get("last_active")
+        self._created = state.get("created")
         self._hpa.load_state(state.get("hpa", {}))
         self._previous_offsets = {int(k): int(v) for k, v in state.get("previous_offsets", {}).items()}
 
@@ -246,8 +253,11 @@ class KedaKafkaPolicy:
         else:
             lag, activation_lag = self._spread_total_lag(obs)
         active = activation_lag > self.metadata.activation_lag_threshold
+        if self._created is None:
+            self._created = obs.time
         if active:
             self._last_active = obs.time
+        # The scale executor's cases (scale_scaledobjects.go RequestScale), in its order.
         if obs.workers == 0:
             if active:
                 return Decision(
@@ -255,11 +265,17 @@ class KedaKafkaPolicy:
                     self.name,
                     f"activated: lag {activation_lag} > {self.metadata.activation_lag_threshold}",
                 )
-            return Decision(0, self.name, "inactive at zero replicas")
+            return Decision(self.min_replicas, self.name, "inactive at zero replicas; minReplicaCount")
         if not active and self.min_replicas == 0:
-            idle_for = obs.time - (self._last_active if self._last_active is not None else obs.time)
-            if idle_for >= self.cooldown_period_s:
-                return Decision(0, self.name, f"inactive for {idle_for:.0f} s >= cooldownPeriod; scaling to zero")
+            # scaleToZeroOrIdle: an object never active counts from its creation, with initialCooldownPeriod.
+            if self._last_active is None:
+                since, wait, what = self._created, self.initial_cooldown_period_s, "never active"
+            else:
+                since, wait, what = self._last_active, self.cooldown_period_s, "inactive"
+            if obs.time - since >= wait:
+                return Decision(
+                    0, self.name, f"{what} for {obs.time - since:.0f} s >= {wait:.0f} s cooldown; scaling to zero"
+                )
         decision = self._hpa.decide(obs, lag=float(lag))
         return Decision(
             decision.workers,
@@ -270,7 +286,7 @@ class KedaKafkaPolicy:
 
 #: What a backtest sweeps: lagThreshold, in seconds of one worker's throughput, and the scale-down
 #: stabilization window of the HPA KEDA drives (advanced.horizontalPodAutoscalerConfig.behavior).
-#: cooldownPeriod is not swept: it acts only when scaling to zero, and the backtest keeps min_workers >= 1.
+#: cooldownPeriod is not swept: it acts only when scaling to zero (min_workers 0), at upstream's default.
 SWEEP_SECONDS_OF_WORK = (6, 30, 60, 300, 600)
 SWEEP_SCALE_DOWN_WINDOWS_S = (300, 1800, 3600)
 #: Partitions assumed when the sizing does not say (the paper's topic has 800).
@@ -285,7 +301,7 @@ def build(
     if lag_threshold is None:
         lag_threshold = _lag_threshold(sizing, seconds_of_work)
     return KedaKafkaPolicy(
-        KafkaScalerMetadata(lag_threshold=lag_threshold),
+        KafkaScalerMetadata(lag_threshold=lag_threshold, activation_lag_threshold=sizing.limits.activation_lag),
         min_replicas=sizing.limits.min_workers,
         max_replicas=sizing.limits.max_workers,
         partition_count=sizing.partitions or DEFAULT_PARTITIONS,
