@@ -164,7 +164,7 @@ def main() -> int:
                         f"{path.stem}, last 14 days",
                         last_days(read_trace_csv(path), 14),
                         7,
-                        variants=("kale_perfect_forecast", "kale_outlook"),
+                        variants=("kale_perfect_forecast", "kale_stabilizer"),
                     ),
                 )
     return 0

@@ -9,6 +9,8 @@ from kale_dagster import Forecast, KaleConfig, KaleConfigError, KalePolicy, Limi
 from kale_dagster.model.estimator import drain_rate, estimate_workers
 
 PER_WORKER = 1000.0
+#: Most tests here are of the stabilizer planner's stages; the receding planner's are at the end.
+STABILIZER = KaleConfig(planner="stabilizer")
 LINEAR = ThroughputModel.linear(PER_WORKER)
 PAPER = ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786))
 
@@ -60,7 +62,7 @@ def test_backlog_adds_drain_capacity():
 
 
 def test_scales_up_ahead_of_a_forecast_rise():
-    cfg = KaleConfig(tau_s=600, plan_step_s=600)
+    cfg = KaleConfig(planner="stabilizer", tau_s=600, plan_step_s=600)
     policy = KalePolicy(_sizing(LINEAR), cfg)
     # Flat 3,500/s for 15 minutes, then 7,500/s: the rise is within restart + hold.
     fc = _forecast([3500] * 15 + [7500] * 105)
@@ -71,14 +73,14 @@ def test_scales_up_ahead_of_a_forecast_rise():
 
 
 def test_holds_when_forecast_matches_capacity():
-    policy = KalePolicy(_sizing(LINEAR))
+    policy = KalePolicy(_sizing(LINEAR), STABILIZER)
     d = policy.decide(_obs(forecast=_forecast([3500] * 120)))
     assert d.workers == 4
     assert d.reason.startswith("hold at 4")
 
 
 def test_no_scale_in_while_lag_is_high():
-    cfg = KaleConfig(fallback_lag_s=1100)
+    cfg = KaleConfig(planner="stabilizer", fallback_lag_s=1100)
     policy = KalePolicy(_sizing(LINEAR), cfg)
     d = policy.decide(_obs(workers=12, rate=2000, backlog=10_000, lag=400, forecast=_forecast([2000] * 120)))
     assert d.workers == 12
@@ -86,7 +88,7 @@ def test_no_scale_in_while_lag_is_high():
 
 
 def test_scale_in_when_savings_beat_the_restart():
-    policy = KalePolicy(_sizing(LINEAR))
+    policy = KalePolicy(_sizing(LINEAR), STABILIZER)
     d = policy.decide(_obs(workers=32, rate=2000, forecast=_forecast([2000] * 120)))
     # 2,000/s plus draining the 10-minute restart backlog within the 20-minute SLO: 3,000/s.
     assert d.workers == 3
@@ -104,7 +106,7 @@ def test_scale_in_when_savings_beat_the_restart():
 def test_candidates_are_priced_on_the_expected_traffic(band, workers, why):
     """Holding 16 workers for an upper band of 14,000/s, when 2,000/s is expected, costs 13 idle GPUs every minute;
     the restart-cost test prices each level on the point forecast (priced on the upper band, it held all 16)."""
-    policy = KalePolicy(_sizing(LINEAR))
+    policy = KalePolicy(_sizing(LINEAR), STABILIZER)
     d = policy.decide(_obs(workers=16, rate=2000, forecast=_forecast([2000] * 120, band=band)))
     assert d.workers == workers, why
     assert "expected 2,000/s" in d.reason
@@ -112,7 +114,7 @@ def test_candidates_are_priced_on_the_expected_traffic(band, workers, why):
 
 def test_scale_in_refused_when_the_restart_costs_more_than_it_saves():
     # One worker saved for a 20-minute horizon is not worth 10 minutes of downtime.
-    policy = KalePolicy(_sizing(LINEAR), KaleConfig(plan_step_s=600))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(planner="stabilizer", plan_step_s=600))
     d = policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20)))
     assert d.workers == 3
     assert "keeping 3 costs least" in d.reason
@@ -120,7 +122,7 @@ def test_scale_in_refused_when_the_restart_costs_more_than_it_saves():
 
 def test_scale_in_judged_over_how_long_the_outlook_says_the_lower_level_lasts():
     # The case above: over the 20-minute horizon one worker saved does not repay the restart...
-    policy = KalePolicy(_sizing(LINEAR), KaleConfig(plan_step_s=600, outlook_scale_in=True))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(planner="stabilizer", plan_step_s=600, outlook_scale_in=True))
     assert (
         policy.decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 120))).workers == 3
     )  # 2 h more: still not
@@ -130,7 +132,7 @@ def test_scale_in_judged_over_how_long_the_outlook_says_the_lower_level_lasts():
     assert d.workers == 2 and "cost least over 20.3 h" in d.reason
     # Off by default: the horizon alone judges.
     assert (
-        KalePolicy(_sizing(LINEAR), KaleConfig(plan_step_s=600))
+        KalePolicy(_sizing(LINEAR), KaleConfig(planner="stabilizer", plan_step_s=600))
         .decide(_obs(workers=3, rate=900, forecast=_forecast([900] * 20, outlook=[900] * 1200)))
         .workers
         == 3
@@ -139,7 +141,7 @@ def test_scale_in_judged_over_how_long_the_outlook_says_the_lower_level_lasts():
 
 def test_a_scale_in_the_outlook_undoes_soon_pays_for_the_restart_back_up():
     # 6 workers run; 1,500/s for 6 hours (the horizon and 4 hours of outlook), then 5,500/s, which 6 can take.
-    policy = KalePolicy(_sizing(LINEAR), KaleConfig(plan_step_s=600, outlook_scale_in=True))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(planner="stabilizer", plan_step_s=600, outlook_scale_in=True))
     back = policy.decide(
         _obs(workers=6, rate=1500, forecast=_forecast([1500] * 120, outlook=[1500] * 240 + [5500] * 600))
     )
@@ -152,7 +154,7 @@ def test_a_scale_in_the_outlook_undoes_soon_pays_for_the_restart_back_up():
 
 
 def test_no_second_scale_in_within_the_hold():
-    policy = KalePolicy(_sizing(LINEAR), KaleConfig(tau_s=600))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(planner="stabilizer", tau_s=600))
     first = policy.decide(_obs(t=0, workers=32, rate=6000, forecast=_forecast([6000] * 120)))
     assert 6 < first.workers < 32
     d = policy.decide(_obs(t=120, workers=first.workers, rate=2000, forecast=_forecast([2000] * 120, start=120)))
@@ -169,7 +171,7 @@ def test_no_second_scale_in_within_the_hold():
     ],
 )
 def test_fallback_takes_over(obs_kwargs, trigger):
-    policy = KalePolicy(_sizing(LINEAR))
+    policy = KalePolicy(_sizing(LINEAR), STABILIZER)
     base = dict(forecast=_forecast([3500] * 120))
     base.update(obs_kwargs)
     d = policy.decide(_obs(**base))
@@ -200,7 +202,7 @@ def _burst_obs(latest, forecast=True, workers=4, rate=3500.0):
     ],
 )
 def test_a_burst_in_the_latest_interval_triggers_the_fallback_at_once(case, obs, acts, workers):
-    d = KalePolicy(_sizing(LINEAR)).decide(obs)
+    d = KalePolicy(_sizing(LINEAR), STABILIZER).decide(obs)
     assert ("burst:" in d.reason) == acts, (case, d.reason)
     assert d.workers == workers, (case, d.reason)
     if acts:
@@ -208,7 +210,7 @@ def test_a_burst_in_the_latest_interval_triggers_the_fallback_at_once(case, obs,
 
 
 def test_fallback_drains_a_large_backlog():
-    policy = KalePolicy(_sizing(LINEAR))
+    policy = KalePolicy(_sizing(LINEAR), STABILIZER)
     # 3 workers cannot keep up with 3,500/s: lag would grow without bound.
     d = policy.decide(_obs(workers=3, rate=3500, backlog=3_000_000, lag=900, forecast=_forecast([3500] * 120)))
     # 3,500/s + (3M + 3,500*600)/1,200 s = 7,750/s -> 8 workers.
@@ -220,27 +222,27 @@ def test_fallback_restarts_a_job_that_cannot_keep_up_even_when_twice_the_slo_is_
     # Our own case, from a demo run: 2 workers take 1.39/s of 2/s arrivals, 3.7 h of backlog, a 16.6-min restart.
     # Within 2 x SLO the restart does not pay back (keeping 2 holds the lag near 220 min while 5 workers
     # first stop for the restart); over the time 5 workers take to clear the backlog it does, many times.
-    policy = KalePolicy(_sizing(ThroughputModel.linear(200 / 288), max_workers=5, restart_minutes=998 / 60))
+    policy = KalePolicy(_sizing(ThroughputModel.linear(200 / 288), max_workers=5, restart_minutes=998 / 60), STABILIZER)
     d = policy.decide(_obs(workers=2, rate=2.0, backlog=17_873, lag=220.9 * 60))
     assert (d.workers, d.policy) == (5, "kale/fallback")
 
 
 def test_fallback_keeps_a_draining_job_rather_than_pause_it():
     # 4 workers already drain the backlog; a 10-minute restart would push lag past the SLO.
-    policy = KalePolicy(_sizing(LINEAR))
+    policy = KalePolicy(_sizing(LINEAR), STABILIZER)
     d = policy.decide(_obs(workers=4, rate=3500, backlog=3_000_000, lag=900, forecast=_forecast([3500] * 120)))
     assert d.workers == 4
     assert "keeping 4 costs least" in d.reason
 
 
 def test_never_above_peak_or_max():
-    policy = KalePolicy(_sizing(PAPER))
+    policy = KalePolicy(_sizing(PAPER), STABILIZER)
     d = policy.decide(_obs(workers=4, rate=20_000, forecast=_forecast([45_000] * 120)))
     assert d.workers == 10
 
 
 def test_waits_while_restarting():
-    policy = KalePolicy(_sizing(LINEAR))
+    policy = KalePolicy(_sizing(LINEAR), STABILIZER)
     obs = Observation(0, 4, 9000, 0, 1e6, 1000, 0, forecast=_forecast([9000] * 60), restarting=True)
     assert policy.decide(obs).workers == 4
 
@@ -288,12 +290,78 @@ def test_quantile_reads_the_band():
     ],
 )
 def test_scale_to_zero_with_an_activation_threshold(workers, backlog, forecast, expected, says):
-    policy = KalePolicy(_sizing(LINEAR, min_workers=0, activation_lag=1000, restart_minutes=5))
+    policy = KalePolicy(_sizing(LINEAR, min_workers=0, activation_lag=1000, restart_minutes=5), STABILIZER)
     rate = forecast[0]
     d = policy.decide(_obs(workers=workers, rate=rate, backlog=backlog, forecast=_forecast(forecast)))
     assert d.workers == expected and says in d.reason, d.reason
 
 
 def test_zero_workers_is_no_candidate_without_min_workers_zero():
-    policy = KalePolicy(_sizing(LINEAR, restart_minutes=5))
+    policy = KalePolicy(_sizing(LINEAR, restart_minutes=5), STABILIZER)
     assert policy.decide(_obs(workers=2, rate=0.0, forecast=_forecast([0.0] * 120))).workers == 1
+
+
+# --- the receding planner (the default) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case, workers, rate, backlog, lag, forecast, expected, says",
+    [
+        ("flat traffic the workers cover", 4, 3500.0, 0.0, 0.0, [3500.0] * 360, 4, "hold at 4"),
+        ("a rise in 15 minutes: restart now", 4, 3500.0, 0.0, 0.0, [3500.0] * 15 + [7500.0] * 345, 8, "4 -> 8"),
+        ("a lasting fall", 8, 2500.0, 0.0, 0.0, [2500.0] * 360, 4, "8 -> 4"),
+        # 2 workers cannot keep up: 4 cover the rate, 2 more drain the backlog
+        ("too few workers and a backlog", 2, 3500.0, 1e6, 300.0, [3500.0] * 360, 6, "2 -> 6"),
+        # 4 workers drain it slowly, and a restart would add 10 minutes of arrivals to it: keep them
+        ("a backlog the workers drain", 4, 3500.0, 2e6, 360.0, [3500.0] * 360, 4, "hold at 4"),
+    ],
+)
+def test_the_receding_planner_applies_the_first_step_of_the_cheapest_plan(
+    case, workers, rate, backlog, lag, forecast, expected, says
+):
+    d = KalePolicy(_sizing(LINEAR)).decide(
+        _obs(workers=workers, rate=rate, backlog=backlog, lag=lag, forecast=_forecast(forecast))
+    )
+    assert d.workers == expected and d.policy == "kale" and says in d.reason and "plan over the forecast" in d.reason
+    assert len(d.plan) == 36 and d.plan[0] == expected  # 6 hours of 10-minute steps
+
+
+def test_the_receding_plan_is_solved_again_only_when_due(monkeypatch):
+    import kale_dagster.policies.kale as kale
+
+    solved = []
+    real = kale.plan_from_now
+    monkeypatch.setattr(kale, "plan_from_now", lambda *a, **k: solved.append(1) or real(*a, **k))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(replan_s=600))
+    fc = _forecast([3500.0] * 400)
+    for t in (0.0, 60.0, 540.0):
+        policy.decide(_obs(t=t, forecast=fc))
+    assert len(solved) == 1  # the plan holds for replan_s while the workers do not change
+    policy.decide(_obs(t=600.0, forecast=fc))
+    policy.decide(_obs(t=660.0, workers=5, forecast=fc))
+    assert len(solved) == 3
+
+
+def test_the_receding_fallback_plans_on_the_measured_rate_held_as_long_as_the_backlog_is_old():
+    # Lag is over the fallback threshold: the measured 7,000/s is expected to hold for the backlog's 15 minutes,
+    # then the forecast's 3,500/s resumes.
+    policy = KalePolicy(_sizing(LINEAR))
+    d = policy.decide(_obs(rate=7000.0, backlog=3e6, lag=900.0, forecast=_forecast([3500.0] * 360), error=0.9))
+    assert d.policy == "kale/fallback" and "plan over fallback (" in d.reason, d.reason
+    assert d.workers > 7 and d.plan[-1] < d.workers  # drain the burst, then fewer once the forecast resumes
+
+
+@pytest.mark.parametrize(
+    "workers, backlog, forecast, expected",
+    [
+        (0, 500, [0.0] * 360, 0),  # idle at zero
+        (0, 5000, [0.0] * 360, 1),  # activated: at least one worker
+        (2, 0, [0.0] * 360, 0),  # an idle stream forecast to stay idle
+        (4, 0, [3500.0] * 360, 4),
+        (2, 5000, [0.0] * 360, 2),  # more than activation_lag waits: not to zero (drained first, then one)
+    ],
+)
+def test_the_receding_planner_scales_to_zero(workers, backlog, forecast, expected):
+    policy = KalePolicy(_sizing(LINEAR, min_workers=0, activation_lag=1000, restart_minutes=5))
+    d = policy.decide(_obs(workers=workers, rate=forecast[0], backlog=backlog, forecast=_forecast(forecast)))
+    assert d.workers == expected, d.reason

@@ -1,4 +1,4 @@
-"""Kale: forecast-driven worker allocation with stabilization and a reactive fallback.
+"""Kale: forecast-driven worker allocation with a reactive fallback.
 
 One decision, in stages that are each small and testable:
 
@@ -6,30 +6,38 @@ One decision, in stages that are each small and testable:
    both what the workers can consume and what was expected), no forecast,
    lag above the fallback threshold, or recent forecast error too large ->
    the reactive policy on measured rates acts;
-2. estimate: workers per plan step from the forecast (upper band or a
-   quantile) plus the backlog's drain rate (``kale_dagster.model.estimator``),
-   and again from the point forecast (what is expected);
-3. stabilize: our variant of the paper's Algorithm 1, or the paper's own with
-   ``stabilizer="paper"`` (``kale_dagster.model.stabilizer`` names the
-   differences); the levels of both stabilized plans are the candidate targets;
-4. guards: no scale-in on a forecast alone while measured lag is high (as
-   AWS predictive scaling) and none within ``tau_s`` of the last rescale;
-5. restart-cost test: every remaining candidate, and keeping the current
-   level, is played over the horizon's expected traffic (the point
-   forecast) through the FIFO backlog model with
-   the restart's downtime (``kale_dagster.model.projection``); the cheapest in
-   GPU-minutes + ``lag_weight`` x lag-minutes + ``violation_weight`` x
-   minutes above the SLO wins.  A rescale is thus made only when what it
-   buys over the horizon exceeds what its downtime costs.  This test, the
-   expected plan and the backlog's drain rate in stage 2 and the guards of
-   stage 4 are our additions to the paper.
+2. plan, by one of two planners (``planner``):
+
+   * ``receding`` (the default): the offline optimum's dynamic program
+     (``kale_dagster.model.schedule``), solved from now over the forecast
+     (its point, then its outlook, up to ``plan_horizon_s``) with the
+     workers running, the backlog waiting and its age as the state, the
+     fitted throughput model and the measured restart time; the first
+     step is applied, and the plan is solved again every ``replan_s`` or
+     when the workers change.  The fallback plans the same way, on the
+     measured rate held for as long as the backlog is old (a rate that has
+     lasted that long is expected to last as long again), then the forecast.
+   * ``stabilizer``: the paper's pipeline.  Workers per plan step from the
+     forecast (upper band or a quantile) plus the backlog's drain rate
+     (``kale_dagster.model.estimator``) and again from the point forecast;
+     our variant of the paper's Algorithm 1, or the paper's own with
+     ``stabilizer="paper"`` (``kale_dagster.model.stabilizer``); guards (no
+     scale-in on a forecast alone while measured lag is high, as AWS
+     predictive scaling, and none within ``tau_s`` of the last rescale);
+     then a restart-cost test: every candidate level, and keeping the
+     current one, is played over the horizon's expected traffic through
+     the FIFO backlog model with the restart's downtime
+     (``kale_dagster.model.projection``), and the cheapest wins.
+
+Both minimise the same objective as the offline optimum: GPU-minutes +
+``lag_weight`` x lag-minutes + ``violation_weight`` x minutes above the SLO.
 
 With ``min_workers: 0`` (scale to zero, as KEDA users know it) zero workers
-is one more candidate while at most ``activation_lag`` samples wait.  It is
-judged as holding zero over the horizon, so every forecast arrival waits in
-full and one restart back up is charged: Kale stops the workers only when the
-forecast says the stream stays idle.  At zero it holds until more than
-``activation_lag`` samples wait, then starts at the cheapest level.
+is one more level while at most ``activation_lag`` samples wait: the
+receding planner weighs it like any count (its restart back up included);
+the stabilizer judges it as holding zero over the horizon with one restart
+back up charged.  At zero Kale holds until more than ``activation_lag``
+samples wait, then starts at the cheapest level of at least one worker.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -44,11 +53,15 @@ from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.estimator import estimate_workers, resample_max
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.projection import Option, Projection, project_options
+from kale_dagster.model.schedule import Objective, plan_from_now
 from kale_dagster.model.stabilizer import MODES, Mode, stabilize
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation
 from kale_dagster.policies.registry import PolicySpec, Sizing
 from kale_dagster.rules import check, setting
+
+Planner = Literal["receding", "stabilizer"]
+PLANNERS: tuple[str, ...] = ("receding", "stabilizer")
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,19 @@ class KaleConfig:
     # Judge a scale-in over as long as the forecast's outlook says the lower level lasts (see KalePolicy._choose).
     # Measured (README Results): far cheaper on bursty, mostly idle traffic, a little dearer on strongly daily traffic.
     outlook_scale_in: bool = setting(False, description="judge a scale-in over the forecast's outlook")
+    planner: Planner = setting(
+        "receding",
+        choices=PLANNERS,
+        description='"receding": the optimum\'s program over the forecast from now; "stabilizer": the paper\'s '
+        "estimator and stabilizer, then the restart-cost test",
+    )
+    plan_horizon_s: float = setting(
+        6 * 3600.0, ge=600, le=86_400, unit="s", description="how far the receding planner plans"
+    )
+    replan_s: float = setting(600.0, gt=0, unit="s", description="the receding planner re-plans at least this often")
+    plan_quantile: float | None = setting(
+        0.5, gt=0, lt=1, description="the forecast quantile the receding planner plans on (0.5: the point forecast)"
+    )
 
     def __post_init__(self):
         check(self)
@@ -115,6 +141,7 @@ class KalePolicy:
     config: KaleConfig = field(default_factory=KaleConfig)
     name: str = "kale"
     last_change_time: float | None = None
+    _receding_cache: tuple | None = None
 
     @property
     def sync_period_s(self) -> float:
@@ -328,6 +355,8 @@ class KalePolicy:
         if fallback:
             return self._decide_reactive(obs, fallback)
 
+        if cfg.planner == "receding":
+            return self._decide_receding(obs)
         # Two readings of the forecast: the planning level (the upper band, or forecast_quantile) sizes for what may
         # come, the point forecast for what is expected.  Both plans' levels are candidates; the restart-cost test
         # prices each on the expected traffic, since the upper band of bursty traffic is mostly bursts that a
@@ -366,12 +395,74 @@ class KalePolicy:
             horizon_need=max(expected_plan),
         )
 
+    def _decide_receding(self, obs: Observation) -> Decision:
+        fc = obs.forecast
+        assert fc is not None
+        q = self.config.plan_quantile
+        series = np.concatenate([fc.level(q)[_steps_past(obs) :], fc.outlook_level(q)])
+        per_minute = np.repeat(series, max(int(round(fc.step_s / 60)), 1))
+        return self._receding(obs, per_minute, self.name, "the forecast")
+
+    def _receding(self, obs: Observation, per_minute: np.ndarray, policy: str, why: str) -> Decision:
+        cfg = self.config
+        cached = self._receding_cache
+        if cached is not None and cached[1:3] == (obs.workers, policy) and obs.time - cached[0] < cfg.replan_s:
+            plan = cached[3]
+        else:
+            per_minute = per_minute[: int(cfg.plan_horizon_s // 60)]
+            if len(per_minute) == 0:
+                per_minute = np.array([obs.arrival_rate])
+            plan, _ = plan_from_now(
+                np.maximum(per_minute, 0.0),
+                self.model,
+                self.limits,
+                self.sizing.restart_s,
+                obs.workers,
+                obs.backlog,
+                obs.time_lag_s,
+                Objective(cfg.plan_step_s, cfg.lag_weight, cfg.violation_weight),
+                fewest=self._fewest(obs),
+            )
+            self._receding_cache = (obs.time, obs.workers, policy, plan)
+        target = int(plan[0])
+        plan_t = tuple(int(p) for p in plan)
+        if target == obs.workers:
+            return Decision(target, policy, f"hold at {target}: the plan over {why} keeps it", plan_t, cfg.plan_step_s)
+        self.last_change_time = obs.time
+        self._receding_cache = None
+        return Decision(target, policy, f"{obs.workers} -> {target} workers: plan over {why}", plan_t, cfg.plan_step_s)
+
+    def _fewest(self, obs: Observation) -> int:
+        """The fewest workers a plan may run: zero only while running, with min_workers 0, and at most
+        activation_lag samples waiting (more would start the workers again at once)."""
+        lim = self.limits
+        idle = lim.min_workers == 0 and obs.workers > 0 and obs.backlog <= lim.activation_lag
+        return 0 if idle else max(lim.min_workers, 1)
+
     def _decide_reactive(self, obs: Observation, trigger: str, rate: float | None = None) -> Decision:
         """Size for the measured ``rate`` (the windowed arrival rate unless given) held over the judge horizon."""
         cfg = self.config
         rate = obs.arrival_rate if rate is None else rate
         if obs.forecast is not None and len(obs.forecast):
             rate = max(rate, float(obs.forecast.point[0]))
+        if cfg.planner == "receding":
+            # A rate that has held for as long as the backlog is old is expected to hold as long again, then the
+            # forecast (or the windowed rate) resumes.
+            held = max(int(math.ceil(obs.time_lag_s / 60)), int(cfg.plan_step_s // 60))
+            fc = obs.forecast
+            after = (
+                np.repeat(
+                    np.concatenate([fc.point[_steps_past(obs) :], fc.outlook]), max(int(round(fc.step_s / 60)), 1)
+                )
+                if fc is not None and len(fc)
+                else np.full(int(cfg.plan_horizon_s // 60), obs.arrival_rate)
+            )
+            return self._receding(
+                obs,
+                np.concatenate([np.full(held, rate), after[held:]]),
+                f"{self.name}/fallback",
+                f"fallback ({trigger})",
+            )
         rates = np.array([rate])
         est = estimate_workers(
             rates,
@@ -412,10 +503,8 @@ class KalePolicy:
         current = obs.workers
         plan_t = tuple(int(p) for p in plan)
         held = []
-        if current == 0:  # activated (decide holds an idle zero): zero is not a candidate
-            candidates = {max(c, 1) for c in candidates}
-        elif self.limits.min_workers == 0 and obs.backlog <= self.limits.activation_lag:
-            candidates = candidates | {0}
+        fewest = self._fewest(obs)
+        candidates = {max(c, fewest) for c in candidates} | ({0} if fewest == 0 else set())
         if any(c < current for c in candidates):
             if obs.time_lag_s > self.scale_in_lag_guard:
                 held.append(

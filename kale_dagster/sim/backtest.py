@@ -346,16 +346,20 @@ KALE_VARIANTS = {
     "kale_perfect_forecast": Run(
         "kale", perfect_forecast=True
     ),  # the trace's true future: what remains is planning error
-    "kale_paper_stabilizer": Run("kale", {"stabilizer": "paper"}),  # the paper's Algorithm 1 instead of our variant
+    "kale_stabilizer": Run("kale", {"planner": "stabilizer"}),  # the estimator, our stabilizer, the restart test
+    "kale_paper_stabilizer": Run(
+        "kale", {"planner": "stabilizer", "stabilizer": "paper"}
+    ),  # the same with the paper's Algorithm 1
     "kale_outlook": Run(
-        "kale", {"outlook_scale_in": True}
-    ),  # scale-in judged over the forecast's outlook, not the horizon
+        "kale", {"planner": "stabilizer", "outlook_scale_in": True}
+    ),  # the stabilizer's scale-in judged over the forecast's outlook, not the horizon
 }
 VARIANT_LABELS = {
     "kale_oracle": "kale, true F(w) and restart",
     "kale_perfect_forecast": "kale, perfect forecast",
+    "kale_stabilizer": "kale, stabilizer planner",
     "kale_paper_stabilizer": "kale, the paper's stabilizer",
-    "kale_outlook": "kale, scale-in judged over the outlook",
+    "kale_outlook": "kale, stabilizer, outlook scale-in",
 }
 
 

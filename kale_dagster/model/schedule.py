@@ -1,0 +1,216 @@
+"""The cheapest worker schedule over per-minute arrivals: a dynamic program over (decision step, workers).
+
+Two callers share it.  The offline optimum (``sim.oracle``) plans the
+whole trace from an empty queue, knowing every arrival.  Kale's planner
+(``policies.kale``) plans from now, over its forecast: the workers that
+run, the backlog that waits and how old it is, the fitted throughput model
+and the measured restart time, and applies the first step (receding
+horizon, as model predictive control does).
+
+The objective is Kale's: GPU-minutes + ``lag_weight`` x lag-minutes +
+``violation_weight`` x minutes above the SLO.  A step is the plan step (or
+the restart time, if longer); changing the count at a step's start pauses
+consumption for the restart time, during which the new GPUs are held.  The
+backlog is carried exactly as the simulator's fluid FIFO queue (the time
+lag of a backlog is read from the cumulative arrivals: the oldest waiting
+sample is the one that arrived when the arrivals still to be consumed
+began).  A state's label is (cost so far, backlog): at each (step, workers)
+only labels no other beats on both are kept, and at most ``max_labels`` of
+those, evenly spread from the cheapest to the emptiest queue.  That cap
+makes the schedule feasible but possibly not optimal, so its cost is an
+upper bound on the optimum.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kale_dagster.model.limits import Limits
+from kale_dagster.model.throughput import ThroughputModel
+
+MINUTE = 60.0
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Kale's cost: GPU-minutes + ``lag_weight`` x lag-minutes + ``violation_weight`` x minutes above the SLO, over
+    steps of ``plan_step_s`` (or the restart time, if longer)."""
+
+    plan_step_s: float = 600.0
+    lag_weight: float = 8.0
+    violation_weight: float = 100.0
+
+
+class _Arrivals:
+    """Cumulative arrivals, to read a backlog's time lag at a minute's end."""
+
+    def __init__(self, rates: np.ndarray):
+        self.rates = rates
+        self.cumulative = np.concatenate([[0.0], np.cumsum(rates * MINUTE)])
+
+    def time_lag(self, minute_end: int, backlog: np.ndarray) -> np.ndarray:
+        """Age, at the end of minute ``minute_end - 1``, of the oldest of ``backlog`` waiting samples (FIFO)."""
+        position = self.cumulative[minute_end] - backlog
+        j = np.clip(np.searchsorted(self.cumulative, position, side="right") - 1, 0, len(self.rates) - 1)
+        rate = self.rates[j]
+        within = np.where(rate > 0, (position - self.cumulative[j]) / np.where(rate > 0, rate, 1.0), 0.0)
+        lag = minute_end * MINUTE - (j * MINUTE + within)
+        return np.where(backlog > 1e-9, np.maximum(lag, 0.0), 0.0)
+
+
+def _prune(cost: np.ndarray, backlog: np.ndarray, max_labels: int) -> np.ndarray:
+    """Indices of the labels no other beats on both cost and backlog, at most ``max_labels``, cheapest first."""
+    order = np.lexsort((cost, backlog))  # by backlog, then cost
+    best = np.minimum.accumulate(cost[order])
+    keep = order[np.concatenate([[True], cost[order][1:] < best[:-1] - 1e-9])]
+    keep = keep[np.argsort(cost[keep], kind="stable")]
+    if len(keep) > max_labels:
+        keep = keep[np.unique(np.linspace(0, len(keep) - 1, max_labels).round().astype(int))]
+    return keep
+
+
+#: One worker count's labels: (costs, backlogs), each undominated by another of the count's.
+Labels = tuple[np.ndarray, np.ndarray]
+
+
+class Program:
+    """The dynamic program's stages: play a step for many labels at once, advance every count's labels one step
+    (staying, or restarting into it from any label), and backtrack the cheapest schedule.  ``past`` are the
+    minutes before the first whose arrivals still wait (for the backlog's time lag only); ``counts`` the worker
+    counts considered (default: every count the limits allow)."""
+
+    def __init__(
+        self,
+        rates: np.ndarray,
+        model: ThroughputModel,
+        limits: Limits,
+        objective: Objective,
+        max_labels: int,
+        restart_s: float | None = None,
+        past: np.ndarray | None = None,
+        counts: np.ndarray | None = None,
+    ):
+        restart_s = limits.restart_s if restart_s is None else restart_s
+        self.rates, self.slo_s, self.max_labels = rates, limits.slo_s, max_labels
+        self.lag_weight, self.violation_weight = objective.lag_weight, objective.violation_weight
+        self.step = max(int(round(objective.plan_step_s / MINUTE)), math.ceil(restart_s / MINUTE), 1)
+        self.steps = math.ceil(len(rates) / self.step)
+        # Minutes before the first, whose arrivals are still waiting: only for the backlog's time lag.
+        self.past = np.zeros(0) if past is None else np.asarray(past, dtype=float)
+        self.arrivals = _Arrivals(np.concatenate([self.past, rates]))
+        self.counts = np.arange(limits.min_workers, limits.max_workers + 1) if counts is None else counts
+        self.capacity = np.asarray(model.predict(self.counts), dtype=float)
+        # Share of each minute of a step that consumes after a restart at the step's start.
+        self.serving = np.clip((np.arange(1, self.step + 1) * MINUTE - restart_s) / MINUTE, 0.0, 1.0)
+
+    def play(
+        self, k: int, backlog: np.ndarray, cap: np.ndarray, restarted: np.ndarray, workers: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Play step ``k`` for labels (backlog, capacity, restarted?): the backlog after it, and its cost."""
+        rates, step = self.rates, self.step
+        cost = workers * float(min(step, len(rates) - k * step))  # GPU-minutes
+        for i in range(step):
+            m = k * step + i
+            if m >= len(rates):
+                break
+            share = np.where(restarted, self.serving[i], 1.0)
+            backlog = np.maximum(backlog + (rates[m] - cap * share) * MINUTE, 0.0)
+            lag = self.arrivals.time_lag(len(self.past) + m + 1, backlog)
+            cost = cost + self.lag_weight * lag / MINUTE + self.violation_weight * (lag > self.slo_s)
+        return backlog, cost
+
+    def first(self, backlog: float = 0.0, workers: int | None = None) -> list[Labels]:
+        """Each count's one label after the first step from ``backlog``: started there without a restart, or,
+        when ``workers`` run now, restarted into any other count."""
+        n = len(self.counts)
+        restarted = np.zeros(n, bool) if workers is None else self.counts != workers
+        b, c = self.play(0, np.full(n, float(backlog)), self.capacity, restarted, self.counts)
+        return [(c[wi : wi + 1], b[wi : wi + 1]) for wi in range(n)]
+
+    def stage(self, k: int, labels: list[Labels]) -> tuple[list[Labels], list[tuple[np.ndarray, np.ndarray]]]:
+        """Every count's labels after step ``k``, and each label's parent (count index, label index)."""
+        # A restart can come from any label of any count: only the union's undominated labels matter.
+        all_cost = np.concatenate([c for c, _ in labels])
+        all_backlog = np.concatenate([b for _, b in labels])
+        origin_w = np.concatenate([np.full(len(c), wi) for wi, (c, _) in enumerate(labels)])
+        origin_l = np.concatenate([np.arange(len(c)) for c, _ in labels])
+        union = _prune(all_cost, all_backlog, self.max_labels)
+        # Every count's candidates (its own labels staying, the union's restarting into it) advance in one pass.
+        stays = [len(c) for c, _ in labels]
+        sizes = np.array(stays) + len(union)
+        into = np.repeat(np.arange(len(self.counts)), sizes)
+        pw = np.concatenate([np.concatenate([np.full(n, wi), origin_w[union]]) for wi, n in enumerate(stays)])
+        pl = np.concatenate([np.concatenate([np.arange(n), origin_l[union]]) for n in stays])
+        before = np.concatenate([np.concatenate([c, all_cost[union]]) for c, _ in labels])
+        backlog = np.concatenate([np.concatenate([b, all_backlog[union]]) for _, b in labels])
+        b, c = self.play(k, backlog, self.capacity[into], pw != into, self.counts[into])
+        c = c + before
+        new_labels, parents = [], []
+        for wi, end in enumerate(np.cumsum(sizes)):
+            part = slice(end - sizes[wi], end)
+            keep = _prune(c[part], b[part], self.max_labels)
+            new_labels.append((c[part][keep], b[part][keep]))
+            parents.append((pw[part][keep], pl[part][keep]))
+        return new_labels, parents
+
+    def backtrack(
+        self, labels: list[Labels], parents: list[list[tuple[np.ndarray, np.ndarray]]]
+    ) -> tuple[float, np.ndarray]:
+        """The cheapest final label's cost and the worker count of each step that led to it."""
+        finals = [(float(c.min()), wi, int(c.argmin())) for wi, (c, _) in enumerate(labels)]
+        cost, wi, li = min(finals)
+        chosen = [wi]
+        for k in range(self.steps - 2, -1, -1):
+            pw, pl = parents[k][wi]
+            wi, li = int(pw[li]), int(pl[li])
+            chosen.append(wi)
+        return cost, self.counts[np.array(chosen[::-1])]
+
+    def solve(self, backlog: float = 0.0, workers: int | None = None) -> tuple[float, np.ndarray]:
+        """The cheapest schedule's cost and the workers of each step, from ``backlog`` and ``workers`` (None: any
+        count, started without a restart)."""
+        labels, parents = self.first(backlog, workers), []
+        for k in range(1, self.steps):
+            labels, step_parents = self.stage(k, labels)
+            parents.append(step_parents)
+        return self.backtrack(labels, parents)
+
+
+def plan_from_now(
+    rates: np.ndarray,
+    model: ThroughputModel,
+    limits: Limits,
+    restart_s: float,
+    workers: int,
+    backlog: float,
+    time_lag_s: float,
+    objective: Objective = Objective(),
+    max_labels: int = 8,
+    fewest: int | None = None,
+) -> tuple[np.ndarray, float]:
+    """The cheapest schedule from now: ``workers`` running, ``backlog`` waiting for ``time_lag_s``, per-minute
+    ``rates`` ahead, no step below ``fewest`` workers (default: the limits' minimum).  Returns the workers of each
+    step and the schedule's cost.
+
+    The backlog is taken to have arrived evenly over its time lag (what a reading tells of it).  No count above
+    what the peak needs while the backlog drains within half the SLO, plus two, is weighed."""
+    rates = np.asarray(rates, dtype=float)
+    minutes = max(math.ceil(time_lag_s / MINUTE), 1) if backlog > 0 else 0
+    past = np.full(minutes, backlog / (minutes * MINUTE)) if minutes else None
+    need = model.min_workers_for(float(rates.max()) + backlog / max(limits.slo_s / 2, MINUTE), limits.max_workers)
+    top = min(max(need + 2, workers), limits.max_workers)
+    program = Program(
+        rates,
+        model,
+        limits,
+        objective,
+        max_labels,
+        restart_s,
+        past,
+        np.arange(limits.min_workers if fewest is None else fewest, top + 1),
+    )
+    cost, per_step = program.solve(backlog, workers)
+    return per_step, cost

@@ -1,0 +1,83 @@
+"""The planner's program from now (``model.schedule.plan_from_now``): brute force from a running group, and the
+decisions it makes on the cases that matter (a rise ahead, a short dip, a backlog)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kale_dagster import ThroughputModel
+from kale_dagster.model.limits import Limits
+from kale_dagster.model.schedule import Objective, plan_from_now
+from kale_dagster.sim.metrics import objective
+from kale_dagster.sim.oracle import SchedulePolicy, optimal_schedule
+from kale_dagster.sim.simulate import SimConfig, simulate
+
+LINEAR = ThroughputModel.linear(100.0)
+
+
+def _simulated_cost(rates, workers, running, limits):
+    times = pd.date_range("2026-01-01", periods=len(rates), freq="1min", tz="UTC")
+    config = SimConfig(limits=limits, restart_jitter=0.0, initial_workers=running)
+    result = simulate(rates, times, SchedulePolicy(np.asarray(workers), times[0].timestamp()), LINEAR, config)
+    return objective(result.metrics.to_json(), len(rates))
+
+
+@pytest.mark.parametrize(
+    "case, rates, running",
+    [
+        ("a burst ahead of 1 running worker", [30.0] * 10 + [350.0] * 20 + [30.0] * 10, 1),
+        ("a fall ahead of 4 running workers", [350.0] * 10 + [60.0] * 30, 4),
+        ("uneven load from 2 workers", [120.0] * 10 + [260.0] * 10 + [90.0] * 10 + [200.0] * 10, 2),
+    ],
+)
+def test_the_plan_from_a_running_group_is_the_brute_force_optimum(case, rates, running):
+    """Every 4-step schedule from ``running`` workers, a restart charged wherever the count changes (the first
+    step included), played in the simulator: the program's plan costs what the cheapest of them costs."""
+    rates = np.array(rates)
+    limits = Limits(max_workers=4, slo_minutes=10, restart_minutes=2)
+    plan, cost = plan_from_now(rates, LINEAR, limits, limits.restart_s, running, 0.0, 0.0, max_labels=1000)
+    brute = min(
+        (_simulated_cost(rates, np.repeat(p, 10), running, limits), p) for p in itertools.product(range(1, 5), repeat=4)
+    )
+    assert cost == pytest.approx(brute[0], rel=1e-9), (plan, brute)
+    assert _simulated_cost(rates, np.repeat(plan, 10), running, limits) == pytest.approx(cost, rel=1e-9)
+
+
+def test_from_the_optimum_s_own_start_the_plan_is_the_optimum_s():
+    rates = np.array([120.0] * 30 + [400.0] * 60 + [150.0] * 30)
+    limits = Limits(max_workers=6, slo_minutes=10, restart_minutes=5)
+    oracle = optimal_schedule(rates, LINEAR, limits, max_labels=50)
+    first = int(oracle.workers[0])
+    plan, cost = plan_from_now(rates, LINEAR, limits, limits.restart_s, first, 0.0, 0.0, max_labels=50)
+    assert cost == pytest.approx(oracle.cost) and np.array_equal(np.repeat(plan, 10)[: len(rates)], oracle.workers)
+
+
+LIMITS = Limits(max_workers=16, slo_minutes=20, restart_minutes=10)
+
+
+@pytest.mark.parametrize(
+    "case, rates, running, backlog, lag_s, first_steps",
+    [
+        ("flat traffic the group covers: keep it", [350.0] * 360, 4, 0.0, 0.0, (4, 4)),
+        # 10-minute restarts: the last step that is ready before the rise.
+        ("a rise in 30 minutes: restart in time for it", [350.0] * 30 + [950.0] * 330, 4, 0.0, 0.0, (4, 10)),
+        ("a 20-minute dip: a restart costs more than it saves", [350.0] * 20 + [550.0] * 340, 6, 0.0, 0.0, (6, 6)),
+        # 2 workers would cover 150/s, but not drain the restart's 10 minutes of arrivals soon enough.
+        ("a lasting fall: drop the idle workers", [150.0] * 360, 8, 0.0, 0.0, (3, 3)),
+        ("a backlog 15 minutes old: more workers to drain it", [350.0] * 360, 4, 300_000.0, 900.0, (11, 11)),
+    ],
+)
+def test_plan_decisions(case, rates, running, backlog, lag_s, first_steps):
+    plan, _ = plan_from_now(np.array(rates), LINEAR, LIMITS, LIMITS.restart_s, running, backlog, lag_s)
+    assert tuple(plan[:2]) == first_steps, (case, plan)
+
+
+def test_a_decision_at_32_workers_and_a_6_hour_horizon_weighs_every_count():
+    limits = Limits(max_workers=32, slo_minutes=20, restart_minutes=10)
+    rates = np.full(360, float(LINEAR.predict(30)))
+    plan, _ = plan_from_now(rates, LINEAR, limits, limits.restart_s, 30, 0.0, 0.0, Objective())
+    assert plan[0] == 30 and len(plan) == 36
