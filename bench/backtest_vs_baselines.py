@@ -129,7 +129,7 @@ def main() -> int:
         "--dev",
         action="store_true",
         help="also every other trace of the development set, its last 14 days "
-        "(7 warm-up), with the perfect-forecast and outlook variants only",
+        "(7 warm-up), with the perfect-forecast and stabilizer-planner variants only",
     )
     parser.add_argument("--json", type=Path, help="write all figures to this file (rewritten after each trace)")
     args = parser.parse_args()
