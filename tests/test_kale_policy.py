@@ -365,3 +365,19 @@ def test_the_receding_planner_scales_to_zero(workers, backlog, forecast, expecte
     policy = KalePolicy(_sizing(LINEAR, min_workers=0, activation_lag=1000, restart_minutes=5))
     d = policy.decide(_obs(workers=workers, rate=forecast[0], backlog=backlog, forecast=_forecast(forecast)))
     assert d.workers == expected, d.reason
+
+
+def test_a_burst_is_news_the_receding_fallback_plans_again_at_once(monkeypatch):
+    import kale_dagster.policies.kale as kale
+
+    solved = []
+    real = kale.plan_from_now
+    monkeypatch.setattr(kale, "plan_from_now", lambda *a, **k: solved.append(1) or real(*a, **k))
+    policy = KalePolicy(_sizing(LINEAR))
+    fc = _forecast([3500.0] * 400)
+    steady = policy.decide(_obs(t=0.0, forecast=fc, error=0.9))  # forecast error: the fallback plans
+    again = policy.decide(_obs(t=60.0, forecast=fc, error=0.9))
+    assert steady.policy == again.policy == "kale/fallback" and len(solved) == 1  # within replan_s: the same plan
+    obs = _obs(t=120.0, forecast=fc, error=0.9)
+    burst = policy.decide(Observation(**{**obs.__dict__, "latest_arrival_rate": 12_000.0}))
+    assert len(solved) == 2 and "burst:" in burst.reason and burst.workers > 4, burst.reason

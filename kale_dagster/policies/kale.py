@@ -141,7 +141,8 @@ class KalePolicy:
     config: KaleConfig = field(default_factory=KaleConfig)
     name: str = "kale"
     last_change_time: float | None = None
-    _receding_cache: tuple | None = None
+    #: The latest plan: (when, workers then, the policy label, the plan), reused for replan_s while workers hold.
+    _receding_cache: tuple | None = field(default=None, init=False, repr=False)
 
     @property
     def sync_period_s(self) -> float:
@@ -350,7 +351,7 @@ class KalePolicy:
 
         burst = self._burst(obs)
         if burst:
-            return self._decide_reactive(obs, burst, rate=obs.latest_arrival_rate)
+            return self._decide_reactive(obs, burst, rate=obs.latest_arrival_rate, burst=True)
         fallback = self._fallback_reason(obs)
         if fallback:
             return self._decide_reactive(obs, fallback)
@@ -403,10 +404,19 @@ class KalePolicy:
         per_minute = np.repeat(series, max(int(round(fc.step_s / 60)), 1))
         return self._receding(obs, per_minute, self.name, "the forecast")
 
-    def _receding(self, obs: Observation, per_minute: np.ndarray, policy: str, why: str) -> Decision:
+    def _receding(
+        self, obs: Observation, per_minute: np.ndarray, policy: str, why: str, fresh: bool = False
+    ) -> Decision:
+        """Apply the first step of the cheapest plan over ``per_minute`` rates; the latest plan holds for
+        ``replan_s`` while the workers and the path (``policy``) hold, unless ``fresh`` (news: a burst)."""
         cfg = self.config
         cached = self._receding_cache
-        if cached is not None and cached[1:3] == (obs.workers, policy) and obs.time - cached[0] < cfg.replan_s:
+        if (
+            not fresh
+            and cached is not None
+            and cached[1:3] == (obs.workers, policy)
+            and obs.time - cached[0] < cfg.replan_s
+        ):
             plan = cached[3]
         else:
             per_minute = per_minute[: int(cfg.plan_horizon_s // 60)]
@@ -439,7 +449,9 @@ class KalePolicy:
         idle = lim.min_workers == 0 and obs.workers > 0 and obs.backlog <= lim.activation_lag
         return 0 if idle else max(lim.min_workers, 1)
 
-    def _decide_reactive(self, obs: Observation, trigger: str, rate: float | None = None) -> Decision:
+    def _decide_reactive(
+        self, obs: Observation, trigger: str, rate: float | None = None, burst: bool = False
+    ) -> Decision:
         """Size for the measured ``rate`` (the windowed arrival rate unless given) held over the judge horizon."""
         cfg = self.config
         rate = obs.arrival_rate if rate is None else rate
@@ -462,6 +474,7 @@ class KalePolicy:
                 np.concatenate([np.full(held, rate), after[held:]]),
                 f"{self.name}/fallback",
                 f"fallback ({trigger})",
+                fresh=burst,
             )
         rates = np.array([rate])
         est = estimate_workers(
