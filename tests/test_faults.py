@@ -553,6 +553,6 @@ def test_a_10x_arrival_burst_is_met_by_the_emergency_path_within_one_tick(contro
         recovery_s=round(recovery_s, 1),
     )
     assert all("burst:" not in d["reason"] for d in steady), [d["reason"] for d in steady]  # steady noise is no burst
-    assert caught, (decision["reason"], decision["workers"], decision["running_workers"], decision.get("restart_s"), rescales)
+    assert caught, (decision["reason"], decision["workers"], decision["running_workers"], rescales)
     # The windowed rate, which has not caught up yet, would not have called for it.
     assert decision["latest_arrival_rate"] > 2 * decision["arrival_rate"], decision
