@@ -171,6 +171,33 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
             )
 
         wait_for(decision_matches_what_runs, 120, "the latest decision to equal the workers the launcher runs")
+
+        # The operator's view of the demo: `kale status` and the Prometheus collector, from the instance alone.
+        import subprocess
+        import sys
+
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        from kale_dagster.definitions.prometheus import PipelineCollector
+
+        done = subprocess.run(
+            [sys.executable, "-m", "kale_dagster.cli", "status", "--json", "--pipeline", "demo"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "DAGSTER_HOME": str(home)},
+        )
+        assert done.returncode == 0, done.stderr
+        (shown,) = json.loads(done.stdout)["pipelines"]
+        assert shown["sensor_running"] and shown["running_workers"] is not None, shown
+        assert sum(shown["decisions"].values()) > 0, shown
+        registry = CollectorRegistry()
+        registry.register(PipelineCollector(lambda: DagsterInstance.from_config(str(home))))
+        scraped = generate_latest(registry).decode()
+        assert (
+            'kale_sensor_running{pipeline="demo"} 1.0' in scraped
+            and 'kale_decisions_total{outcome="keep",pipeline="demo"}' in scraped
+        )
         assert not instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE])), (
             "a run failed during the demo"
         )

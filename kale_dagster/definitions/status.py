@@ -56,7 +56,9 @@ def read_status(instance, pipeline: str | None = None, now: float | None = None)
     keys = [k for k in instance.all_asset_keys() if len(k.path) == 2 and k.path[1] == "gpu_allocation"]
     names = sorted(k.path[0] for k in keys if pipeline is None or k.path[0] == pipeline)
     sensors = {s.name: s for s in instance.all_instigator_state()}
-    running_sensors = {name for name, s in sensors.items() if s.status == InstigatorStatus.RUNNING}
+    # A sensor whose code declares it running (default_status) is stored as DECLARED_IN_CODE until toggled.
+    running = (InstigatorStatus.RUNNING, InstigatorStatus.DECLARED_IN_CODE)
+    running_sensors = {name for name, s in sensors.items() if s.status in running}
     out = []
     for name in names:
         event = instance.get_latest_materialization_event(AssetKey([name, "gpu_allocation"]))
