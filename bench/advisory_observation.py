@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from dagster import AssetMaterialization, DagsterInstance, build_sensor_context
 from kafka import KafkaConsumer, KafkaProducer
 
@@ -163,7 +164,7 @@ def main() -> int:
         start, end = ts[i - 1], ts[i]
         for column, counted in (("arrival_rate", produced), ("consumption_rate", trained)):
             measured, true = stream[column].iloc[i], counted.rate(start, end)
-            if measured == measured and true > 0:  # a reading with a rate (not the first)
+            if pd.notna(measured) and true > 0:  # a reading with a rate (not the first)
                 errors[column].append(abs(float(measured) - true) / true)
     covered_h = (ts[-1] - ts[0]) / 3600
     decided = int(stream["decided_workers"].notna().sum())

@@ -224,24 +224,17 @@ def test_policy_activation_and_cooldown_to_zero():
 def test_policy_never_active_goes_to_its_minimum_after_initial_cooldown():
     """Upstream scales a never-active object (no lastActiveTime) to zero once initialCooldownPeriod has passed
     since its creation (default 0: at once), and an inactive object below minReplicaCount up to it."""
-    keda = KedaKafkaPolicy(KafkaScalerMetadata(lag_threshold=10), min_replicas=0, max_replicas=10, partition_count=8)
-    decision = keda.decide(_obs(0, 3, backlog=0))
+
+    def scaled_object(**options):
+        return KedaKafkaPolicy(
+            KafkaScalerMetadata(lag_threshold=10), min_replicas=0, max_replicas=10, partition_count=8, **options
+        )
+
+    decision = scaled_object().decide(_obs(0, 3, backlog=0))
     assert decision.workers == 0 and "never active" in decision.reason
-    waiting = KedaKafkaPolicy(
-        KafkaScalerMetadata(lag_threshold=10),
-        min_replicas=0,
-        max_replicas=10,
-        partition_count=8,
-        initial_cooldown_period_s=120,
-    )
+    waiting = scaled_object(initial_cooldown_period_s=120)
     assert waiting.decide(_obs(0, 3, backlog=0)).workers != 0
-    restored = KedaKafkaPolicy(
-        KafkaScalerMetadata(lag_threshold=10),
-        min_replicas=0,
-        max_replicas=10,
-        partition_count=8,
-        initial_cooldown_period_s=120,
-    )
+    restored = scaled_object(initial_cooldown_period_s=120)
     restored.load_state(waiting.state())  # creation survives a restart of the controller
     assert restored.decide(_obs(119, 3, backlog=0)).workers != 0
     assert restored.decide(_obs(120, 3, backlog=0)).workers == 0

@@ -280,14 +280,8 @@ class LocalLauncher(Launcher):
     def _scale_to_zero(self) -> dict:
         """Stop the group; its workers checkpoint, commit and wait as standbys, so the next start is warm."""
         started = time.monotonic()
-        back = self._stop_group()
-        if not self.reuse_workers:
-            _retire(back, wait=True)
-            back = []
-        keep = self._standbys_wanted(0)
-        pool = back + self._pool
-        _retire(pool[keep:], wait=False)
-        self._pool = pool[:keep]
+        self._pool = self._stop_for_reuse() + self._pool
+        self._keep_standbys(0)
         self._failed = ""
         return {"stop": round(time.monotonic() - started, 3)}
 
@@ -380,20 +374,30 @@ class LocalLauncher(Launcher):
         self._group = []
         return back
 
-    def _replace_group(self, n: int) -> dict:
-        marks = [time.monotonic()]
-        back = self._stop_group()  # each worker finishes its step, checkpoints, commits
+    def _stop_for_reuse(self) -> list:
+        """Stop the group (each worker finishes its step, checkpoints, commits); the workers that may serve
+        again, none unless ``reuse_workers``."""
+        back = self._stop_group()
         if not self.reuse_workers:
             _retire(back, wait=True)  # as torchrun does: the old processes exit before the new group forms
-            back = []
+            return []
+        return back
+
+    def _keep_standbys(self, group_size: int) -> None:
+        """Release the standbys beyond what the pool keeps beside a group of ``group_size``."""
+        keep = self._standbys_wanted(group_size)
+        _retire(self._pool[keep:], wait=False)
+        self._pool = self._pool[:keep]
+
+    def _replace_group(self, n: int) -> dict:
+        marks = [time.monotonic()]
+        back = self._stop_for_reuse()
         marks.append(time.monotonic())
         # Warm processes first: the ones just stopped, then ready standbys.
         self._pool = back + sorted(self._pool, key=lambda w: not w.ready.is_set())
         self._fill_pool(n)
         group, self._pool = self._pool[:n], self._pool[n:]
-        keep = self._standbys_wanted(n)
-        _retire(self._pool[keep:], wait=False)  # more standbys than the pool keeps
-        self._pool = self._pool[:keep]
+        self._keep_standbys(n)
         for w in group:
             w.wait_ready(self.ready_timeout_s)  # instant for warm standbys
         marks.append(time.monotonic())

@@ -45,7 +45,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 
@@ -61,7 +61,7 @@ from kale_dagster.policies.registry import PolicySpec, Sizing
 from kale_dagster.rules import check, setting
 
 Planner = Literal["receding", "stabilizer"]
-PLANNERS: tuple[str, ...] = ("receding", "stabilizer")
+PLANNERS: tuple[str, ...] = get_args(Planner)
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,23 @@ def _steps_past(obs: Observation) -> int:
     return max(int((obs.time - fc.start) // fc.step_s), 0)
 
 
+def _minutes_ahead(obs: Observation, quantile: float | None) -> np.ndarray:
+    """The observation's forecast at ``quantile`` from now on, then its outlook, one value per minute."""
+    fc = obs.forecast
+    assert fc is not None  # asked only of observations with a forecast
+    series = np.concatenate([fc.level(quantile)[_steps_past(obs) :], fc.outlook_level(quantile)])
+    return np.repeat(series, max(int(round(fc.step_s / 60)), 1))
+
+
+class _Plan(NamedTuple):
+    """The receding planner's latest plan, and what it was made at."""
+
+    time: float
+    workers: int
+    path: str  # the policy label: the forecast's plan or the fallback's
+    steps: np.ndarray
+
+
 def _fmt_rate(rate: float) -> str:
     return f"{rate:,.0f}/s"
 
@@ -141,8 +158,8 @@ class KalePolicy:
     config: KaleConfig = field(default_factory=KaleConfig)
     name: str = "kale"
     last_change_time: float | None = None
-    #: The latest plan: (when, workers then, the policy label, the plan), reused for replan_s while workers hold.
-    _receding_cache: tuple | None = field(default=None, init=False, repr=False)
+    #: The receding planner's latest plan, reused for replan_s while the workers and the path hold.
+    _latest_plan: _Plan | None = field(default=None, init=False, repr=False)
 
     @property
     def sync_period_s(self) -> float:
@@ -271,38 +288,33 @@ class KalePolicy:
         charged the restart back up, unless keeping would need that restart too.
         """
         current, restart = obs.workers, self.sizing.restart_s
-        judged = []  # (workers, the span it is judged over, charged a restart back up?)
+        judged = []  # (workers, the span it is judged over, the level a restart back up is charged at, or None)
         for w in sorted(candidates - {current}):
-            span, back_up = rates, False
-            if w == 0:  # zero holds for the span, then the stream needs workers again if anything arrives
-                back_up = bool(np.any(rates > 0))
+            span, again = rates, None
+            if w == 0:  # zero holds for the span; anything arriving needs a worker again
+                again = 1 if np.any(rates > 0) else None
             elif (
                 w < current and outlook is not None and len(outlook) and horizon_need is not None and w >= horizon_need
             ):
                 span, back_up = self._lasting(w, current, rates, outlook)
-            judged.append((w, span, back_up))
-        # One projection per span: keeping, each candidate after its restart, and (for a restart back up) without it.
+                again = w if back_up else None
+            judged.append((w, span, again))
+        # One projection per span: keeping, each candidate after its restart, and each restart back up's level
+        # with and without it.
         projected: dict[tuple[int, int, float], Projection] = {}
-        for span in {len(span): span for _, span, _ in [(current, rates, False), *judged]}.values():
+        for span in {len(span): span for _, span, _ in [(current, rates, None), *judged]}.values():
             options = [(current, 0.0)] + [(w, restart) for w, s, _ in judged if len(s) == len(span)]
-            options += [(w, 0.0) for w, s, back_up in judged if back_up and len(s) == len(span)]
+            options += [(a, d) for _, s, a in judged if a is not None and len(s) == len(span) for d in (restart, 0.0)]
+            options = list(dict.fromkeys(options))
             projected.update({(len(span), *option): p for option, p in self._project(obs, span, options).items()})
 
         best, best_delta, best_note = current, 0.0, ""
         if current == 0:  # activated: the cheapest start wins, however dear
             best_delta = math.inf
-        for w, span, back_up in judged:
+        for w, span, again in judged:
             p, kept = projected[(len(span), w, restart)], projected[(len(span), current, 0.0)]
             delta = self._cost(p) - self._cost(kept)
-            if back_up:  # what one restart costs over the span: at w, or at one worker for a stop at zero
-                again = w or 1
-                if w == 0:
-                    projected.update(
-                        {
-                            (len(span), *o): q
-                            for o, q in self._project(obs, span, [(again, restart), (again, 0.0)]).items()
-                        }
-                    )
+            if again is not None:  # what one restart costs over the span at that level
                 delta += self._cost(projected[(len(span), again, restart)]) - self._cost(
                     projected[(len(span), again, 0.0)]
                 )
@@ -310,7 +322,7 @@ class KalePolicy:
                 best, best_delta = w, delta
                 best_note = (
                     f"{w} workers cost least over {len(span) * self.config.plan_step_s / 3600:.1f} h including a "
-                    f"{restart / 60:.1f} min restart{' and one back up' if back_up else ''}: "
+                    f"{restart / 60:.1f} min restart{' and one back up' if again is not None else ''}: "
                     f"{p.gpu_minutes:.0f} GPU-min and {p.accumulated_lag_min:.0f} lag-min (max {p.max_lag_s / 60:.1f} "
                     "min) "
                     f"vs {kept.gpu_minutes:.0f} GPU-min and {kept.accumulated_lag_min:.0f} lag-min at {current}"
@@ -397,12 +409,7 @@ class KalePolicy:
         )
 
     def _decide_receding(self, obs: Observation) -> Decision:
-        fc = obs.forecast
-        assert fc is not None
-        q = self.config.plan_quantile
-        series = np.concatenate([fc.level(q)[_steps_past(obs) :], fc.outlook_level(q)])
-        per_minute = np.repeat(series, max(int(round(fc.step_s / 60)), 1))
-        return self._receding(obs, per_minute, self.name, "the forecast")
+        return self._receding(obs, _minutes_ahead(obs, self.config.plan_quantile), self.name, "the forecast")
 
     def _receding(
         self, obs: Observation, per_minute: np.ndarray, policy: str, why: str, fresh: bool = False
@@ -410,14 +417,14 @@ class KalePolicy:
         """Apply the first step of the cheapest plan over ``per_minute`` rates; the latest plan holds for
         ``replan_s`` while the workers and the path (``policy``) hold, unless ``fresh`` (news: a burst)."""
         cfg = self.config
-        cached = self._receding_cache
+        latest = self._latest_plan
         if (
             not fresh
-            and cached is not None
-            and cached[1:3] == (obs.workers, policy)
-            and obs.time - cached[0] < cfg.replan_s
+            and latest is not None
+            and (latest.workers, latest.path) == (obs.workers, policy)
+            and obs.time - latest.time < cfg.replan_s
         ):
-            plan = cached[3]
+            plan = latest.steps
         else:
             per_minute = per_minute[: int(cfg.plan_horizon_s // 60)]
             if len(per_minute) == 0:
@@ -433,13 +440,13 @@ class KalePolicy:
                 Objective(cfg.plan_step_s, cfg.lag_weight, cfg.violation_weight),
                 fewest=self._fewest(obs),
             )
-            self._receding_cache = (obs.time, obs.workers, policy, plan)
+            self._latest_plan = _Plan(obs.time, obs.workers, policy, plan)
         target = int(plan[0])
         plan_t = tuple(int(p) for p in plan)
         if target == obs.workers:
             return Decision(target, policy, f"hold at {target}: the plan over {why} keeps it", plan_t, cfg.plan_step_s)
         self.last_change_time = obs.time
-        self._receding_cache = None
+        self._latest_plan = None
         return Decision(target, policy, f"{obs.workers} -> {target} workers: plan over {why}", plan_t, cfg.plan_step_s)
 
     def _fewest(self, obs: Observation) -> int:
@@ -461,12 +468,9 @@ class KalePolicy:
             # A rate that has held for as long as the backlog is old is expected to hold as long again, then the
             # forecast (or the windowed rate) resumes.
             held = max(int(math.ceil(obs.time_lag_s / 60)), int(cfg.plan_step_s // 60))
-            fc = obs.forecast
             after = (
-                np.repeat(
-                    np.concatenate([fc.point[_steps_past(obs) :], fc.outlook]), max(int(round(fc.step_s / 60)), 1)
-                )
-                if fc is not None and len(fc)
+                _minutes_ahead(obs, 0.5)
+                if obs.forecast is not None and len(obs.forecast)
                 else np.full(int(cfg.plan_horizon_s // 60), obs.arrival_rate)
             )
             return self._receding(
