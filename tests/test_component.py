@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from dagster import ComponentTree
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
@@ -110,8 +111,9 @@ def test_yaml_and_python_declare_the_same_definitions():
     """)
     from_yaml = load(declared)
     assert from_yaml == python
-    component = OnlineTrainingPipelineComponent.load(OnlineTrainingPipelineAttributes.model_validate(declared), None)
-    assert summary(component.build_defs(None)) == summary(build_definitions(python))
+    context = ComponentTree.for_test().load_context
+    component = OnlineTrainingPipelineComponent.load(OnlineTrainingPipelineAttributes.model_validate(declared), context)
+    assert summary(component.build_defs(context)) == summary(build_definitions(python))
 
 
 def test_defaults_are_the_python_apis():
@@ -415,6 +417,56 @@ def test_env_templates_render_in_any_attribute_and_an_unset_one_is_named(monkeyp
     with pytest.raises(ValidationError) as info:
         load({**templated, "source": {**SOURCE, "group_id": "{{ env.NO_SUCH_VARIABLE }}"}})
     assert "attributes.source.group_id: environment variable NO_SUCH_VARIABLE is not set" in str(info.value)
+
+
+def test_template_vars_and_env_render_when_the_project_loads_and_are_checked_then(tmp_path, monkeypatch):
+    """A defs.yaml's template_vars_module and {{ env.* }}, as Dagster renders a Resolvable component's: the
+    schema (dg check yaml) passes a template in a typed attribute, loading renders it and checks the value."""
+    import sys
+
+    from kale_dagster.definitions.build import built_pipelines
+
+    project = tmp_path / "kale_project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    ctr = project / "src/kale_project/defs/ctr"
+    (ctr / "team_vars.py").write_text(
+        "import os\n\nimport dagster as dg\n\n\n@dg.template_var\ndef trainer_image():\n"
+        "    return 'registry.example.com/ranker:7'\n\n\n@dg.template_var\ndef max_workers():\n"
+        "    return int(os.environ.get('TEAM_MAX_WORKERS', '12'))\n"
+    )
+    spec = yaml.safe_load((ctr / "defs.yaml").read_text())
+    spec["template_vars_module"] = ".team_vars"
+    attributes = spec["attributes"]
+    attributes["source"]["bootstrap_servers"] = "{{ env.KAFKA_BOOTSTRAP }}"
+    attributes["limits"]["max_workers"] = "{{ max_workers }}"
+    attributes["launcher"] = {"kind": "kubernetes", "image": "{{ trainer_image }}", "checkpoint_pvc": "ckpt"}
+    (ctr / "defs.yaml").write_text(yaml.safe_dump(spec))
+    schema = Draft202012Validator(OnlineTrainingPipelineAttributes.model_json_schema())
+    assert not [e.message for e in schema.iter_errors(attributes)]
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "127.0.0.2:9092")
+    monkeypatch.syspath_prepend(str(project / "src"))
+
+    def load_project():
+        for name in [m for m in sys.modules if m == "kale_project" or m.startswith("kale_project.")]:
+            monkeypatch.delitem(sys.modules, name)
+        import kale_project.definitions
+
+        kale_project.definitions.defs()
+        return built_pipelines()["ctr"]
+
+    pipeline = load_project()
+    assert pipeline.source.bootstrap_servers == "127.0.0.2:9092" and pipeline.limits.max_workers == 12
+    assert isinstance(pipeline.launcher, KubernetesLauncherConfig)
+    assert pipeline.launcher.image == "registry.example.com/ranker:7"
+    # A rendered value is checked by the same rules as a literal one, named by its path.
+    monkeypatch.setenv("TEAM_MAX_WORKERS", "0")
+    with pytest.raises(Exception) as info:
+        load_project()
+    assert (
+        "attributes.limits.max_workers: Input should be greater than or equal to 1 (rendered from '{{ max_workers }}')"
+        in str(info.value.__cause__)
+    )
 
 
 def test_every_attribute_is_documented_in_the_schema_dg_and_the_ui_show():

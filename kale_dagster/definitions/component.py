@@ -28,11 +28,19 @@ import os
 import re
 from typing import Annotated, Any, Literal
 
-from dagster import Component, ComponentLoadContext, Definitions, Scaffolder, ScaffoldRequest, scaffold_with
-from pydantic import ConfigDict, Field, model_validator
+from dagster import (
+    Component,
+    ComponentLoadContext,
+    Definitions,
+    ResolutionContext,
+    Scaffolder,
+    ScaffoldRequest,
+    scaffold_with,
+)
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
-from kale_dagster.definitions.schema import DeclaredModel, declared_model
+from kale_dagster.definitions.schema import DeclaredModel, Templatable, declared_model, is_template
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import FORECASTERS
 from kale_dagster.launchers.command import CommandHookConfig
@@ -107,10 +115,16 @@ class ThroughputPriorAttributes(DeclaredModel):
     """What the controller assumes before it has measured the trainer: samples/s per worker (``form: linear``),
     or the paper's curve, ``form: sync`` (global_batch and 4 coefficients) or ``form: async`` (3)."""
 
-    form: Literal["linear", "sync", "async"] = Field(default="linear", description="the curve's shape")
-    per_worker_rate: float | None = Field(default=None, gt=0, description="samples/s of one worker (form: linear)")
-    theta: list[float] | None = Field(default=None, description="the curve's coefficients (form: sync or async)")
-    global_batch: float | None = Field(default=None, gt=0, description="the global batch size M (form: sync)")
+    form: Templatable[Literal["linear", "sync", "async"]] = Field(default="linear", description="the curve's shape")
+    per_worker_rate: Templatable[Annotated[float, Field(gt=0)]] | None = Field(
+        default=None, description="samples/s of one worker (form: linear)"
+    )
+    theta: Templatable[list[float]] | None = Field(
+        default=None, description="the curve's coefficients (form: sync or async)"
+    )
+    global_batch: Templatable[Annotated[float, Field(gt=0)]] | None = Field(
+        default=None, description="the global batch size M (form: sync)"
+    )
 
     def build(self) -> ThroughputModel:
         path = "attributes.throughput_prior"
@@ -206,30 +220,66 @@ class OnlineTrainingPipelineAttributes(_PipelineFields):  # type: ignore[misc, v
 
     @model_validator(mode="before")
     @classmethod
-    def _render_env_templates(cls, data: Any) -> Any:
-        """``{{ env.NAME }}`` and ``{{ env('NAME', 'default') }}`` in any attribute, rendered as Dagster renders a
-        Resolvable component's, before the attributes are checked (an unset variable without a default is an
-        error naming it)."""
-        from dagster import ResolutionContext
-
-        if not isinstance(data, dict):
-            return data
-        for path, name in _unset_env_references(data, "attributes"):
-            raise ValueError(
-                f"{path}: environment variable {name} is not set ({{{{ env.{name} }}}}); set it, or give a default "
-                f"with {{{{ env('{name}', 'default') }}}}"
-            )
-        return ResolutionContext.default().resolve_value(data)
+    def _env_variables_set(cls, data: Any) -> Any:
+        """An unset variable in ``{{ env.NAME }}`` is named now, before anything loads (``{{ env('NAME',
+        'default') }}`` is never unset)."""
+        if isinstance(data, dict):
+            for path, name in _unset_env_references(data, "attributes"):
+                raise ValueError(
+                    f"{path}: environment variable {name} is not set ({{{{ env.{name} }}}}); set it, or give a "
+                    f"default with {{{{ env('{name}', 'default') }}}}"
+                )
+        return data
 
     @model_validator(mode="after")
     def _valid_pipeline(self) -> OnlineTrainingPipelineAttributes:
         # The dataclasses' own checks (one validation path), when the YAML loads: dg check defs and dg dev
-        # report them with the file and line.
-        self.pipeline()
+        # report them with the file and line.  Templated attributes are checked once rendered, at load.
+        if not _holds_template(self.model_dump()):
+            self.build()
         return self
 
-    def pipeline(self) -> OnlineTrainingPipeline:
-        return self.build()
+    def pipeline(self, context: ResolutionContext | None = None) -> OnlineTrainingPipeline:
+        """The declared pipeline, its templates rendered in ``context`` (the component's load context, with its
+        template variables; by default Dagster's own scope: env, dg, datetime) and then checked."""
+        if not _holds_template(self.model_dump()):
+            return self.build()
+        context = context or ResolutionContext.default().at_path("attributes")
+        rendered = context.resolve_value(self.model_dump(exclude_unset=True))
+        if _holds_template(rendered):
+            raise KaleConfigError("attributes", "a template renders to another template; render it to a value")
+        try:
+            return type(self).model_validate(rendered).build()
+        except ValidationError as error:
+            written = self.model_dump(exclude_unset=True)
+            raise KaleConfigError.join(
+                [
+                    KaleConfigError(
+                        ".".join(["attributes", *map(str, e["loc"])]), f"{e['msg']}{_rendered_from(written, e['loc'])}"
+                    )
+                    for e in error.errors()
+                ]
+            ) from None
+
+
+def _rendered_from(written: Any, loc: tuple) -> str:
+    """``(rendered from '{{ ... }}')`` when the attribute at ``loc`` was written as a template."""
+    for key in loc:
+        if not isinstance(written, (dict, list)):
+            return ""
+        try:
+            written = written[key]
+        except (KeyError, IndexError, TypeError):
+            return ""
+    return f" (rendered from {written!r})" if is_template(written) else ""
+
+
+def _holds_template(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_template(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_holds_template(item) for item in value)
+    return is_template(value)
 
 
 @scaffold_with(_Scaffolder)
@@ -238,8 +288,9 @@ class OnlineTrainingPipelineComponent(Component):
     sensor, forecast, gpu_allocation asset and checks, rescale and refit jobs and schedules.
 
     The same pipeline as ``OnlineTrainingPipeline`` in Python, built by the same ``build_definitions``.
-    Its attributes are a strict schema (``OnlineTrainingPipelineAttributes``); ``{{ env.NAME }}`` in any of
-    them is rendered first, as Dagster renders a Resolvable component's.  Secrets are named by environment
+    Its attributes are a strict schema (``OnlineTrainingPipelineAttributes``).  Any of them may be a template,
+    ``{{ env.NAME }}`` or a variable of the defs.yaml's ``template_vars_module``, rendered when it loads as
+    Dagster renders a Resolvable component's, then checked by the same rules.  Secrets are named by environment
     variable (``sasl_password_env``), never written.
     """
 
@@ -258,7 +309,11 @@ class OnlineTrainingPipelineComponent(Component):
             raise KaleConfigError(
                 "attributes", "declare at least the pipeline's name and source (dg scaffold defs writes an example)"
             )
-        return cls(attributes.pipeline())
+        from dagster.components.resolved.scopes import LoadContextScope
+
+        # As a Resolvable's: the template variables of the defs.yaml's template_vars_module, and {{ context.* }}.
+        scope = context.resolution_context.with_scope(context=LoadContextScope(context))
+        return cls(attributes.pipeline(scope.at_path("attributes")))
 
     def build_defs(self, context: ComponentLoadContext) -> Definitions:
         from kale_dagster.definitions.build import build_definitions

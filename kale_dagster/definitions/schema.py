@@ -14,12 +14,50 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from dagster import Model
-from pydantic import ConfigDict, Field, create_model
+from pydantic import (
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    ValidatorFunctionWrapHandler,
+    WrapSerializer,
+    WrapValidator,
+    create_model,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from kale_dagster.rules import at, field_types, rule_of
+
+
+def is_template(value: Any) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+def _template_or_rule(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    return value if is_template(value) else handler(value)
+
+
+class _TemplateOrRuleSchema:
+    """The JSON schema of a templatable attribute: if a string holding ``{{``, a template; else the rule.
+
+    if/then/else rather than anyOf, so that ``dg check yaml`` still says what a bad literal breaks ("0 is less
+    than the minimum of 1") instead of "not valid under any of the given schemas"."""
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {"if": {"type": "string", "pattern": r"\{\{"}, "then": {"type": "string"}, "else": handler(schema)}
+
+
+T = TypeVar("T")
+Templatable = Annotated[
+    T,
+    WrapValidator(_template_or_rule),
+    WrapSerializer(lambda value, handler: value if is_template(value) else handler(value)),
+    _TemplateOrRuleSchema(),
+]
+"""An attribute of type T that also takes a template, rendered when the component loads."""
 
 
 class DeclaredModel(Model):
@@ -92,17 +130,16 @@ def declared_model(
         default_value = default.get("default")
         if isinstance(default_value, tuple):
             default = {"default_factory": lambda value=default_value: list(value)}
+        constraints = Field(
+            ge=rule.ge,
+            gt=rule.gt,
+            le=rule.le,
+            lt=rule.lt,
+            pattern=rule.pattern and f"^(?:{rule.pattern})$",
+        )
         definitions[f.name] = (
-            _yaml_type(hints[f.name], rule.allowed()),
-            Field(
-                **default,
-                ge=rule.ge,
-                gt=rule.gt,
-                le=rule.le,
-                lt=rule.lt,
-                pattern=rule.pattern and f"^(?:{rule.pattern})$",
-                description=(rule.description + unit) or None,
-            ),
+            Templatable[Annotated[_yaml_type(hints[f.name], rule.allowed()), constraints]],
+            Field(**default, description=(rule.description + unit) or None),
         )
     model = create_model(f"{cls.__name__}Attributes", __base__=DeclaredModel, __doc__=doc or cls.__doc__, **definitions)
     model.declares = cls
