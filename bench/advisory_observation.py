@@ -114,7 +114,6 @@ def main() -> int:
         )
         repo = build_definitions(p).get_repository_def()
         sensor = {s.name: s for s in repo.sensor_defs}["theirs_stream_metrics"]
-        resource = repo.get_top_level_resources()["kale_stream_theirs"]
         instance = DagsterInstance.local_temp(str(home))
         stop_producer = threading.Event()
         members: list[tuple[threading.Thread, threading.Event]] = []
@@ -141,11 +140,7 @@ def main() -> int:
                 phase_end = time.time() + args.phase_s
                 while time.time() < phase_end:
                     time.sleep(args.tick_s)
-                    result = sensor(
-                        build_sensor_context(
-                            instance=instance, cursor=cursor, resources={"kale_stream_theirs": resource}
-                        )
-                    )
+                    result = sensor(build_sensor_context(instance=instance, cursor=cursor))
                     cursor = getattr(result, "cursor", cursor)
                     for event in getattr(result, "asset_events", None) or []:
                         if isinstance(event, AssetMaterialization) and event.asset_key.path[-1] == "gpu_allocation":

@@ -80,7 +80,6 @@ def main() -> int:
         defs = build_definitions(p)
         repo = defs.get_repository_def()
         sensor = {s.name: s for s in repo.sensor_defs}["clicks_stream_metrics"]
-        resource = repo.get_top_level_resources()["kale_stream_clicks"]
         instance = DagsterInstance.local_temp(str(home))
         try:
             cursor, first = None, time.time()
@@ -89,9 +88,7 @@ def main() -> int:
                 for _record in range(20):
                     producer.send("clicks", value=b"x" * 64)
                 producer.flush()
-                result = sensor(
-                    build_sensor_context(instance=instance, cursor=cursor, resources={"kale_stream_clicks": resource})
-                )
+                result = sensor(build_sensor_context(instance=instance, cursor=cursor))
                 cursor = getattr(result, "cursor", cursor)
                 for event in getattr(result, "asset_events", None) or []:
                     instance.report_runless_asset_event(event)

@@ -52,6 +52,8 @@ from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, previ
 if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export the type
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
+    from kale_dagster.definitions.resources import KafkaStreamResource
+
 
 @dataclass(frozen=True)
 class StreamMetricsCursor(JsonCursor):
@@ -116,7 +118,7 @@ def build_stream_metrics_sensor(
     name: str,
     pipeline: str,
     history: MetricsHistory | Callable[[], MetricsHistory],
-    stream_resource_key: str = "kale_stream",
+    stream: KafkaStreamResource,
     asset_key: str | AssetKey = "stream_metrics",
     clock: PipelineClock = PipelineClock(),
     minimum_interval_seconds: int = 60,
@@ -124,33 +126,30 @@ def build_stream_metrics_sensor(
     control: Decider | None = None,
     jobs: Sequence[JobDefinition | UnresolvedAssetJobDefinition] = (),
     max_workers: int | None = None,
-    plot_dir: Callable[[SensorEvaluationContext], str] | None = None,
     default_status: DefaultSensorStatus = DefaultSensorStatus.RUNNING,
 ) -> SensorDefinition:
     """Build the telemetry (and, with ``control``, decision) sensor for one pipeline.
 
+    ``stream`` reads the topics and the group; it is the sensor's own, not a resource the sensor requires:
+    Dagster would initialize a required resource at every evaluation, which costs more CPU than the reading.
     ``history`` may be a factory so the database is opened on the first
     tick, not at code-location load.  ``jobs`` are the jobs ``control`` may
     request (rescale, refit).  ``max_workers`` above the topic's partition
     count is warned about once (workers without a partition only train
-    forwarded samples).  ``plot_dir`` gives where decision plots are drawn.
+    forwarded samples).
     """
     key = AssetKey.from_coercible(asset_key)
 
     @sensor(
         name=name,
         minimum_interval_seconds=minimum_interval_seconds,
-        required_resource_keys={stream_resource_key},
         jobs=list(jobs) or None,
         default_status=default_status,
         description=f"Records Kafka lag and arrival metrics of pipeline {pipeline!r} as observations of "
         f"{key.to_user_string()}" + ("; decides its allocation at every reading." if control is not None else "."),
     )
-    def _sensor(context: SensorEvaluationContext, **resources):
-        # Direct invocation passes required resources as keyword arguments,
-        # the daemon puts them on the context.
+    def _sensor(context: SensorEvaluationContext):
         cursor = StreamMetricsCursor.from_json(context.cursor)
-        stream = resources.get(stream_resource_key) or getattr(context.resources, stream_resource_key)
         started = time.monotonic()
         try:
             snap = stream.snapshot(previous=cursor.previous(), fetch_timeout_s=max(tick_timeout_s / 2, 1.0))
@@ -199,7 +198,6 @@ def build_stream_metrics_sensor(
                     context.instance,
                     reading,
                     ControlCursor.from_dict(cursor.control),
-                    plot_dir(context) if plot_dir else None,
                 )
             except DatabaseError as exc:  # the reading is still recorded; the decision waits for the database
                 undecided = describe_database_error(exc)

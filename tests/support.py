@@ -164,10 +164,7 @@ def sensor_tick(env, cursor=None):
     from dagster import build_sensor_context
 
     sensor = {s.name: s for s in env["defs"].get_repository_def().sensor_defs}["ctl_stream_metrics"]
-    resource = env["defs"].get_repository_def().get_top_level_resources()["kale_stream_ctl"]
-    return sensor(
-        build_sensor_context(instance=env["instance"], cursor=cursor, resources={"kale_stream_ctl": resource})
-    )
+    return sensor(build_sensor_context(instance=env["instance"], cursor=cursor))
 
 
 def decision_of(result) -> dict:

@@ -356,17 +356,18 @@ def test_threading_lock_is_not_held_by_status():
 @pytest.mark.parametrize(
     "stored, expected",
     [
-        ({"predictions": [[1.0, 2.0]], "plotted_at": 5.0}, ControlCursor(((1.0, 2.0),), 5.0)),
+        ({"predictions": [[1.0, 2.0]], "recorded_at": 5.0}, ControlCursor(((1.0, 2.0),), recorded_at=5.0)),
         ({}, ControlCursor()),
         (None, ControlCursor()),
         ({"predictions": [[1.0, "x"]]}, ControlCursor()),
         ({"predictions": [[1.0, float("nan")]]}, ControlCursor()),
         ({"predictions": [[1.0, 2.0, 3.0]]}, ControlCursor()),
-        ({"plotted_at": True}, ControlCursor()),
+        ({"recorded_at": True}, ControlCursor()),
+        ({"plotted_at": 5.0}, ControlCursor()),  # an older version's: read as fresh
         ({"predictions": [], "other": 1}, ControlCursor()),
         (
             {"policy_state": {"window": [1, 2]}, "running_workers": 3, "recorded_at": 7.0, "recorded": "3|3"},
-            ControlCursor((), None, {"window": [1, 2]}, 3, 7.0, "3|3"),
+            ControlCursor((), {"window": [1, 2]}, 3, 7.0, "3|3"),
         ),
         ({"policy_state": [1]}, ControlCursor()),
         ({"running_workers": -1}, ControlCursor()),

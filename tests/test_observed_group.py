@@ -128,17 +128,12 @@ def test_an_advisory_pipeline_decides_at_every_reading_on_a_group_it_did_not_sta
             for p in watched:
                 repo = build_definitions(p).get_repository_def()
                 sensor = {s.name: s for s in repo.sensor_defs}[f"{p.name}_stream_metrics"]
-                resource = repo.get_top_level_resources()[f"kale_stream_{p.name}"]
                 cursor = None
                 for _ in range(4):
                     for i in range(50):
                         producer.send("samples", b"x" * 29, partition=i % 4)
                     producer.flush()
-                    result = sensor(
-                        build_sensor_context(
-                            instance=instance, cursor=cursor, resources={f"kale_stream_{p.name}": resource}
-                        )
-                    )
+                    result = sensor(build_sensor_context(instance=instance, cursor=cursor))
                     cursor = result.cursor
                     event = next(
                         e
@@ -190,14 +185,11 @@ def test_a_decision_that_changes_nothing_reaches_the_history_not_the_event_log(k
     )
     repo = build_definitions(p).get_repository_def()
     sensor = {s.name: s for s in repo.sensor_defs}["quiet_stream_metrics"]
-    resource = repo.get_top_level_resources()["kale_stream_quiet"]
     kinds: list[list[str]] = []
     with instance_for_test() as instance:
         cursor = None
         for _ in range(6):
-            result = sensor(
-                build_sensor_context(instance=instance, cursor=cursor, resources={"kale_stream_quiet": resource})
-            )
+            result = sensor(build_sensor_context(instance=instance, cursor=cursor))
             cursor = result.cursor
             kinds.append([type(e).__name__ for e in result.asset_events])
             time.sleep(0.3)

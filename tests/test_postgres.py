@@ -271,11 +271,7 @@ def test_dagster_and_the_history_on_postgres_survive_daemon_and_server_restarts(
             sensor = {s.name: s for s in repo.sensor_defs}["pg_stream_metrics"]
             postgres.kill()
             with instance_for_test() as scratch:
-                skipped = sensor(
-                    build_sensor_context(
-                        instance=scratch, resources={"kale_stream_pg": repo.get_top_level_resources()["kale_stream_pg"]}
-                    )
-                )
+                skipped = sensor(build_sensor_context(instance=scratch))
             assert isinstance(skipped, SkipReason)
             assert skipped.skip_message.startswith(
                 'the metrics history did not answer (OperationalError: connection to server at "127.0.0.1"'

@@ -253,11 +253,15 @@ def test_sensor_records_in_pipeline_time_skips_on_outage_and_resumes(tmp_path):
         servers = broker.bootstrap_servers
         _setup(servers, partitions=2)
         sensor = build_stream_metrics_sensor(
-            name="demo_stream_metrics", pipeline="demo", history=history, clock=clock, tick_timeout_s=8
+            name="demo_stream_metrics",
+            pipeline="demo",
+            history=history,
+            stream=_resource(servers),
+            clock=clock,
+            tick_timeout_s=8,
         )
-        resources = {"kale_stream": _resource(servers)}
         with instance_for_test() as instance:
-            ctx = build_sensor_context(instance=instance, resources=resources)
+            ctx = build_sensor_context(instance=instance)
             _produce(servers, {0: 50, 1: 50})  # here: the time lag starts now, not while the instance is set up
             first = sensor(ctx)
             assert isinstance(first, SensorResult) and first.run_requests == []
@@ -266,7 +270,7 @@ def test_sensor_records_in_pipeline_time_skips_on_outage_and_resumes(tmp_path):
             assert cursor.offsets == {TOPIC: {"0": [50, None], "1": [50, None]}}
 
             time.sleep(1.2)
-            second = sensor(build_sensor_context(instance=instance, resources=resources, cursor=first.cursor))
+            second = sensor(build_sensor_context(instance=instance, cursor=first.cursor))
             # Pipeline time runs 10x: 1.2 wall seconds of lag read as 12 and more pipeline seconds.
             lag = second.asset_events[0].metadata["time_lag_s"].value
             assert 12.0 <= lag < 60.0
@@ -277,7 +281,7 @@ def test_sensor_records_in_pipeline_time_skips_on_outage_and_resumes(tmp_path):
 
             broker.stop()
             started = time.monotonic()
-            skipped = sensor(build_sensor_context(instance=instance, resources=resources, cursor=second.cursor))
+            skipped = sensor(build_sensor_context(instance=instance, cursor=second.cursor))
             assert time.monotonic() - started < 8  # within the tick budget, not kafka-python's 30 s bootstrap
             assert isinstance(skipped, SkipReason)
             assert "could not read the stream" in skipped.skip_message and "nothing decided" in skipped.skip_message
@@ -286,7 +290,7 @@ def test_sensor_records_in_pipeline_time_skips_on_outage_and_resumes(tmp_path):
             broker = start_broker(port=port)
             _setup(servers, partitions=2)
             _produce(servers, {0: 7, 1: 3})
-            resumed = sensor(build_sensor_context(instance=instance, resources=resources, cursor=second.cursor))
+            resumed = sensor(build_sensor_context(instance=instance, cursor=second.cursor))
             assert isinstance(resumed, SensorResult)
             assert resumed.asset_events[0].metadata["sample_lag"].value == 10
             # The restarted in-memory broker's offsets went backwards: no rate rather than a false one.
@@ -378,7 +382,7 @@ def test_any_cursor_text_reads_as_a_cursor_the_sensor_can_use():
 
     check()
     good = StreamMetricsCursor(
-        time=50.0, offsets={"t": {"0": [3, None]}}, control={"predictions": [[1.0, 2.0]], "plotted_at": None}
+        time=50.0, offsets={"t": {"0": [3, None]}}, control={"predictions": [[1.0, 2.0]], "recorded_at": None}
     )
     assert StreamMetricsCursor.from_json(good.to_json()) == good  # what this version writes reads back as written
 

@@ -35,14 +35,13 @@ def _counts(value: Any) -> bool:
 @dataclass(frozen=True)
 class ControlCursor:
     """What control ticks hand on, as HPA's controller keeps each autoscaler's state across reconciles: the
-    one-step predictions made (pipeline time, predicted rate), for the forecast's recent error; when the decision
-    plot was last drawn; the policy's memory and the workers last known to run after the latest decision; and
-    when a decision was last recorded on ``gpu_allocation``, with what it said (a decision that changes nothing
-    is recorded at most every ``record_every_minutes``); and the decisions and requested rescales so far, by
-    ``ControlStep.outcome``, for the Prometheus counters (the event log does not keep every decision)."""
+    one-step predictions made (pipeline time, predicted rate), for the forecast's recent error; the policy's
+    memory and the workers last known to run after the latest decision; when a decision was last recorded on
+    ``gpu_allocation``, with what it said (a decision that changes nothing is recorded at most every
+    ``record_every_minutes``); and the decisions and requested rescales so far, by ``ControlStep.outcome``, for
+    the Prometheus counters (the event log does not keep every decision)."""
 
     predictions: tuple[tuple[float, float], ...] = ()
-    plotted_at: float | None = None
     policy_state: dict | None = field(default=None, compare=False)
     running_workers: int | None = None
     recorded_at: float | None = None
@@ -61,7 +60,6 @@ class ControlCursor:
     def to_dict(self) -> dict:
         return {
             "predictions": [list(p) for p in self.predictions],
-            "plotted_at": self.plotted_at,
             "policy_state": self.policy_state,
             "running_workers": self.running_workers,
             "recorded_at": self.recorded_at,
@@ -75,7 +73,7 @@ class ControlCursor:
         """The cursor a previous tick stored; a fresh one for anything of another shape (another version's)."""
         if not isinstance(data, dict) or not set(data) <= set(cls().to_dict()):
             return cls()
-        predictions, plotted_at = data.get("predictions", []), data.get("plotted_at")
+        predictions = data.get("predictions", [])
         state, running = data.get("policy_state"), data.get("running_workers")
         recorded_at, recorded = data.get("recorded_at"), data.get("recorded", "")
         decisions, rescales = data.get("decisions", {}), data.get("rescales", {})
@@ -84,7 +82,7 @@ class ControlCursor:
         )
         if (
             not pairs_ok
-            or not all(t is None or _finite(t) for t in (plotted_at, recorded_at))
+            or not (recorded_at is None or _finite(recorded_at))
             or not (state is None or isinstance(state, dict))
             or not (running is None or (isinstance(running, int) and not isinstance(running, bool) and running >= 0))
             or not isinstance(recorded, str)
@@ -93,7 +91,6 @@ class ControlCursor:
             return cls()
         return cls(
             tuple((float(t), float(v)) for t, v in predictions),
-            plotted_at,
             state,
             running,
             recorded_at,
@@ -124,7 +121,7 @@ class Decider(Protocol):
         """Rates are averaged over this window (pipeline seconds)."""
         ...
 
-    def tick(self, instance: Any, reading: StreamReading, cursor: ControlCursor, plot_dir: str | None) -> TickOutcome:
+    def tick(self, instance: Any, reading: StreamReading, cursor: ControlCursor) -> TickOutcome:
         """Decide on ``reading``: the step, its events and run requests, and the cursor for the next tick."""
         ...
 

@@ -215,7 +215,9 @@ def gpu_allocation_asset(p: OnlineTrainingPipeline, control: PipelineControl) ->
             "advisory": p.advisory,
             "time": decision.time,
         }
-        return Output(value, metadata=allocation_metadata(p, decision))
+        metadata = allocation_metadata(p, decision)
+        metadata["plot"] = control.plot(decision.step, decision.time, plot_dir(context.instance))
+        return Output(value, metadata=metadata)
 
     return gpu_allocation
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dagster import AssetKey, DefaultSensorStatus, Definitions
 
-from kale_dagster.definitions.assets import pipeline_assets, plot_dir
+from kale_dagster.definitions.assets import pipeline_assets
 from kale_dagster.definitions.checks import pipeline_checks
 from kale_dagster.definitions.control import PipelineControl
 from kale_dagster.definitions.jobs import asset_jobs, backfill_job, rescale_job, schedules
@@ -26,19 +26,19 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
         p, rescale_job=jobs["rescale"].name if "rescale" in jobs else None, refit_job=jobs["refit"].name
     )
     status = DefaultSensorStatus.RUNNING if p.autostart else DefaultSensorStatus.STOPPED
+    stream = KafkaStreamResource.from_source(p.source)
     sensors = [
         build_stream_metrics_sensor(
             name=f"{p.name}_stream_metrics",
             pipeline=p.name,
             history=lambda: control.history,
-            stream_resource_key=stream_key,
+            stream=stream,
             asset_key=AssetKey(p.key("stream_metrics")),
             clock=p.clock,
             minimum_interval_seconds=p.sensor_interval_s,
             control=control,
             jobs=[jobs["refit"], *([jobs["rescale"]] if "rescale" in jobs else [])],
             max_workers=p.limits.max_workers,
-            plot_dir=lambda context: plot_dir(context.instance),
             default_status=status,
         ),
         build_run_failure_sensor(
@@ -55,7 +55,7 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
         jobs=list(jobs.values()),
         schedules=schedules(p, jobs),
         sensors=sensors,
-        resources={stream_key: KafkaStreamResource.from_source(p.source)},
+        resources={stream_key: stream},
     )
 
 

@@ -50,6 +50,8 @@ TARGET_TAG = "kale/target_workers"
 DECIDED_TAG = "kale/decided_at"
 
 
+#: A throughput model materialized by hand is seen within this many wall seconds (a refit's at once).
+MODEL_REREAD_S = 300.0
 LAG_CHECK = "lag_within_slo"
 #: A decision's action when it applies nothing (as the decision's metadata says it).
 NO_ACTION, ADVISED = "none", "advisory: nothing applied"
@@ -97,6 +99,8 @@ class PipelineControl:
         self.controller = Controller(p.control_settings())
         self._forecaster: tuple[float, Any, int] | None = None  # (fitted_at, model, steps): loaded once per fit
         self._last_forecast: Forecast | None = None
+        self._arrivals: pd.DataFrame | None = None  # the arrival history since the fit, read on from its end
+        self._model: tuple[float | None, float, tuple[ThroughputModel, str]] | None = None  # (fit, read at, model)
         self._history = None
 
     @property
@@ -115,10 +119,19 @@ class PipelineControl:
             return None, f"{self.p.launcher.describe()}: {type(exc).__name__}: {exc}"
 
     def throughput_model(self, instance) -> tuple[ThroughputModel, str]:
-        meta = latest_metadata(instance, AssetKey(self.p.key("throughput_model")))
-        if meta.get("model"):
-            return ThroughputModel.from_dict(meta["model"]), str(meta.get("source", "fitted"))
-        return self.p.throughput_prior, "prior"
+        """The latest fitted F(w) (``throughput_model``'s materialization), or the prior.  Read again when the
+        forecaster was refitted (the refit job fits both) and at least every ``MODEL_REREAD_S``, for a model
+        materialized by hand: reading the event log at every tick costs more than the rest of the decision."""
+        now = time.monotonic()
+        fitted_at = self._forecaster[0] if self._forecaster else None
+        if self._model is None or self._model[0] != fitted_at or now - self._model[1] >= MODEL_REREAD_S:
+            meta = latest_metadata(instance, AssetKey(self.p.key("throughput_model")))
+            if meta.get("model"):
+                model = ThroughputModel.from_dict(meta["model"]), str(meta.get("source", "fitted"))
+            else:
+                model = self.p.throughput_prior, "prior"
+            self._model = (fitted_at, now, model)
+        return self._model[2]
 
     def forecast(self) -> Forecast | None:
         """The latest fitted forecaster, re-anchored on the rates measured since it was fitted."""
@@ -127,14 +140,28 @@ class PipelineControl:
         if latest is not None:
             fitted_at, saved = latest
             self._forecaster = (fitted_at, saved["model"], saved["steps"])
+            self._arrivals = None
         if self._forecaster is None:
             return None
         _, model, steps = self._forecaster
         try:
-            self._last_forecast = model.predict(steps, history=history.arrival_history(self.p.name))
+            self._last_forecast = model.predict(steps, history=self._arrival_history())
         except Exception:  # a history the fit cannot take: Kale falls back to measured rates ("no forecast")
             self._last_forecast = None
         return self._last_forecast
+
+    def _arrival_history(self) -> pd.DataFrame:
+        """The arrival history, read whole once per fit and then only the readings since, as a tick must not read
+        days of history (a backfill of older readings is seen from the next fit on, as the fit itself sees it)."""
+        if self._arrivals is None or self._arrivals.empty:
+            self._arrivals = self.history.arrival_history(self.p.name)
+        else:
+            last = self._arrivals["timestamp"].iloc[-1]
+            newer = self.history.arrival_history(self.p.name, start=last.timestamp())
+            newer = newer[newer["timestamp"] > last]
+            if not newer.empty:
+                self._arrivals = pd.concat([self._arrivals, newer], ignore_index=True)
+        return self._arrivals
 
     def _runs(self, instance, job: str | None, statuses=None, limit: int = 1) -> list:
         if job is None:
@@ -175,8 +202,8 @@ class PipelineControl:
             else latest_metadata(instance, self.allocation_key)
         )
         status, launcher_error = self.launcher_status()
+        forecast = self.forecast()  # first: a new fit means a new throughput model too
         model, model_source = self.throughput_model(instance)
-        forecast = self.forecast()
         error = self._forecast_error(self.history, cursor, reading.time)
         in_flight, stale = self._rescale_in_flight(instance)
         step = self.controller.step(
@@ -216,7 +243,7 @@ class PipelineControl:
             rate = self.p.clock.rate(status.samples_per_s)
             self.history.append_throughput(self.p.name, decision.time, status.workers, rate, emulated=status.emulated)
 
-    def tick(self, instance, reading: StreamReading, cursor: ControlCursor, plot_dir: str | None = None) -> TickOutcome:
+    def tick(self, instance, reading: StreamReading, cursor: ControlCursor) -> TickOutcome:
         """``decide`` and ``record``, then the events and run requests of the sensor tick."""
         decision = self.decide(instance, reading, cursor)
         self.record(decision)
@@ -232,13 +259,11 @@ class PipelineControl:
         # something and one every record_every_minutes, so that it grows by a bounded amount a day.
         said = what_it_says(decision, passed)
         due = cursor.recorded_at is None or reading.time - cursor.recorded_at >= self.p.record_every_minutes * 60
-        plotted_at, recorded_at, recorded, events = cursor.plotted_at, cursor.recorded_at, cursor.recorded, []
+        recorded_at, recorded, events = cursor.recorded_at, cursor.recorded, []
         if due or said != cursor.recorded or step.rescale_to is not None:
+            # No plot: a tick draws nothing (a drawing costs more CPU than the rest of the tick); the
+            # gpu_allocation asset draws one when it is materialized.
             metadata = allocation_metadata(self.p, decision)
-            changed = step.decision.workers != decision.running_workers
-            if plot_dir is not None and (changed or plotted_at is None or reading.time - plotted_at >= 600):
-                metadata["plot"] = self._plot(step, reading.time, plot_dir)
-                plotted_at = reading.time
             events = [
                 AssetCheckEvaluation(
                     asset_key=self.allocation_key,
@@ -253,7 +278,6 @@ class PipelineControl:
         quality = decision.status.model_metric if decision.status is not None else None
         kept = ControlCursor(
             predictions,
-            plotted_at,
             step.policy_state,
             decision.running_workers,
             recorded_at,
@@ -300,7 +324,9 @@ class PipelineControl:
         return False, f"retrying after {failures} failed rescale run(s)"
 
     def _refit_request(self, instance, now: float) -> RunRequest | None:
-        fitted_at = latest_metadata(instance, AssetKey(self.p.key("traffic_forecast"))).get("fitted_at")
+        # When the forecaster in use was fitted (as the refit saved it), not the event log's: a tick reads no
+        # asset's history it can do without.
+        fitted_at = self._forecaster[0] if self._forecaster else None
         refit_s = self.p.forecast_refit_s
         if fitted_at is not None and now - fitted_at < refit_s:
             return None
@@ -335,7 +361,8 @@ class PipelineControl:
             times, [v for _, v in cursor.predictions], actual, now, self.controller.settings.error_window_s
         )
 
-    def _plot(self, step: ControlStep, now: float, plot_dir: str) -> MetadataValue:
+    def plot(self, step: ControlStep, now: float, plot_dir: str) -> MetadataValue:
+        """The last day's readings, workers and decisions, and the plan from now, drawn to a file in ``plot_dir``."""
         from kale_dagster.definitions.plots import plot_allocation, plot_file, plot_metadata
 
         recent = self.history.stream(self.p.name, start=now - 86_400)  # the last day: what ran and what was decided

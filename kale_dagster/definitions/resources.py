@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any
 
 from dagster import ConfigurableResource, EnvVar
 from pydantic import Field, model_validator
@@ -126,18 +130,55 @@ class KafkaStreamResource(ConfigurableResource):
 
     def snapshot(self, previous: PreviousOffsets | None = None, fetch_timeout_s: float = 5.0) -> StreamSnapshot:
         """Read the stream's offsets now; rates come from ``previous`` when given."""
-        from kafka import KafkaAdminClient
-
-        with self.consumer(
-            max_partition_fetch_bytes=1024,
-            fetch_max_wait_ms=50,
-            fetch_min_bytes=1,
-            connections_max_idle_ms=max(self.request_timeout_ms * 2, 60_000),
-        ) as consumer:
-            admin = KafkaAdminClient(**self.client_config())
-            try:
-                raw = read_offsets(consumer, admin, self.topics, self.group_id, fetch_timeout_s)
-            finally:
-                with contextlib.suppress(Exception):
-                    admin.close()
+        config = self.client_config()
+        with _open_clients(config) as (consumer, admin):
+            raw = read_offsets(consumer, admin, self.topics, self.group_id, fetch_timeout_s)
         return build_snapshot(raw, previous, self.samples_per_record)
+
+
+@dataclass
+class _Clients:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    consumer: Any = None
+    admin: Any = None
+
+    def close(self) -> None:
+        for client in (self.consumer, self.admin):
+            with contextlib.suppress(Exception):
+                if client is not None:
+                    client.close()
+        self.consumer = self.admin = None
+
+
+#: Telemetry clients by connection settings, kept open across ticks: the code server keeps its process, and
+#: opening them costs connections and a metadata round trip at every tick.
+_OPEN: dict[str, _Clients] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _open_clients(config: dict):
+    """The consumer and admin client for ``config``, one tick at a time; after any error both are closed, so
+    that the next tick connects afresh (a broker restarted, credentials rotated)."""
+    from kafka import KafkaAdminClient, KafkaConsumer
+
+    # The password is part of the key by its digest (a rotated one opens new clients), never kept in clear.
+    key = hashlib.sha256(repr(sorted((k, str(v)) for k, v in config.items())).encode()).hexdigest()
+    with _OPEN_LOCK:
+        clients = _OPEN.setdefault(key, _Clients())
+    with clients.lock:
+        try:
+            if clients.consumer is None:
+                clients.consumer = KafkaConsumer(
+                    **config,
+                    enable_auto_commit=False,
+                    group_id=None,
+                    max_partition_fetch_bytes=1024,
+                    fetch_max_wait_ms=50,
+                    fetch_min_bytes=1,
+                )
+                clients.admin = KafkaAdminClient(**config)
+            yield clients.consumer, clients.admin
+        except BaseException:
+            clients.close()
+            raise
