@@ -54,8 +54,8 @@ def test_every_asset_has_kinds_and_the_readings_go_stale_when_they_stop():
     for key in ("a/stream_metrics", "a/gpu_allocation"):  # the sensor's readings, at the pipeline's interval
         policy = specs[key].freshness_policy
         assert policy is not None and policy.warn_window is not None
-        assert policy.warn_window.to_timedelta().total_seconds() == 600 + 300  # the 10-minute record, then 5 min
-        assert policy.fail_window.to_timedelta().total_seconds() == 600 + 900
+        assert policy.warn_window.to_timedelta().total_seconds() == 1200 + 300  # the 20-minute record, then 5 min
+        assert policy.fail_window.to_timedelta().total_seconds() == 1200 + 900
 
 
 @pytest.mark.parametrize(

@@ -114,31 +114,58 @@ def prepare_history(history: pd.DataFrame, step_s: float | None = None, max_fill
 
 
 def _regularise(ts: pd.Series, rate: pd.Series, step_s: float | None, max_fill_steps: int) -> pd.DataFrame:
-    """Sorted, duplicates averaged, on a regular grid, short gaps filled."""
-    frame = (
-        pd.DataFrame({"timestamp": ts.reset_index(drop=True), "rate": rate.reset_index(drop=True)})
-        .groupby("timestamp", as_index=True)["rate"]
-        .mean()
-        .sort_index()
-    )
-    if frame.notna().sum() == 0:
+    """Sorted, duplicates averaged, on a regular grid, short gaps filled.
+
+    In numpy, as pandas' groupby and resample would do it (bins from midnight UTC of the first day, labelled by
+    their left edge, NaN ignored): a live history is irregular (readings at wall times) and is regularised at
+    every decision."""
+    index = pd.DatetimeIndex(ts)
+    unit, stamps, values = index.unit, index.asi8, rate.to_numpy(dtype=float)  # epoch counts in the column's unit
+    order = np.argsort(stamps, kind="stable")
+    unique, position = np.unique(stamps[order], return_inverse=True)
+    means = _bin_means(position, values[order], len(unique))
+    if np.isnan(means).all():
         raise InputDataError("history has no usable (non-NaN) rate values")
-    step = step_s or infer_step_s(frame.index.to_series())
-    points = (frame.index[-1] - frame.index[0]).total_seconds() / step
+    step = step_s or _mode_step_s(unique, unit)
+    first, last = index.min(), index.max()
+    points = (last - first).total_seconds() / step
     if points > MAX_GRID_POINTS:
         raise InputDataError(
-            f"the history from {frame.index[0]} to {frame.index[-1]} at a {step:g} s step is {points:,.0f} steps, over "
+            f"the history from {first} to {last} at a {step:g} s step is {points:,.0f} steps, over "
             f"the {MAX_GRID_POINTS:,} a history may have: check for a stray timestamp, or resample to a longer step"
         )
     try:
-        regular = frame.resample(pd.Timedelta(seconds=step)).mean()
-    except (OverflowError, ValueError) as exc:  # a step or span of centuries: pandas cannot build the grid
+        tick = pd.Timedelta(1, unit=unit)
+        step_count = pd.Timedelta(seconds=step).as_unit(unit) // tick
+    except (OverflowError, ValueError) as exc:  # a step of centuries: pandas cannot build the grid
         raise InputDataError(
-            f"cannot put the history on a regular {step:g} s grid from {frame.index[0]} to {frame.index[-1]}; "
-            f"check the timestamps ({exc})"
+            f"cannot put the history on a regular {step:g} s grid from {first} to {last}; check the timestamps ({exc})"
         ) from None
-    regular = _fill_short_gaps(regular, max_fill_steps)
-    return pd.DataFrame({"timestamp": regular.index, "rate": regular.to_numpy()}).reset_index(drop=True)
+    if step_count < 1:
+        raise InputDataError(f"a {step:g} s step is finer than the timestamps' unit ({unit}); give a longer step")
+    day = pd.Timedelta(days=1) // tick
+    origin = int(unique[0]) - int(unique[0]) % day  # bins from midnight UTC of the first day, as resample's
+    bins = (unique - origin) // step_count
+    regular = _fill_short_gaps(_bin_means(bins - bins[0], means, int(bins[-1] - bins[0]) + 1), max_fill_steps)
+    grid = (origin + (bins[0] + np.arange(len(regular))) * step_count).astype(f"datetime64[{unit}]")
+    return pd.DataFrame({"timestamp": pd.DatetimeIndex(grid).tz_localize("UTC"), "rate": regular})
+
+
+def _bin_means(bins: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """The mean of the non-NaN ``values`` in each of ``size`` bins (NaN for a bin with none)."""
+    known = ~np.isnan(values)
+    sums = np.bincount(bins, weights=np.where(known, values, 0.0), minlength=size)
+    counts = np.bincount(bins, weights=known.astype(float), minlength=size)
+    return np.divide(sums, counts, out=np.full(size, np.nan), where=counts > 0)
+
+
+def _mode_step_s(unique: np.ndarray, unit: str) -> float:
+    """``infer_step_s`` on sorted, distinct epoch counts of ``unit``."""
+    diffs = np.diff(unique)
+    if not len(diffs):
+        raise InputDataError("cannot infer the sampling step: need at least two distinct timestamps")
+    spacings, counts = np.unique(diffs, return_counts=True)
+    return pd.Timedelta(int(spacings[np.argmax(counts)]), unit=unit).total_seconds()
 
 
 def _is_regular(ts: pd.Series, rate: np.ndarray, step_s: float | None) -> bool:
@@ -156,13 +183,20 @@ def _is_regular(ts: pd.Series, rate: np.ndarray, step_s: float | None) -> bool:
     return int(stamps[0]) % (86_400 * per_second) % first_step == 0
 
 
-def _fill_short_gaps(series: pd.Series, max_steps: int) -> pd.Series:
-    """Interpolate runs of at most ``max_steps`` missing values; longer runs stay missing."""
-    missing = series.isna()
-    run_id = (missing != missing.shift()).cumsum()
-    run_len = missing.groupby(run_id).transform("sum")
-    filled = series.interpolate(limit_area="inside")
-    return filled.where(~missing | (run_len <= max_steps))
+def _fill_short_gaps(values: np.ndarray, max_steps: int) -> np.ndarray:
+    """Interpolate runs of at most ``max_steps`` missing values between known ones; longer runs stay missing."""
+    missing = np.isnan(values)
+    known = np.flatnonzero(~missing)
+    if not missing.any() or len(known) < 2:
+        return values
+    starts = np.flatnonzero(missing & ~np.r_[False, missing[:-1]])
+    ends = np.flatnonzero(missing & ~np.r_[missing[1:], False])
+    short_inside = (ends - starts + 1 <= max_steps) & (starts > known[0]) & (ends < known[-1])
+    fill = np.zeros(len(values), dtype=bool)
+    fill[missing] = np.repeat(short_inside, ends - starts + 1)
+    filled = values.copy()
+    filled[fill] = np.interp(np.flatnonzero(fill), known, values[known])
+    return filled
 
 
 def read_trace_csv(path) -> pd.DataFrame:

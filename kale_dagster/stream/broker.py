@@ -73,7 +73,10 @@ def find_tansu_binary() -> Path:
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now, as Tansu binds (with SO_REUSEADDR): connections a stopped
+    broker closed linger in TIME_WAIT for a minute, and they do not keep a new broker off its port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
