@@ -4,7 +4,8 @@
 ``--partitions``-partition topic of the embedded broker, share one Dagster instance and one metrics history,
 as one code location would.  Each has ``--days`` of readings seeded in the history and a fitted forecaster
 saved, as its refit run leaves them; the same trace's next minutes are then produced, a minute a round (each
-record standing for 2,000 samples).  Every pipeline's sensor is then ticked for ``--rounds`` rounds, as the
+record standing for 2,000 samples), and each group commits what was produced a round before, as a trainer
+that keeps up does.  Every pipeline's sensor is then ticked for ``--rounds`` rounds, as the
 daemon ticks it, and the events of each tick are stored on the instance.  The pipelines' clock is compressed
 so that a round is one pipeline minute (the default reading interval), so ticks record their decision in the
 event log as often as in production.
@@ -30,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from dagster import DagsterInstance, build_sensor_context
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from kale_dagster import KafkaSource, OnlineTrainingPipeline, build_definitions
 from kale_dagster.control.clock import PipelineClock
@@ -99,6 +101,13 @@ def main() -> int:
             sensor = {s.name: s for s in repo.sensor_defs}[f"{p.name}_stream_metrics"]
             sensors.append(sensor)
         producer = KafkaProducer(bootstrap_servers=servers, linger_ms=5)
+        # Each pipeline's trainer keeps up: its group commits what was produced, a round later (their time lag
+        # is about a minute), as a trainer that commits at checkpoints does.
+        trainers = [
+            KafkaConsumer(bootstrap_servers=servers, group_id=p.source.group_id, enable_auto_commit=False)
+            for p in pipelines
+        ]
+        produced: list[dict] = [{} for _ in pipelines]
         instance = DagsterInstance.local_temp(str(home))
         cursors: list[str | None] = [None] * len(sensors)
         cpu: list[list[float]] = []
@@ -107,10 +116,16 @@ def main() -> int:
         try:
             for n in range(args.rounds):
                 round_start = time.time()
-                for p, samples in zip(pipelines, arriving):  # the trace's next minute, spread over the partitions
+                for i, (p, samples) in enumerate(zip(pipelines, arriving)):
+                    if produced[i]:
+                        trainers[i].commit({tp: OffsetAndMetadata(end, "", -1) for tp, end in produced[i].items()})
+                    # The trace's next minute, spread over the partitions.
                     for record in range(int(samples[n] // SAMPLES_PER_RECORD)):
                         producer.send(p.source.topics[0], b"x" * 64, partition=record % args.partitions)
                 producer.flush()
+                for i, p in enumerate(pipelines):
+                    tps = [TopicPartition(p.source.topics[0], k) for k in range(args.partitions)]
+                    produced[i] = trainers[i].end_offsets(tps)
                 costs = []
                 for i, sensor in enumerate(sensors):
                     if profiler is not None and n > 0:
@@ -133,6 +148,8 @@ def main() -> int:
         finally:
             instance.dispose()
             producer.close()
+            for trainer in trainers:
+                trainer.close()
     steady = np.array(cpu[1:]).ravel() * 1000
     first = np.array(cpu[0]) * 1000
     print(

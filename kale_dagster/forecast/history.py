@@ -121,12 +121,13 @@ def _regularise(ts: pd.Series, rate: pd.Series, step_s: float | None, max_fill_s
     every decision."""
     index = pd.DatetimeIndex(ts)
     unit, stamps, values = index.unit, index.asi8, rate.to_numpy(dtype=float)  # epoch counts in the column's unit
+    tick = pd.Timedelta(np.timedelta64(1, unit))
     order = np.argsort(stamps, kind="stable")
     unique, position = np.unique(stamps[order], return_inverse=True)
     means = _bin_means(position, values[order], len(unique))
     if np.isnan(means).all():
         raise InputDataError("history has no usable (non-NaN) rate values")
-    step = step_s or _mode_step_s(unique, unit)
+    step = step_s or _mode_step_s(unique, tick)
     first, last = index.min(), index.max()
     points = (last - first).total_seconds() / step
     if points > MAX_GRID_POINTS:
@@ -135,7 +136,6 @@ def _regularise(ts: pd.Series, rate: pd.Series, step_s: float | None, max_fill_s
             f"the {MAX_GRID_POINTS:,} a history may have: check for a stray timestamp, or resample to a longer step"
         )
     try:
-        tick = pd.Timedelta(1, unit=unit)
         step_count = pd.Timedelta(seconds=step).as_unit(unit) // tick
     except (OverflowError, ValueError) as exc:  # a step of centuries: pandas cannot build the grid
         raise InputDataError(
@@ -159,13 +159,13 @@ def _bin_means(bins: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
     return np.divide(sums, counts, out=np.full(size, np.nan), where=counts > 0)
 
 
-def _mode_step_s(unique: np.ndarray, unit: str) -> float:
-    """``infer_step_s`` on sorted, distinct epoch counts of ``unit``."""
+def _mode_step_s(unique: np.ndarray, tick: pd.Timedelta) -> float:
+    """``infer_step_s`` on sorted, distinct epoch counts of ``tick``."""
     diffs = np.diff(unique)
     if not len(diffs):
         raise InputDataError("cannot infer the sampling step: need at least two distinct timestamps")
     spacings, counts = np.unique(diffs, return_counts=True)
-    return pd.Timedelta(int(spacings[np.argmax(counts)]), unit=unit).total_seconds()
+    return (tick * int(spacings[np.argmax(counts)])).total_seconds()
 
 
 def _is_regular(ts: pd.Series, rate: np.ndarray, step_s: float | None) -> bool:
