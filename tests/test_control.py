@@ -181,6 +181,31 @@ def test_recent_forecast_error_needs_half_the_window():
     assert error == pytest.approx((0 + 0 + 1.0) / 3)
 
 
+def test_each_prediction_is_scored_against_the_first_reading_at_or_after_it():
+    """The sensor's control scores its one-step predictions on the arrival history it re-anchors the forecast on
+    (no read of its own): each against the first reading at or after the predicted instant."""
+    import numpy as np
+
+    from kale_dagster import KafkaSource, OnlineTrainingPipeline
+    from kale_dagster.definitions.control import PipelineControl
+
+    control = PipelineControl(
+        OnlineTrainingPipeline(name="fe", source=KafkaSource("127.0.0.1:9092", ("t",), "g")), None, "fe_refit"
+    )
+    t0 = 1_800_000_000.0
+    arrivals = pd.DataFrame(
+        {"timestamp": pd.to_datetime(t0 + 60.0 * np.arange(60) + 5, unit="s", utc=True), "rate": 100.0 + np.arange(60)}
+    )
+    predicted = tuple((t0 + 60.0 * k, 100.0) for k in range(0, 60, 10))  # each reading lands 5 s after its minute
+    now, window = t0 + 3600, control.controller.settings.error_window_s
+    got = control._forecast_error(arrivals, ControlCursor(predicted), now)
+    expected = recent_forecast_error(
+        [t for t, _ in predicted], [100.0] * 6, [100.0 + k for k in range(0, 60, 10)], now, window
+    )
+    assert got is not None and got == pytest.approx(expected)
+    assert control._forecast_error(arrivals.iloc[:0], ControlCursor(predicted), now) is None
+
+
 # --- the metrics sensor running the controller --------------------------------------------------
 
 

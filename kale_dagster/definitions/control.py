@@ -135,24 +135,27 @@ class PipelineControl:
 
     def forecast(self) -> Forecast | None:
         """The latest fitted forecaster, re-anchored on the rates measured since it was fitted."""
-        history = self.history
-        latest = history.latest_forecaster(self.p.name, after=self._forecaster[0] if self._forecaster else None)
+        latest = self.history.latest_forecaster(self.p.name, after=self._forecaster[0] if self._forecaster else None)
         if latest is not None:
             fitted_at, saved = latest
             self._forecaster = (fitted_at, saved["model"], saved["steps"])
             self._arrivals = None
+        arrivals = self._arrival_history()  # the forecast's recent error reads it too, in the same decision
         if self._forecaster is None:
             return None
         _, model, steps = self._forecaster
         try:
-            self._last_forecast = model.predict(steps, history=self._arrival_history())
+            self._last_forecast = model.predict(steps, history=arrivals)
         except Exception:  # a history the fit cannot take: Kale falls back to measured rates ("no forecast")
             self._last_forecast = None
         return self._last_forecast
 
-    def _arrival_history(self) -> pd.DataFrame:
+    def _arrival_history(self, cached: bool = False) -> pd.DataFrame:
         """The arrival history, read whole once per fit and then only the readings since, as a tick must not read
-        days of history (a backfill of older readings is seen from the next fit on, as the fit itself sees it)."""
+        days of history (a backfill of older readings is seen from the next fit on, as the fit itself sees it).
+        ``cached``: as this decision's forecast read it."""
+        if cached and self._arrivals is not None:
+            return self._arrivals
         if self._arrivals is None or self._arrivals.empty:
             self._arrivals = self.history.arrival_history(self.p.name)
         else:
@@ -204,7 +207,7 @@ class PipelineControl:
         status, launcher_error = self.launcher_status()
         forecast = self.forecast()  # first: a new fit means a new throughput model too
         model, model_source = self.throughput_model(instance)
-        error = self._forecast_error(self.history, cursor, reading.time)
+        error = self._forecast_error(self._arrival_history(cached=True), cursor, reading.time)
         in_flight, stale = self._rescale_in_flight(instance)
         step = self.controller.step(
             reading,
@@ -344,19 +347,14 @@ class PipelineControl:
             keep.append((float(self._last_forecast.start), float(self._last_forecast.point[0])))
         return tuple(keep)
 
-    def _forecast_error(self, history, cursor: ControlCursor, now: float) -> float | None:
-        if not cursor.predictions:
+    def _forecast_error(self, arrivals: pd.DataFrame, cursor: ControlCursor, now: float) -> float | None:
+        if not cursor.predictions or arrivals.empty:
             return None
         times = np.array([t for t, _ in cursor.predictions])
-        measured = history.stream(self.p.name, start=float(times.min()) - 600)
-        measured = measured[measured["arrival_rate"].notna()]
-        if measured.empty:
-            return None
+        measured_at = (arrivals["timestamp"] - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)
         # The rate measured at the first reading at or after each predicted instant.
-        idx = np.searchsorted(measured["ts"].to_numpy(), times)
-        actual = np.where(
-            idx < len(measured), measured["arrival_rate"].to_numpy()[np.minimum(idx, len(measured) - 1)], np.nan
-        )
+        idx = np.searchsorted(measured_at.to_numpy(), times)
+        actual = np.where(idx < len(arrivals), arrivals["rate"].to_numpy()[np.minimum(idx, len(arrivals) - 1)], np.nan)
         return recent_forecast_error(
             times, [v for _, v in cursor.predictions], actual, now, self.controller.settings.error_window_s
         )
