@@ -133,19 +133,25 @@ class Program:
     def stage(self, k: int, labels: list[Labels]) -> tuple[list[Labels], list[tuple[np.ndarray, np.ndarray]]]:
         """Every count's labels after step ``k``, and each label's parent (count index, label index)."""
         # A restart can come from any label of any count: only the union's undominated labels matter.
+        stays = np.array([len(c) for c, _ in labels])
         all_cost = np.concatenate([c for c, _ in labels])
         all_backlog = np.concatenate([b for _, b in labels])
-        origin_w = np.concatenate([np.full(len(c), wi) for wi, (c, _) in enumerate(labels)])
-        origin_l = np.concatenate([np.arange(len(c)) for c, _ in labels])
+        origin_w = np.repeat(np.arange(len(labels)), stays)
+        origin_l = np.arange(len(all_cost)) - np.repeat(np.cumsum(stays) - stays, stays)
         union = _prune(all_cost, all_backlog, self.max_labels)
-        # Every count's candidates (its own labels staying, the union's restarting into it) advance in one pass.
-        stays = [len(c) for c, _ in labels]
-        sizes = np.array(stays) + len(union)
+        # Every count's candidates (its own labels staying, the union's restarting into it) advance in one pass:
+        # candidate j of count wi is its own label j, then the union's label j - stays[wi].
+        sizes = stays + len(union)
         into = np.repeat(np.arange(len(self.counts)), sizes)
-        pw = np.concatenate([np.concatenate([np.full(n, wi), origin_w[union]]) for wi, n in enumerate(stays)])
-        pl = np.concatenate([np.concatenate([np.arange(n), origin_l[union]]) for n in stays])
-        before = np.concatenate([np.concatenate([c, all_cost[union]]) for c, _ in labels])
-        backlog = np.concatenate([np.concatenate([b, all_backlog[union]]) for _, b in labels])
+        position = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        own = position < stays[into]
+        source = np.where(
+            own,
+            np.repeat(np.cumsum(stays) - stays, sizes) + position,
+            union[np.clip(position - stays[into], 0, len(union) - 1)],
+        )
+        pw, pl = origin_w[source], origin_l[source]
+        before, backlog = all_cost[source], all_backlog[source]
         b, c = self.play(k, backlog, self.capacity[into], pw != into, self.counts[into])
         c = c + before
         new_labels, parents = [], []
