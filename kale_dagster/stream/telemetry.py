@@ -202,9 +202,7 @@ def read_offsets(consumer, admin, topics: list[str], group_id: str, fetch_timeou
     highwater: dict = {}
     deadline = time.monotonic() + fetch_timeout_s
     while time.monotonic() < deadline:
-        # A partition's first record is all a snapshot needs: taking a few at a time leaves the rest of each
-        # fetched batch unparsed (kafka-python parses lazily), and a partition is paused once it has one.
-        for tp, records in consumer.poll(timeout_ms=100, max_records=len(tps)).items():
+        for tp, records in consumer.poll(timeout_ms=100, max_records=1_000_000).items():
             if records and tp not in oldest:
                 oldest[tp] = records[0].timestamp
             consumer.pause(tp)
