@@ -445,8 +445,9 @@ class KalePolicy:
         plan_t = tuple(int(p) for p in plan)
         if target == obs.workers:
             return Decision(target, policy, f"hold at {target}: the plan over {why} keeps it", plan_t, cfg.plan_step_s)
+        # The plan stays cached: it is keyed on the running workers, so it is solved again once they change, and
+        # until then (a rescale under way, an advisory pipeline) it says the same.
         self.last_change_time = obs.time
-        self._latest_plan = None
         return Decision(target, policy, f"{obs.workers} -> {target} workers: plan over {why}", plan_t, cfg.plan_step_s)
 
     def _fewest(self, obs: Observation) -> int:
