@@ -235,23 +235,23 @@ class OnlineTrainingPipelineAttributes(_PipelineFields):  # type: ignore[misc, v
     def _valid_pipeline(self) -> OnlineTrainingPipelineAttributes:
         # The dataclasses' own checks (one validation path), when the YAML loads: dg check defs and dg dev
         # report them with the file and line.  Templated attributes are checked once rendered, at load.
-        if not _holds_template(self.model_dump()):
+        if not _holds_template(self.model_dump(exclude_unset=True)):
             self.build()
         return self
 
     def pipeline(self, context: ResolutionContext | None = None) -> OnlineTrainingPipeline:
         """The declared pipeline, its templates rendered in ``context`` (the component's load context, with its
         template variables; by default Dagster's own scope: env, dg, datetime) and then checked."""
-        if not _holds_template(self.model_dump()):
+        written = self.model_dump(exclude_unset=True)  # a default is never a template
+        if not _holds_template(written):
             return self.build()
         context = context or ResolutionContext.default().at_path("attributes")
-        rendered = context.resolve_value(self.model_dump(exclude_unset=True))
+        rendered = context.resolve_value(written)
         if _holds_template(rendered):
             raise KaleConfigError("attributes", "a template renders to another template; render it to a value")
         try:
             return type(self).model_validate(rendered).build()
         except ValidationError as error:
-            written = self.model_dump(exclude_unset=True)
             raise KaleConfigError.join(
                 [
                     KaleConfigError(

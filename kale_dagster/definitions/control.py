@@ -133,14 +133,16 @@ class PipelineControl:
             self._model = (fitted_at, now, model)
         return self._model[2]
 
-    def forecast(self) -> Forecast | None:
-        """The latest fitted forecaster, re-anchored on the rates measured since it was fitted."""
+    def _load_latest_fit(self) -> None:
+        """The latest fitted forecaster, loaded once per fit (a new one drops the arrivals read for the last)."""
         latest = self.history.latest_forecaster(self.p.name, after=self._forecaster[0] if self._forecaster else None)
         if latest is not None:
             fitted_at, saved = latest
             self._forecaster = (fitted_at, saved["model"], saved["steps"])
             self._arrivals = None
-        arrivals = self._arrival_history()  # the forecast's recent error reads it too, in the same decision
+
+    def forecast(self, arrivals: pd.DataFrame) -> Forecast | None:
+        """The latest fit's forecast, re-anchored on ``arrivals``, the rates measured since it was fitted."""
         if self._forecaster is None:
             return None
         _, model, steps = self._forecaster
@@ -150,12 +152,9 @@ class PipelineControl:
             self._last_forecast = None
         return self._last_forecast
 
-    def _arrival_history(self, cached: bool = False) -> pd.DataFrame:
+    def _arrival_history(self) -> pd.DataFrame:
         """The arrival history, read whole once per fit and then only the readings since, as a tick must not read
-        days of history (a backfill of older readings is seen from the next fit on, as the fit itself sees it).
-        ``cached``: as this decision's forecast read it."""
-        if cached and self._arrivals is not None:
-            return self._arrivals
+        days of history (a backfill of older readings is seen from the next fit on, as the fit itself sees it)."""
         if self._arrivals is None or self._arrivals.empty:
             self._arrivals = self.history.arrival_history(self.p.name)
         else:
@@ -205,9 +204,11 @@ class PipelineControl:
             else latest_metadata(instance, self.allocation_key)
         )
         status, launcher_error = self.launcher_status()
-        forecast = self.forecast()  # first: a new fit means a new throughput model too
+        self._load_latest_fit()  # first: a new fit means a new throughput model too
+        arrivals = self._arrival_history()  # read once: the forecast is re-anchored on it, its error scored on it
+        forecast = self.forecast(arrivals)
         model, model_source = self.throughput_model(instance)
-        error = self._forecast_error(self._arrival_history(cached=True), cursor, reading.time)
+        error = self._forecast_error(arrivals, cursor, reading.time)
         in_flight, stale = self._rescale_in_flight(instance)
         step = self.controller.step(
             reading,
