@@ -81,3 +81,29 @@ def test_a_decision_at_32_workers_and_a_6_hour_horizon_weighs_every_count():
     rates = np.full(360, float(LINEAR.predict(30)))
     plan, _ = plan_from_now(rates, LINEAR, limits, limits.restart_s, 30, 0.0, 0.0, Objective())
     assert plan[0] == 30 and len(plan) == 36
+
+
+def test_a_step_plays_the_queue_minute_by_minute():
+    """A step's queue, computed for all its minutes at once, is the queue of the minute-by-minute recursion
+    b = max(b + arrivals - service, 0), and its cost charges each minute's lag and SLO as the recursion finds them,
+    for labels that restart or not, start empty or waiting, and keep up or not."""
+    from kale_dagster.model.schedule import Program
+
+    rng = np.random.default_rng(3)
+    limits = Limits(min_workers=1, max_workers=6, slo_minutes=4, restart_minutes=3)
+    rates = rng.uniform(0.0, 500.0, 40)
+    program = Program(rates, LINEAR, limits, Objective(plan_step_s=600.0), max_labels=8, past=np.full(5, 200.0))
+    labels = 50
+    backlog, cap = rng.uniform(0.0, 60_000.0, labels) * (rng.random(labels) < 0.7), rng.uniform(0.0, 600.0, labels)
+    restarted, workers = rng.random(labels) < 0.5, rng.integers(1, 7, labels)
+    for k in range(program.steps):
+        after, cost = program.play(k, backlog, cap, restarted, workers)
+        queue, expected = backlog.copy(), workers * float(min(program.step, len(rates) - k * program.step))
+        for i, m in enumerate(range(k * program.step, min((k + 1) * program.step, len(rates)))):
+            share = np.where(restarted, program.serving[i], 1.0)
+            queue = np.maximum(queue + (rates[m] - cap * share) * 60.0, 0.0)
+            lag = program.arrivals.time_lag(len(program.past) + m + 1, queue)
+            expected = expected + 8.0 * lag / 60.0 + 100.0 * (lag > limits.slo_s)
+        np.testing.assert_allclose(after, queue, rtol=1e-9, atol=1e-6)
+        np.testing.assert_allclose(cost, expected, rtol=1e-9)
+        backlog = after

@@ -51,8 +51,9 @@ class _Arrivals:
         self.rates = rates
         self.cumulative = np.concatenate([[0.0], np.cumsum(rates * MINUTE)])
 
-    def time_lag(self, minute_end: int, backlog: np.ndarray) -> np.ndarray:
-        """Age, at the end of minute ``minute_end - 1``, of the oldest of ``backlog`` waiting samples (FIFO)."""
+    def time_lag(self, minute_end: int | np.ndarray, backlog: np.ndarray) -> np.ndarray:
+        """Age, at the end of minute ``minute_end - 1``, of the oldest of ``backlog`` waiting samples (FIFO); with
+        minutes, each label's (a row of ``backlog``) at each minute (its columns)."""
         position = self.cumulative[minute_end] - backlog
         j = np.clip(np.searchsorted(self.cumulative, position, side="right") - 1, 0, len(self.rates) - 1)
         rate = self.rates[j]
@@ -110,17 +111,16 @@ class Program:
         self, k: int, backlog: np.ndarray, cap: np.ndarray, restarted: np.ndarray, workers: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Play step ``k`` for labels (backlog, capacity, restarted?): the backlog after it, and its cost."""
-        rates, step = self.rates, self.step
-        cost = workers * float(min(step, len(rates) - k * step))  # GPU-minutes
-        for i in range(step):
-            m = k * step + i
-            if m >= len(rates):
-                break
-            share = np.where(restarted, self.serving[i], 1.0)
-            backlog = np.maximum(backlog + (rates[m] - cap * share) * MINUTE, 0.0)
-            lag = self.arrivals.time_lag(len(self.past) + m + 1, backlog)
-            cost = cost + self.lag_weight * lag / MINUTE + self.violation_weight * (lag > self.slo_s)
-        return backlog, cost
+        first = k * self.step
+        minutes = np.arange(first, min(first + self.step, len(self.rates)))
+        share = np.where(restarted[:, None], self.serving[None, : len(minutes)], 1.0)
+        # The queue of each minute at once (Lindley's recursion b = max(b + x, 0) unrolled): with S the running sum
+        # of arrivals less service, the backlog is S less its lowest point so far, or less -backlog before it.
+        net = np.cumsum((self.rates[minutes][None, :] - cap[:, None] * share) * MINUTE, axis=1)
+        queue = net - np.minimum(np.minimum.accumulate(net, axis=1), -backlog[:, None])
+        lag = self.arrivals.time_lag(len(self.past) + minutes + 1, queue)
+        waiting = self.lag_weight * lag / MINUTE + self.violation_weight * (lag > self.slo_s)
+        return queue[:, -1], workers * float(len(minutes)) + waiting.sum(axis=1)
 
     def first(self, backlog: float = 0.0, workers: int | None = None) -> list[Labels]:
         """Each count's one label after the first step from ``backlog``: started there without a restart, or,
