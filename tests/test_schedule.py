@@ -11,7 +11,7 @@ import pytest
 
 from kale_dagster import ThroughputModel
 from kale_dagster.model.limits import Limits
-from kale_dagster.model.schedule import Objective, plan_from_now
+from kale_dagster.model.schedule import Objective, Program, plan_from_now
 from kale_dagster.sim.metrics import objective
 from kale_dagster.sim.oracle import SchedulePolicy, optimal_schedule
 from kale_dagster.sim.simulate import SimConfig, simulate
@@ -87,8 +87,6 @@ def test_a_step_plays_the_queue_minute_by_minute():
     """A step's queue, computed for all its minutes at once, is the queue of the minute-by-minute recursion
     b = max(b + arrivals - service, 0), and its cost charges each minute's lag and SLO as the recursion finds them,
     for labels that restart or not, start empty or waiting, and keep up or not."""
-    from kale_dagster.model.schedule import Program
-
     rng = np.random.default_rng(3)
     limits = Limits(min_workers=1, max_workers=6, slo_minutes=4, restart_minutes=3)
     rates = rng.uniform(0.0, 500.0, 40)
