@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,19 +63,34 @@ class _Arrivals:
         return np.where(backlog > 1e-9, np.maximum(lag, 0.0), 0.0)
 
 
-def _prune(cost: np.ndarray, backlog: np.ndarray, max_labels: int) -> np.ndarray:
-    """Indices of the labels no other beats on both cost and backlog, at most ``max_labels``, cheapest first."""
-    order = np.lexsort((cost, backlog))  # by backlog, then cost
-    best = np.minimum.accumulate(cost[order])
-    keep = order[np.concatenate([[True], cost[order][1:] < best[:-1] - 1e-9])]
-    keep = keep[np.argsort(cost[keep], kind="stable")]
-    if len(keep) > max_labels:
-        keep = keep[np.unique(np.linspace(0, len(keep) - 1, max_labels).round().astype(int))]
-    return keep
+def _prune(cost: np.ndarray, backlog: np.ndarray, max_labels: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's labels that no other of the row beats on both cost and backlog, at most ``max_labels``, cheapest
+    first: their columns, and how many each row keeps (columns past that are padding).  Missing labels are
+    ``inf`` in both."""
+    rows = np.arange(len(cost))[:, None]
+    order = np.lexsort((cost, backlog), axis=-1)  # by backlog, then cost
+    ordered = cost[rows, order]
+    best = np.minimum.accumulate(ordered, axis=1)
+    kept = np.concatenate([np.isfinite(ordered[:, :1]), ordered[:, 1:] < best[:, :-1] - 1e-9], axis=1)
+    order = order[rows, np.argsort(np.where(kept, ordered, np.inf), axis=1, kind="stable")]  # kept, cheapest first
+    n = kept.sum(axis=1)
+    width = min(int(n.max()), max_labels)
+    columns = np.broadcast_to(np.arange(width), (len(cost), width))
+    over = n > max_labels
+    if over.any():  # evenly spread from the cheapest to the emptiest queue (as np.linspace(0, n - 1) spreads)
+        spread = np.arange(max_labels) * ((n[over, None] - 1) / max(max_labels - 1, 1))
+        spread[:, -1] = n[over] - 1 if max_labels > 1 else 0
+        columns = columns.copy()
+        columns[over] = spread.round().astype(int)
+    return order[rows, columns], np.minimum(n, max_labels)
 
 
-#: One worker count's labels: (costs, backlogs), each undominated by another of the count's.
-Labels = tuple[np.ndarray, np.ndarray]
+class Labels(NamedTuple):
+    """Every worker count's labels (a row each), undominated within the row, cheapest first; ``inf`` pads a row
+    with fewer labels than the widest."""
+
+    cost: np.ndarray
+    backlog: np.ndarray
 
 
 class Program:
@@ -122,56 +138,45 @@ class Program:
         waiting = self.lag_weight * lag / MINUTE + self.violation_weight * (lag > self.slo_s)
         return queue[:, -1], workers * float(len(minutes)) + waiting.sum(axis=1)
 
-    def first(self, backlog: float = 0.0, workers: int | None = None) -> list[Labels]:
+    def first(self, backlog: float = 0.0, workers: int | None = None) -> Labels:
         """Each count's one label after the first step from ``backlog``: started there without a restart, or,
         when ``workers`` run now, restarted into any other count."""
         n = len(self.counts)
         restarted = np.zeros(n, bool) if workers is None else self.counts != workers
         b, c = self.play(0, np.full(n, float(backlog)), self.capacity, restarted, self.counts)
-        return [(c[wi : wi + 1], b[wi : wi + 1]) for wi in range(n)]
+        return Labels(c[:, None], b[:, None])
 
-    def stage(self, k: int, labels: list[Labels]) -> tuple[list[Labels], list[tuple[np.ndarray, np.ndarray]]]:
-        """Every count's labels after step ``k``, and each label's parent (count index, label index)."""
+    def stage(self, k: int, labels: Labels) -> tuple[Labels, tuple[np.ndarray, np.ndarray]]:
+        """Every count's labels after step ``k``, and each label's parent (count, column in ``labels``)."""
+        n, width = labels.cost.shape
         # A restart can come from any label of any count: only the union's undominated labels matter.
-        stays = np.array([len(c) for c, _ in labels])
-        all_cost = np.concatenate([c for c, _ in labels])
-        all_backlog = np.concatenate([b for _, b in labels])
-        origin_w = np.repeat(np.arange(len(labels)), stays)
-        origin_l = np.arange(len(all_cost)) - np.repeat(np.cumsum(stays) - stays, stays)
-        union = _prune(all_cost, all_backlog, self.max_labels)
-        # Every count's candidates (its own labels staying, the union's restarting into it) advance in one pass:
-        # candidate j of count wi is its own label j, then the union's label j - stays[wi].
-        sizes = stays + len(union)
-        into = np.repeat(np.arange(len(self.counts)), sizes)
-        position = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        own = position < stays[into]
-        source = np.where(
-            own,
-            np.repeat(np.cumsum(stays) - stays, sizes) + position,
-            union[np.clip(position - stays[into], 0, len(union) - 1)],
-        )
-        pw, pl = origin_w[source], origin_l[source]
-        before, backlog = all_cost[source], all_backlog[source]
-        b, c = self.play(k, backlog, self.capacity[into], pw != into, self.counts[into])
-        c = c + before
-        new_labels, parents = [], []
-        for wi, end in enumerate(np.cumsum(sizes)):
-            part = slice(end - sizes[wi], end)
-            keep = _prune(c[part], b[part], self.max_labels)
-            new_labels.append((c[part][keep], b[part][keep]))
-            parents.append((pw[part][keep], pl[part][keep]))
-        return new_labels, parents
+        valid = np.isfinite(labels.cost)
+        from_w, from_l = np.nonzero(valid)
+        union, size = _prune(labels.cost[valid][None, :], labels.backlog[valid][None, :], self.max_labels)
+        union = union[0, : size[0]]
+        # Every count's candidates (its own labels staying, then the union's restarting into it) advance in one pass.
+        pw = np.concatenate([np.repeat(np.arange(n)[:, None], width, axis=1), np.tile(from_w[union], (n, 1))], axis=1)
+        pl = np.concatenate([np.tile(np.arange(width), (n, 1)), np.tile(from_l[union], (n, 1))], axis=1)
+        playing = np.concatenate([valid, np.ones((n, len(union)), bool)], axis=1)
+        into = np.nonzero(playing)[0]
+        sw, sl = pw[playing], pl[playing]
+        b, c = self.play(k, labels.backlog[sw, sl], self.capacity[into], sw != into, self.counts[into])
+        cost, backlog = np.full(playing.shape, np.inf), np.full(playing.shape, np.inf)
+        cost[playing], backlog[playing] = c + labels.cost[sw, sl], b
+        keep, size = _prune(cost, backlog, self.max_labels)
+        rows = np.arange(n)[:, None]
+        padding = np.arange(keep.shape[1])[None, :] >= size[:, None]
+        new = Labels(np.where(padding, np.inf, cost[rows, keep]), np.where(padding, np.inf, backlog[rows, keep]))
+        return new, (pw[rows, keep], pl[rows, keep])
 
-    def backtrack(
-        self, labels: list[Labels], parents: list[list[tuple[np.ndarray, np.ndarray]]]
-    ) -> tuple[float, np.ndarray]:
+    def backtrack(self, labels: Labels, parents: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, np.ndarray]:
         """The cheapest final label's cost and the worker count of each step that led to it."""
-        finals = [(float(c.min()), wi, int(c.argmin())) for wi, (c, _) in enumerate(labels)]
-        cost, wi, li = min(finals)
+        wi, li = np.unravel_index(np.argmin(labels.cost), labels.cost.shape)  # the first of equals, by count
+        cost, wi, li = float(labels.cost[wi, li]), int(wi), int(li)
         chosen = [wi]
         for k in range(self.steps - 2, -1, -1):
-            pw, pl = parents[k][wi]
-            wi, li = int(pw[li]), int(pl[li])
+            pw, pl = parents[k]
+            wi, li = int(pw[wi, li]), int(pl[wi, li])
             chosen.append(wi)
         return cost, self.counts[np.array(chosen[::-1])]
 
