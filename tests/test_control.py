@@ -23,6 +23,7 @@ from kale_dagster.control.controller import (
     ControlSettings,
     StreamReading,
     recent_forecast_error,
+    recent_forecast_ratio,
     restart_estimate,
 )
 from kale_dagster.control.tick import ControlCursor, reading_from
@@ -181,9 +182,26 @@ def test_recent_forecast_error_needs_half_the_window():
     assert error == pytest.approx((0 + 0 + 1.0) / 3)
 
 
+@pytest.mark.parametrize(
+    "predicted, actual, ratio",
+    [
+        ([100, 100, 100, 100], [150, 150, 150, 150], 1.5),  # forecast low: above 1
+        ([100, 200, 100, 200], [150, 150, 150, 150], 1.0),  # the totals are compared, not each pair
+        ([100, 100, 100, 100], [100, 100, float("nan"), 40], 0.8),  # unmeasured pairs left out; high: below 1
+        ([0, 0, 0, 0], [10, 10, 10, 10], None),  # nothing predicted: no ratio
+    ],
+)
+def test_recent_forecast_ratio_compares_what_arrived_with_what_was_predicted(predicted, actual, ratio):
+    times = [0.0, 600.0, 1200.0, 1800.0]
+    got = recent_forecast_ratio(times, predicted, actual, now=1800, window_s=3600)
+    assert got == (pytest.approx(ratio) if ratio is not None else None)
+    assert recent_forecast_ratio(times[:2], predicted[:2], actual[:2], now=1800, window_s=3600) is None
+
+
 def test_each_prediction_is_scored_against_the_first_reading_at_or_after_it():
     """The sensor's control scores its one-step predictions on the arrival history it re-anchors the forecast on
-    (no read of its own): each against the first reading at or after the predicted instant."""
+    (no read of its own): each against the first reading at or after the predicted instant, for the error over
+    its window and the ratio over its own."""
     import numpy as np
 
     from kale_dagster import KafkaSource, OnlineTrainingPipeline
@@ -194,16 +212,21 @@ def test_each_prediction_is_scored_against_the_first_reading_at_or_after_it():
     )
     t0 = 1_800_000_000.0
     arrivals = pd.DataFrame(
-        {"timestamp": pd.to_datetime(t0 + 60.0 * np.arange(60) + 5, unit="s", utc=True), "rate": 100.0 + np.arange(60)}
+        {
+            "timestamp": pd.to_datetime(t0 + 60.0 * np.arange(120) + 5, unit="s", utc=True),
+            "rate": 100.0 + np.arange(120),
+        }
     )
-    predicted = tuple((t0 + 60.0 * k, 100.0) for k in range(0, 60, 10))  # each reading lands 5 s after its minute
-    now, window = t0 + 3600, control.controller.settings.error_window_s
-    got = control._forecast_error(arrivals, ControlCursor(predicted), now)
-    expected = recent_forecast_error(
-        [t for t, _ in predicted], [100.0] * 6, [100.0 + k for k in range(0, 60, 10)], now, window
-    )
-    assert got is not None and got == pytest.approx(expected)
-    assert control._forecast_error(arrivals.iloc[:0], ControlCursor(predicted), now) is None
+    predicted = tuple((t0 + 60.0 * k, 100.0) for k in range(0, 120, 10))  # each reading lands 5 s after its minute
+    settings, now = control.controller.settings, t0 + 7200
+    assert settings.ratio_window_s > settings.error_window_s
+    error, ratio = control._forecast_scores(arrivals, ControlCursor(predicted), now)
+    times, actual = [t for t, _ in predicted], [100.0 + k for k in range(0, 120, 10)]
+    expected_error = recent_forecast_error(times, [100.0] * 12, actual, now, settings.error_window_s)
+    expected_ratio = recent_forecast_ratio(times, [100.0] * 12, actual, now, settings.ratio_window_s)
+    assert error is not None and error == pytest.approx(expected_error)
+    assert ratio is not None and ratio == pytest.approx(expected_ratio) == pytest.approx(1.55)  # the last 2 h
+    assert control._forecast_scores(arrivals.iloc[:0], ControlCursor(predicted), now) == (None, None)
 
 
 # --- the metrics sensor running the controller --------------------------------------------------

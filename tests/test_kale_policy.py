@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -324,6 +326,24 @@ def test_the_receding_planner_applies_the_first_step_of_the_cheapest_plan(
     )
     assert d.workers == expected and d.policy == "kale" and says in d.reason and "plan over the forecast" in d.reason
     assert len(d.plan) == 36 and d.plan[0] == expected  # 6 hours of 10-minute steps
+
+
+@pytest.mark.parametrize(
+    "ratio, expected, says",
+    [
+        (None, 4, "hold at 4: the plan over the forecast keeps it"),  # not measured yet: the forecast as it is
+        (0.5, 4, "hold at 4: the plan over the forecast keeps it"),  # it ran high: never scaled down
+        (1.0, 4, "hold at 4: the plan over the forecast keeps it"),
+        (1.5, 8, "plan over the forecast x1.50 (recent arrivals were 1.50x what it predicted)"),
+        (2.0, 9, "plan over the forecast x2.00"),
+        (3.0, 9, "plan over the forecast x2.00 (recent arrivals were 3.00x what it predicted)"),  # at most 2x
+    ],
+)
+def test_the_receding_planner_scales_a_forecast_that_fell_short(ratio, expected, says):
+    """3,500/s keeps 4 workers busy; recent arrivals above what the forecast predicted scale it up."""
+    obs = replace(_obs(forecast=_forecast([3500] * 120)), forecast_ratio=ratio)
+    d = KalePolicy(_sizing(LINEAR)).decide(obs)
+    assert d.workers == expected and says in d.reason
 
 
 def test_the_receding_plan_is_solved_again_only_when_due(monkeypatch):

@@ -460,6 +460,22 @@ def test_forecasts_recorded_period_by_period_are_the_live_feed():
         if expected is not None:
             assert np.array_equal(expected.point, got.point) and np.array_equal(expected.upper, got.upper)
         assert live.recent_error(minute) == recorded.recent_error(minute)
+        assert live.recent_ratio(minute) == recorded.recent_ratio(minute)
+
+
+@pytest.mark.parametrize("forecast_share, ratio", [(1.0, 1.0), (0.5, 2.0), (2.0, 0.5)])
+def test_the_feed_reads_the_arrivals_over_what_its_forecasts_predicted(forecast_share, ratio):
+    """A forecaster that predicts a share of what comes: the arrivals over the ratio window over its one-step
+    predictions are the share's inverse, once half of the window was forecast."""
+    from kale_dagster.sim.oracle import Hindsight
+    from kale_dagster.sim.simulate import ForecastFeed
+
+    n, times = 600, _times(600)
+    rates = 50 + 40 * np.sin(np.arange(n) * 2 * np.pi / 1440)
+    config = SimConfig(forecast_every_s=60.0, ratio_window_s=7200.0)
+    feed = ForecastFeed(lambda: Hindsight(times, rates * forecast_share), times, rates, config)
+    got = [feed.update(minute) and feed.recent_ratio(minute) for minute in range(n)]
+    assert got[59] is None and got[70] == pytest.approx(ratio) and got[-1] == pytest.approx(ratio)
 
 
 def test_a_backtest_in_parallel_processes_gives_what_one_process_gives():

@@ -50,6 +50,7 @@ class ControlSettings:
     advisory: bool = False
     rate_window_s: float = 300.0  # arrival and consumption rates are averaged over this window
     error_window_s: float = 3600.0  # the forecast's recent error is measured over this window
+    ratio_window_s: float = 7200.0  # and the arrivals over what it predicted, over this one
     adequate_workers: int | None = None  # the static baseline's fixed allocation (Sizing.adequate_workers)
     partitions: int | None = None  # for policies that need it when readings carry no per-partition offsets
 
@@ -127,12 +128,37 @@ def recent_forecast_error(
     ``actual`` is NaN where nothing was measured.  None until the measured
     pairs span half of the window (as the simulator requires half of its minutes).
     """
+    pairs = _recent_pairs(times, predicted, actual, now, window_s)
+    return smape(*pairs) if pairs is not None else None
+
+
+def recent_forecast_ratio(
+    times: Sequence[float] | np.ndarray,
+    predicted: Sequence[float],
+    actual: Sequence[float] | np.ndarray,
+    now: float,
+    window_s: float,
+) -> float | None:
+    """What arrived over the last ``window_s`` divided by what the one-step predictions said would (None as
+    :func:`recent_forecast_error`, or when nothing was predicted)."""
+    pairs = _recent_pairs(times, predicted, actual, now, window_s)
+    return forecast_ratio(*pairs) if pairs is not None else None
+
+
+def forecast_ratio(measured: np.ndarray, forecast: np.ndarray) -> float | None:
+    """The measured total over the forecast total (None when nothing was forecast)."""
+    expected = float(np.sum(forecast))
+    return float(np.sum(measured)) / expected if expected > 0 else None
+
+
+def _recent_pairs(times, predicted, actual, now: float, window_s: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """(measured, predicted) of the pairs measured within the last ``window_s``; None until they span half of it."""
     pairs = [(a, p) for t, p, a in zip(times, predicted, actual) if now - window_s <= t <= now and a == a]
     used = [t for t, _, a in zip(times, predicted, actual) if now - window_s <= t <= now and a == a]
     if not pairs or max(used) - min(used) < window_s / 2:
         return None
     measured, forecast = zip(*pairs)
-    return smape(np.asarray(measured), np.asarray(forecast))
+    return np.asarray(measured), np.asarray(forecast)
 
 
 def completed_time_lag(reading: StreamReading) -> tuple[StreamReading | None, str]:
@@ -214,6 +240,7 @@ class Controller:
         forecast: Forecast | None,
         forecast_error: float | None,
         rescale_in_flight: bool,
+        forecast_ratio: float | None = None,
     ) -> Observation:
         """The policy's view, built as the simulator builds it."""
         workers = status.workers
@@ -232,6 +259,7 @@ class Controller:
             partitions=reading.partitions,
             forecast=forecast,
             forecast_error=forecast_error,
+            forecast_ratio=forecast_ratio,
             restarting=status.rescaling or rescale_in_flight or starting,
             latest_arrival_rate=reading.latest_arrival_rate,
         )
@@ -243,6 +271,7 @@ class Controller:
         model: ThroughputModel,
         forecast: Forecast | None = None,
         forecast_error: float | None = None,
+        forecast_ratio: float | None = None,
         policy_state: dict | None = None,
         rescale_in_flight: bool = False,
         time_scale: float = 1.0,
@@ -272,7 +301,7 @@ class Controller:
         completed, estimated = completed_time_lag(reading)
         if completed is None:
             return self._hold(status.workers, estimated, policy_state, restart_s, restart_source)
-        obs = self.observe(completed, status, model, forecast, forecast_error, rescale_in_flight)
+        obs = self.observe(completed, status, model, forecast, forecast_error, rescale_in_flight, forecast_ratio)
         if self._built is not None and not self._learns:  # built once and never rebuilt: no knowledge to hand it
             policy = self.policy(self._built[0], policy_state)
         else:

@@ -36,7 +36,13 @@ from dagster import (
     RunsFilter,
 )
 
-from kale_dagster.control.controller import Controller, ControlStep, StreamReading, recent_forecast_error
+from kale_dagster.control.controller import (
+    Controller,
+    ControlStep,
+    StreamReading,
+    recent_forecast_error,
+    recent_forecast_ratio,
+)
 from kale_dagster.control.tick import ControlCursor, TickOutcome
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.forecast.base import Forecast
@@ -208,7 +214,7 @@ class PipelineControl:
         arrivals = self._arrival_history()  # read once: the forecast is re-anchored on it, its error scored on it
         forecast = self.forecast(arrivals)
         model, model_source = self.throughput_model(instance)
-        error = self._forecast_error(arrivals, cursor, reading.time)
+        error, ratio = self._forecast_scores(arrivals, cursor, reading.time)
         in_flight, stale = self._rescale_in_flight(instance)
         step = self.controller.step(
             reading,
@@ -216,6 +222,7 @@ class PipelineControl:
             model,
             forecast=forecast,
             forecast_error=error,
+            forecast_ratio=ratio,
             policy_state=previous.get("policy_state"),
             rescale_in_flight=in_flight,
             time_scale=p.clock.time_scale,
@@ -343,21 +350,28 @@ class PipelineControl:
         )
 
     def _remember_prediction(self, cursor: ControlCursor, now: float) -> tuple[tuple[float, float], ...]:
-        keep = [pair for pair in cursor.predictions if now - pair[0] <= self.controller.settings.error_window_s]
+        settings = self.controller.settings
+        window = max(settings.error_window_s, settings.ratio_window_s)
+        keep = [pair for pair in cursor.predictions if now - pair[0] <= window]
         if self._last_forecast is not None and len(self._last_forecast):
             keep.append((float(self._last_forecast.start), float(self._last_forecast.point[0])))
         return tuple(keep)
 
-    def _forecast_error(self, arrivals: pd.DataFrame, cursor: ControlCursor, now: float) -> float | None:
+    def _forecast_scores(
+        self, arrivals: pd.DataFrame, cursor: ControlCursor, now: float
+    ) -> tuple[float | None, float | None]:
+        """The forecast's recent error (sMAPE) and the arrivals over what it predicted, each over its window."""
         if not cursor.predictions or arrivals.empty:
-            return None
+            return None, None
         times = np.array([t for t, _ in cursor.predictions])
         measured_at = (arrivals["timestamp"] - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)
         # The rate measured at the first reading at or after each predicted instant.
         idx = np.searchsorted(measured_at.to_numpy(), times)
         actual = np.where(idx < len(arrivals), arrivals["rate"].to_numpy()[np.minimum(idx, len(arrivals) - 1)], np.nan)
-        return recent_forecast_error(
-            times, [v for _, v in cursor.predictions], actual, now, self.controller.settings.error_window_s
+        predicted, settings = [v for _, v in cursor.predictions], self.controller.settings
+        return (
+            recent_forecast_error(times, predicted, actual, now, settings.error_window_s),
+            recent_forecast_ratio(times, predicted, actual, now, settings.ratio_window_s),
         )
 
     def plot(self, step: ControlStep, now: float, plot_dir: str) -> MetadataValue:
@@ -434,6 +448,8 @@ def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) ->
         )
         if obs.latest_arrival_rate is not None:
             metadata["latest_arrival_rate"] = obs.latest_arrival_rate
+        if obs.forecast_ratio is not None:
+            metadata["forecast_recent_ratio"] = round(obs.forecast_ratio, 4)
     if decision.forecast_error is not None:
         metadata["forecast_recent_smape"] = round(decision.forecast_error, 4)
     optional = {  # shown when there is something to say

@@ -10,8 +10,9 @@ One decision, in stages that are each small and testable:
 
    * ``receding`` (the default): the offline optimum's dynamic program
      (``kale_dagster.model.schedule``), solved from now over the forecast
-     (its point, then its outlook, up to ``plan_horizon_s``) with the
-     workers running, the backlog waiting and its age as the state, the
+     (its point, then its outlook, up to ``plan_horizon_s``; scaled up by
+     as much as it fell short of the arrivals of the last two hours, at
+     most ``max_forecast_scale``) with the workers running, the backlog waiting and its age as the state, the
      fitted throughput model and the measured restart time; the first
      step is applied, and the plan is solved again every ``replan_s`` or
      when the workers change.  The fallback plans the same way, on the
@@ -112,6 +113,13 @@ class KaleConfig:
     replan_s: float = setting(600.0, gt=0, unit="s", description="the receding planner re-plans at least this often")
     plan_quantile: float | None = setting(
         0.5, gt=0, lt=1, description="the forecast quantile the receding planner plans on (0.5: the point forecast)"
+    )
+
+    max_forecast_scale: float = setting(
+        2.0,
+        ge=1,
+        description="the receding planner scales the forecast up by its recent shortfall (the arrivals over the "
+        "ratio window / what it predicted for them), at most this much; 1: never",
     )
 
     def __post_init__(self):
@@ -409,7 +417,18 @@ class KalePolicy:
         )
 
     def _decide_receding(self, obs: Observation) -> Decision:
-        return self._receding(obs, _minutes_ahead(obs, self.config.plan_quantile), self.name, "the forecast")
+        scale = self._forecast_scale(obs)
+        why = "the forecast"
+        if scale > 1:
+            why += f" x{scale:.2f} (recent arrivals were {obs.forecast_ratio:.2f}x what it predicted)"
+        return self._receding(obs, _minutes_ahead(obs, self.config.plan_quantile) * scale, self.name, why)
+
+    def _forecast_scale(self, obs: Observation) -> float:
+        """How much to scale the forecast up: by as much as it fell short of the recent arrivals (a forecast fitted
+        for the typical rate runs low on bursty traffic), within ``max_forecast_scale``.  Never down: lag costs
+        ``lag_weight`` GPU-minutes a minute, so a forecast that ran high costs less than one that ran low."""
+        ratio = obs.forecast_ratio
+        return min(max(ratio, 1.0), self.config.max_forecast_scale) if ratio is not None else 1.0
 
     def _receding(
         self, obs: Observation, per_minute: np.ndarray, policy: str, why: str, fresh: bool = False
@@ -470,7 +489,7 @@ class KalePolicy:
             # forecast (or the windowed rate) resumes.
             held = max(int(math.ceil(obs.time_lag_s / 60)), int(cfg.plan_step_s // 60))
             after = (
-                _minutes_ahead(obs, 0.5)
+                _minutes_ahead(obs, 0.5) * self._forecast_scale(obs)
                 if obs.forecast is not None and len(obs.forecast)
                 else np.full(int(cfg.plan_horizon_s // 60), obs.arrival_rate)
             )

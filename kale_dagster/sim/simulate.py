@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from kale_dagster.control.controller import Controller, ControlSettings, StreamReading
+from kale_dagster.control.controller import Controller, ControlSettings, StreamReading, forecast_ratio
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape, smape_terms
@@ -95,6 +95,9 @@ class SimConfig:
     forecast_horizon_s: float = setting(7200.0, gt=0, unit="s")
     rate_window_s: float = setting(300.0, gt=0, unit="s", description="telemetry's averaging window for rates")
     error_window_s: float = setting(3600.0, gt=0, unit="s", description="the recent forecast error's window")
+    ratio_window_s: float = setting(
+        7200.0, gt=0, unit="s", description="the window of the arrivals over what the forecast predicted"
+    )
     commit_interval_s: float = setting(0.0, ge=0, unit="s", description="offsets committed this often; 0: as consumed")
     pipeline_latency_s: float = setting(
         0.0, ge=0, unit="s", description="a sample's time inside the trainer before it can be committed..."
@@ -278,6 +281,17 @@ class ForecastFeed:
             return None if np.isnan(error) else float(error)
         return self._window_error(minute)
 
+    def recent_ratio(self, minute: int) -> float | None:
+        """What arrived over the ratio window before ``minute`` divided by what its one-step forecasts said would;
+        None until half of it has one."""
+        window = int(self.cfg.ratio_window_s // MINUTE)
+        lo = max(minute - window, 0)
+        predicted = self.one_step[lo:minute]
+        made = ~np.isnan(predicted)
+        if np.count_nonzero(made) < window // 2:
+            return None
+        return forecast_ratio(self.rates[lo:minute][made], predicted[made])
+
     def _window_error(self, minute: int) -> float | None:
         """:meth:`recent_error` from the one-step forecasts made so far."""
         window = int(self.cfg.error_window_s // MINUTE)
@@ -353,6 +367,7 @@ def simulate(
             limits=config.limits,
             rate_window_s=config.rate_window_s,
             error_window_s=config.error_window_s,
+            ratio_window_s=config.ratio_window_s,
         )
         policy = Controller.fixed(policy, settings)
     return _Run(rates, times, policy, model, config, forecasts, _Measurements(model, prior or model, config)).run()
@@ -500,6 +515,7 @@ class _Run:
             self.planning_model,
             forecast=self.forecast,
             forecast_error=self.forecasts.recent_error(minute) if self.forecasts else None,
+            forecast_ratio=self.forecasts.recent_ratio(minute) if self.forecasts else None,
             rescale_in_flight=self.pending is not None,
         )
         if self.sync_ticks is None:
