@@ -142,10 +142,10 @@ def recent_forecast_ratio(
     """What arrived over the last ``window_s`` divided by what the one-step predictions said would (None as
     :func:`recent_forecast_error`, or when nothing was predicted)."""
     pairs = _recent_pairs(times, predicted, actual, now, window_s)
-    return forecast_ratio(*pairs) if pairs is not None else None
+    return arrivals_over_forecast(*pairs) if pairs is not None else None
 
 
-def forecast_ratio(measured: np.ndarray, forecast: np.ndarray) -> float | None:
+def arrivals_over_forecast(measured: np.ndarray, forecast: np.ndarray) -> float | None:
     """The measured total over the forecast total (None when nothing was forecast)."""
     expected = float(np.sum(forecast))
     return float(np.sum(measured)) / expected if expected > 0 else None

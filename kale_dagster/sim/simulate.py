@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from kale_dagster.control.controller import Controller, ControlSettings, StreamReading, forecast_ratio
+from kale_dagster.control.controller import Controller, ControlSettings, StreamReading, arrivals_over_forecast
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape, smape_terms
@@ -284,23 +284,24 @@ class ForecastFeed:
     def recent_ratio(self, minute: int) -> float | None:
         """What arrived over the ratio window before ``minute`` divided by what its one-step forecasts said would;
         None until half of it has one."""
-        window = int(self.cfg.ratio_window_s // MINUTE)
-        lo = max(minute - window, 0)
-        predicted = self.one_step[lo:minute]
-        made = ~np.isnan(predicted)
-        if np.count_nonzero(made) < window // 2:
-            return None
-        return forecast_ratio(self.rates[lo:minute][made], predicted[made])
+        pairs = self._window_pairs(minute, self.cfg.ratio_window_s)
+        return arrivals_over_forecast(*pairs) if pairs is not None else None
 
     def _window_error(self, minute: int) -> float | None:
         """:meth:`recent_error` from the one-step forecasts made so far."""
-        window = int(self.cfg.error_window_s // MINUTE)
+        pairs = self._window_pairs(minute, self.cfg.error_window_s)
+        return smape(*pairs) if pairs is not None else None
+
+    def _window_pairs(self, minute: int, window_s: float) -> tuple[np.ndarray, np.ndarray] | None:
+        """(arrived, forecast) of the minutes within ``window_s`` before ``minute`` that had a one-step forecast; None
+        until half of them had one."""
+        window = int(window_s // MINUTE)
         lo = max(minute - window, 0)
         predicted = self.one_step[lo:minute]
         made = ~np.isnan(predicted)
         if np.count_nonzero(made) < window // 2:
             return None
-        return smape(self.rates[lo:minute][made], predicted[made])
+        return self.rates[lo:minute][made], predicted[made]
 
     def _every_recent_error(self) -> np.ndarray:
         """:meth:`recent_error` at every minute (NaN for None) from the recorded one-step forecasts: windows that
