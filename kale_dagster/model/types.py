@@ -46,7 +46,7 @@ class Observation:
     partitions: tuple[PartitionOffsets, ...] = ()
     forecast: Forecast | None = None
     forecast_error: float | None = None
-    # The arrivals over the same window divided by what the forecast predicted for them: above 1, it forecast low.
+    # The recent arrivals divided by what the forecast predicted for them (the ratio window): above 1, it ran low.
     forecast_ratio: float | None = None
     restarting: bool = False
     latest_arrival_rate: float | None = None  # over the last reading's interval only: a burst shows here first

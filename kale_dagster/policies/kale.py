@@ -12,12 +12,13 @@ One decision, in stages that are each small and testable:
      (``kale_dagster.model.schedule``), solved from now over the forecast
      (its point, then its outlook, up to ``plan_horizon_s``; scaled up by
      as much as it fell short of the arrivals of the last two hours, at
-     most ``max_forecast_scale``) with the workers running, the backlog waiting and its age as the state, the
-     fitted throughput model and the measured restart time; the first
-     step is applied, and the plan is solved again every ``replan_s`` or
-     when the workers change.  The fallback plans the same way, on the
-     measured rate held for as long as the backlog is old (a rate that has
-     lasted that long is expected to last as long again), then the forecast.
+     most ``max_forecast_scale``) with the workers running, the backlog
+     waiting and its age as the state, the fitted throughput model and the
+     measured restart time; the first step is applied, and the plan is
+     solved again every ``replan_s`` or when the workers change.  The
+     fallback plans the same way, on the measured rate held for as long as
+     the backlog is old (a rate that has lasted that long is expected to
+     last as long again), then the forecast.
    * ``stabilizer``: the paper's pipeline.  Workers per plan step from the
      forecast (upper band or a quantile) plus the backlog's drain rate
      (``kale_dagster.model.estimator``) and again from the point forecast;
