@@ -260,6 +260,8 @@ def test_waits_while_restarting():
         (dict(rho=0), "rho"),
         (dict(lag_weight=-1), "lag_weight"),
         (dict(burst_ratio=1.0), "burst_ratio"),
+        (dict(plan_horizon_s=7200, trusted_horizon_s=3600), "plan_horizon_s"),  # and trusted_horizon_s
+        (dict(trusted_forecast_error=-0.1), "trusted_forecast_error"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, field):
@@ -344,6 +346,32 @@ def test_the_receding_planner_scales_a_forecast_that_fell_short(ratio, expected,
     obs = replace(_obs(forecast=_forecast([3500] * 120)), forecast_ratio=ratio)
     d = KalePolicy(_sizing(LINEAR)).decide(obs)
     assert d.workers == expected and says in d.reason
+
+
+@pytest.mark.parametrize(
+    "error, steps, levels",
+    [
+        # Accurate: 12 hours ahead it sees the peak, so it holds 4 and restarts once, into 12.
+        (0.05, 72, [4, 12]),
+        # Not accurate enough (or not measured yet): 6 hours ahead, it plans a rise to 7 that the peak would undo.
+        (0.3, 36, [4, 7]),
+        (None, 36, [4, 7]),
+    ],
+)
+def test_the_receding_planner_plans_further_on_a_forecast_that_proved_accurate(error, steps, levels):
+    rising = np.linspace(3000.0, 12000.0, 720)  # 12 hours: the forecast's 2, then its outlook
+    obs = _obs(rate=3000.0, forecast=_forecast(rising[:120], outlook=rising[120:]), error=error)
+    d = KalePolicy(_sizing(LINEAR)).decide(obs)
+    assert d.workers == 4 and len(d.plan) == steps
+    assert [level for i, level in enumerate(d.plan) if i == 0 or level != d.plan[i - 1]] == levels
+    assert ("12 h ahead" in d.reason) == (error == 0.05), d.reason
+
+
+def test_the_receding_fallback_plans_over_the_plain_horizon_even_on_an_accurate_forecast():
+    rising = np.linspace(3000.0, 12000.0, 720)
+    obs = _obs(rate=3000.0, lag=900.0, backlog=1e6, forecast=_forecast(rising[:120], outlook=rising[120:]), error=0.05)
+    d = KalePolicy(_sizing(LINEAR)).decide(obs)
+    assert d.policy == "kale/fallback" and len(d.plan) == 36, d.reason
 
 
 def test_the_receding_plan_is_solved_again_only_when_due(monkeypatch):

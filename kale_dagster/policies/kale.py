@@ -10,7 +10,8 @@ One decision, in stages that are each small and testable:
 
    * ``receding`` (the default): the offline optimum's dynamic program
      (``kale_dagster.model.schedule``), solved from now over the forecast
-     (its point, then its outlook, up to ``plan_horizon_s``; scaled up by
+     (its point, then its outlook, up to ``plan_horizon_s``, or
+     ``trusted_horizon_s`` while its recent error is small; scaled up by
      as much as it fell short of the arrivals of the last two hours, at
      most ``max_forecast_scale``) with the workers running, the backlog
      waiting and its age as the state, the fitted throughput model and the
@@ -51,6 +52,7 @@ from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 
+from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.estimator import estimate_workers, resample_max
 from kale_dagster.model.limits import Limits
@@ -111,6 +113,19 @@ class KaleConfig:
     plan_horizon_s: float = setting(
         6 * 3600.0, ge=600, le=86_400, unit="s", description="how far the receding planner plans"
     )
+    # A plan that ends before a level it will need cannot see that a restart into that level is coming anyway: on a
+    # rising day a 6-hour plan adds a worker at every re-plan where one restart would do.  Only a forecast that has
+    # proven accurate is worth planning on that far; on bursty traffic a long plan on the typical day runs lean.
+    trusted_horizon_s: float = setting(
+        12 * 3600.0,
+        ge=600,
+        le=86_400,
+        unit="s",
+        description="how far the receding planner plans while the forecast is accurate (trusted_forecast_error)",
+    )
+    trusted_forecast_error: float = setting(
+        0.1, ge=0, description="recent sMAPE at or below which the forecast is planned on for trusted_horizon_s"
+    )
     replan_s: float = setting(600.0, gt=0, unit="s", description="the receding planner re-plans at least this often")
     plan_quantile: float | None = setting(
         0.5, gt=0, lt=1, description="the forecast quantile the receding planner plans on (0.5: the point forecast)"
@@ -124,7 +139,17 @@ class KaleConfig:
     )
 
     def __post_init__(self):
-        check(self)
+        check(self, self._horizon_problems)
+
+    def _horizon_problems(self) -> list[KaleConfigError]:
+        """The trusted horizon is at least the plain one; either may be the one to change, so both are named."""
+        short, trusted = self.plan_horizon_s, self.trusted_horizon_s
+        if short <= trusted:
+            return []
+        return [
+            KaleConfigError("plan_horizon_s", f"must be <= trusted_horizon_s ({trusted:g}), got {short:g}"),
+            KaleConfigError("trusted_horizon_s", f"must be >= plan_horizon_s ({short:g}), got {trusted:g}"),
+        ]
 
 
 #: The longest horizon the fallback projects a rescale over (a backlog that takes longer to clear is cleared anyway).
@@ -422,7 +447,12 @@ class KalePolicy:
         why = "the forecast"
         if scale > 1:
             why += f" x{scale:.2f} (recent arrivals were {obs.forecast_ratio:.2f}x what it predicted)"
-        return self._receding(obs, _minutes_ahead(obs, self.config.plan_quantile) * scale, self.name, why)
+        cfg = self.config
+        horizon = cfg.plan_horizon_s
+        if obs.forecast_error is not None and obs.forecast_error <= cfg.trusted_forecast_error:
+            horizon = cfg.trusted_horizon_s
+            why += f", {horizon / 3600:g} h ahead (recent sMAPE {obs.forecast_error:.2f})"
+        return self._receding(obs, _minutes_ahead(obs, cfg.plan_quantile) * scale, self.name, why, horizon)
 
     def _forecast_scale(self, obs: Observation) -> float:
         """How much to scale the forecast up: by as much as it fell short of the recent arrivals (a forecast fitted
@@ -432,7 +462,7 @@ class KalePolicy:
         return min(max(ratio, 1.0), self.config.max_forecast_scale) if ratio is not None else 1.0
 
     def _receding(
-        self, obs: Observation, per_minute: np.ndarray, policy: str, why: str, fresh: bool = False
+        self, obs: Observation, per_minute: np.ndarray, policy: str, why: str, horizon_s: float, fresh: bool = False
     ) -> Decision:
         """Apply the first step of the cheapest plan over ``per_minute`` rates; the latest plan holds for
         ``replan_s`` while the workers and the path (``policy``) hold, unless ``fresh`` (news: a burst)."""
@@ -446,7 +476,7 @@ class KalePolicy:
         ):
             plan = latest.steps
         else:
-            per_minute = per_minute[: int(cfg.plan_horizon_s // 60)]
+            per_minute = per_minute[: int(horizon_s // 60)]
             if len(per_minute) == 0:
                 per_minute = np.array([obs.arrival_rate])
             plan, _ = plan_from_now(
@@ -499,6 +529,7 @@ class KalePolicy:
                 np.concatenate([np.full(held, rate), after[held:]]),
                 f"{self.name}/fallback",
                 f"fallback ({trigger})",
+                cfg.plan_horizon_s,
                 fresh=burst,
             )
         rates = np.array([rate])
