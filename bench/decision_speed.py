@@ -64,7 +64,8 @@ def main() -> int:
             decide.append(time.perf_counter() - started)
             assert len(decision.plan) == hours * 6, decision.reason
         print(
-            f"one decision at up to 32 workers, a {hours}-hour horizon ({hours * 6} steps of 10 min), {args.repeats} repeats:"
+            f"one decision at up to 32 workers, a {hours}-hour horizon ({hours * 6} steps of 10 min), "
+            f"{args.repeats} repeats:"
         )
         print(f"  the planner's program: {_quantiles(program)}")
         print(f"  KalePolicy.decide:     {_quantiles(decide)}  (target: within 1 s)")
