@@ -344,12 +344,14 @@ def test_request_count_does_not_grow_with_partitions(kafka_broker, monkeypatch):
         assert snap.sample_lag == partitions
         counts[partitions] = {name: sent.count(name) for name in set(sent) if "Heartbeat" not in name}
     # Same requests of each kind for 4 and 64 partitions (Fetch may take an extra round, and kafka-python's
-    # background metadata refresh may land once inside the snapshot's window): per-partition requests would add 60.
+    # background metadata refresh, up to two requests, may land inside either snapshot's window): per-partition
+    # requests would add 60.
     small, large = counts[4], counts[64]
-    assert set(small) <= set(large) and set(large) - set(small) <= {"MetadataRequest"}, (small, large)
-    for name in small:
-        slack = {"FetchRequest": 2, "MetadataRequest": 1}.get(name, 0)
-        assert large[name] <= small[name] + slack, (name, small, large)
+    background = {"MetadataRequest"}
+    assert set(small) - background == set(large) - background, (small, large)
+    for name in small.keys() | large.keys():
+        slack = {"FetchRequest": 2, "MetadataRequest": 2}.get(name, 0)
+        assert large.get(name, 0) <= small.get(name, 0) + slack, (name, small, large)
 
 
 def test_any_cursor_text_reads_as_a_cursor_the_sensor_can_use():
