@@ -62,7 +62,7 @@ from kale_dagster.model.stabilizer import MODES, Mode, stabilize
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation
 from kale_dagster.policies.registry import PolicySpec, Sizing
-from kale_dagster.rules import check, setting
+from kale_dagster.rules import check, need, ordered, setting
 
 Planner = Literal["receding", "stabilizer"]
 PLANNERS: tuple[str, ...] = get_args(Planner)
@@ -144,12 +144,11 @@ class KaleConfig:
     def _horizon_problems(self) -> list[KaleConfigError]:
         """The trusted horizon is at least the plain one; either may be the one to change, so both are named."""
         short, trusted = self.plan_horizon_s, self.trusted_horizon_s
-        if short <= trusted:
-            return []
-        return [
-            KaleConfigError("plan_horizon_s", f"must be <= trusted_horizon_s ({trusted:g}), got {short:g}"),
-            KaleConfigError("trusted_horizon_s", f"must be >= plan_horizon_s ({short:g}), got {trusted:g}"),
-        ]
+        named = (
+            ordered(self, "plan_horizon_s", "trusted_horizon_s"),
+            need(short <= trusted, "trusted_horizon_s", f"must be >= plan_horizon_s ({short}), got {trusted}"),
+        )
+        return [problem for problem in named if problem is not None]
 
 
 #: The longest horizon the fallback projects a rescale over (a backlog that takes longer to clear is cleared anyway).
