@@ -11,7 +11,7 @@ import pytest
 
 from kale_dagster import ThroughputModel
 from kale_dagster.model.limits import Limits
-from kale_dagster.model.schedule import Objective, Program, plan_from_now
+from kale_dagster.model.schedule import Objective, Program, _front, _prune, plan_from_now
 from kale_dagster.sim.metrics import objective
 from kale_dagster.sim.oracle import SchedulePolicy, optimal_schedule
 from kale_dagster.sim.simulate import SimConfig, simulate
@@ -105,3 +105,23 @@ def test_a_step_plays_the_queue_minute_by_minute():
         np.testing.assert_allclose(after, queue, rtol=1e-9, atol=1e-6)
         np.testing.assert_allclose(cost, expected, rtol=1e-9)
         backlog = after
+
+
+@pytest.mark.parametrize("max_labels", [1, 3, 8, 100])
+def test_pruning_keeps_the_undominated_labels_cheapest_first_and_spreads_a_cap(max_labels):
+    """Each row keeps the labels no other beats on both cost and backlog, cheapest first; past the cap, an even
+    spread from the cheapest to the emptiest queue.  One row of finite labels prunes the same alone (_front)."""
+    rng = np.random.default_rng(7)
+    cost, backlog = rng.uniform(0, 100, (30, 12)), rng.uniform(0, 100, (30, 12))
+    cost[rng.random(cost.shape) < 0.2] = np.inf  # padding
+    backlog[np.isinf(cost)] = np.inf
+    keep, size = _prune(cost, backlog, max_labels)
+    for row in range(len(cost)):
+        c, b = cost[row], backlog[row]
+        front = [i for i in range(len(c)) if np.isfinite(c[i]) and not ((c <= c[i]) & (b <= b[i])).sum() > 1]
+        front.sort(key=lambda i: c[i])
+        if len(front) > max_labels:
+            front = [front[j] for j in np.linspace(0, len(front) - 1, max_labels).round().astype(int)]
+        assert list(keep[row, : size[row]]) == front
+        finite = np.flatnonzero(np.isfinite(c))
+        assert list(finite[_front(c[finite], b[finite], max_labels)]) == front

@@ -51,16 +51,24 @@ class _Arrivals:
     def __init__(self, rates: np.ndarray):
         self.rates = rates
         self.cumulative = np.concatenate([[0.0], np.cumsum(rates * MINUTE)])
+        self.divisor = np.where(rates > 0, rates, 1.0)
 
     def time_lag(self, minute_end: int | np.ndarray, backlog: np.ndarray) -> np.ndarray:
         """Age, at the end of minute ``minute_end - 1``, of the oldest of ``backlog`` waiting samples (FIFO); with
         minutes, each label's (a row of ``backlog``) at each minute (its columns)."""
         position = self.cumulative[minute_end] - backlog
-        j = np.clip(np.searchsorted(self.cumulative, position, side="right") - 1, 0, len(self.rates) - 1)
-        rate = self.rates[j]
-        within = np.where(rate > 0, (position - self.cumulative[j]) / np.where(rate > 0, rate, 1.0), 0.0)
+        j = np.minimum(np.maximum(np.searchsorted(self.cumulative, position, side="right") - 1, 0), len(self.rates) - 1)
+        within = np.where(self.rates[j] > 0, (position - self.cumulative[j]) / self.divisor[j], 0.0)
         lag = minute_end * MINUTE - (j * MINUTE + within)
         return np.where(backlog > 1e-9, np.maximum(lag, 0.0), 0.0)
+
+
+def _cheaper_than_before(ordered: np.ndarray) -> np.ndarray:
+    """Of labels' costs ordered by backlog (along the last axis), which beat every label before them: the
+    undominated ones (the first, if finite)."""
+    before = np.full_like(ordered, np.inf)
+    before[..., 1:] = np.minimum.accumulate(ordered, axis=-1)[..., :-1] - 1e-9
+    return ordered < before
 
 
 def _prune(cost: np.ndarray, backlog: np.ndarray, max_labels: int) -> tuple[np.ndarray, np.ndarray]:
@@ -70,19 +78,29 @@ def _prune(cost: np.ndarray, backlog: np.ndarray, max_labels: int) -> tuple[np.n
     rows = np.arange(len(cost))[:, None]
     order = np.lexsort((cost, backlog), axis=-1)  # by backlog, then cost
     ordered = cost[rows, order]
-    best = np.minimum.accumulate(ordered, axis=1)
-    kept = np.concatenate([np.isfinite(ordered[:, :1]), ordered[:, 1:] < best[:, :-1] - 1e-9], axis=1)
+    kept = _cheaper_than_before(ordered)
     order = order[rows, np.argsort(np.where(kept, ordered, np.inf), axis=1, kind="stable")]  # kept, cheapest first
     n = kept.sum(axis=1)
     width = min(int(n.max()), max_labels)
-    columns = np.broadcast_to(np.arange(width), (len(cost), width))
     over = n > max_labels
-    if over.any():  # evenly spread from the cheapest to the emptiest queue (as np.linspace(0, n - 1) spreads)
-        spread = np.arange(max_labels) * ((n[over, None] - 1) / max(max_labels - 1, 1))
-        spread[:, -1] = n[over] - 1 if max_labels > 1 else 0
-        columns = columns.copy()
-        columns[over] = spread.round().astype(int)
+    if not over.any():
+        return order[:, :width], n
+    columns = np.arange(width)[None, :].repeat(len(cost), axis=0)
+    # Evenly spread from the cheapest to the emptiest queue (as np.linspace(0, n - 1) spreads).
+    spread = np.arange(max_labels) * ((n[over, None] - 1) / max(max_labels - 1, 1))
+    spread[:, -1] = n[over] - 1 if max_labels > 1 else 0
+    columns[over] = spread.round().astype(int)
     return order[rows, columns], np.minimum(n, max_labels)
+
+
+def _front(cost: np.ndarray, backlog: np.ndarray, max_labels: int) -> np.ndarray:
+    """``_prune`` of one row of finite labels: the kept labels' indices, cheapest first."""
+    order = np.lexsort((cost, backlog))
+    # Each kept label is cheaper than every one with less backlog, so the cheapest come last.
+    kept = order[_cheaper_than_before(cost[order])][::-1]
+    if len(kept) <= max_labels:
+        return kept
+    return kept[np.linspace(0, len(kept) - 1, max_labels).round().astype(int)]
 
 
 class Labels(NamedTuple):
@@ -122,13 +140,14 @@ class Program:
         self.capacity = np.asarray(model.predict(self.counts), dtype=float)
         # Share of each minute of a step that consumes after a restart at the step's start.
         self.serving = np.clip((np.arange(1, self.step + 1) * MINUTE - restart_s) / MINUTE, 0.0, 1.0)
+        self.minutes = [np.arange(k * self.step, min((k + 1) * self.step, len(rates))) for k in range(self.steps)]
+        self._own: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # width -> every count's own labels' (count, column)
 
     def play(
         self, k: int, backlog: np.ndarray, cap: np.ndarray, restarted: np.ndarray, workers: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Play step ``k`` for labels (backlog, capacity, restarted?): the backlog after it, and its cost."""
-        first = k * self.step
-        minutes = np.arange(first, min(first + self.step, len(self.rates)))
+        minutes = self.minutes[k]
         share = np.where(restarted[:, None], self.serving[None, : len(minutes)], 1.0)
         # The queue of each minute at once (Lindley's recursion b = max(b + x, 0) unrolled): with S the running sum
         # of arrivals less service, the backlog is S less its lowest point so far, or less -backlog before it.
@@ -152,11 +171,16 @@ class Program:
         # A restart can come from any label of any count: only the union's undominated labels matter.
         valid = np.isfinite(labels.cost)
         from_w, from_l = np.nonzero(valid)
-        union, size = _prune(labels.cost[valid][None, :], labels.backlog[valid][None, :], self.max_labels)
-        union = union[0, : size[0]]
+        union = _front(labels.cost[valid], labels.backlog[valid], self.max_labels)
         # Every count's candidates (its own labels staying, then the union's restarting into it) advance in one pass.
-        pw = np.concatenate([np.repeat(np.arange(n)[:, None], width, axis=1), np.tile(from_w[union], (n, 1))], axis=1)
-        pl = np.concatenate([np.tile(np.arange(width), (n, 1)), np.tile(from_l[union], (n, 1))], axis=1)
+        if width not in self._own:
+            self._own[width] = (
+                np.arange(n)[:, None].repeat(width, axis=1),
+                np.arange(width)[None, :].repeat(n, axis=0),
+            )
+        own_w, own_l = self._own[width]
+        pw = np.concatenate([own_w, from_w[union][None, :].repeat(n, axis=0)], axis=1)
+        pl = np.concatenate([own_l, from_l[union][None, :].repeat(n, axis=0)], axis=1)
         playing = np.concatenate([valid, np.ones((n, len(union)), bool)], axis=1)
         into = np.nonzero(playing)[0]
         sw, sl = pw[playing], pl[playing]
