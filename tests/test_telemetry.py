@@ -11,6 +11,7 @@ from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata
 
 from kale_dagster import KaleConfigError
+from kale_dagster.definitions import resources
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.model.types import PartitionOffsets
 from kale_dagster.sensors import StreamMetricsCursor, build_stream_metrics_sensor
@@ -352,6 +353,26 @@ def test_request_count_does_not_grow_with_partitions(kafka_broker, monkeypatch):
     for name in small.keys() | large.keys():
         slack = {"FetchRequest": 2, "MetadataRequest": 2}.get(name, 0)
         assert large.get(name, 0) <= small.get(name, 0) + slack, (name, small, large)
+
+
+def test_clients_no_tick_uses_are_closed_and_the_rest_kept(kafka_broker, monkeypatch):
+    """A removed pipeline's telemetry clients do not stay open for the code server's life: a tick closes the
+    clients idle past IDLE_CLIENTS_S and keeps its own; a pipeline that comes back connects afresh."""
+    servers = kafka_broker.bootstrap_servers
+    _setup(servers)
+    kept, removed = _resource(servers), KafkaStreamResource(bootstrap_servers=servers, topics=[TOPIC], group_id="old")
+    with resources._OPEN_LOCK:
+        resources._close_idle(float("inf"))  # earlier tests' clients
+    removed.snapshot()
+    old = next(iter(resources._OPEN.values()))
+    kept.snapshot()
+    assert len(resources._OPEN) == 2 and old.consumer is not None
+    monkeypatch.setattr(resources, "IDLE_CLIENTS_S", 0.0)
+    time.sleep(0.01)
+    assert kept.snapshot().sample_lag == 0
+    assert old not in resources._OPEN.values() and old.consumer is None  # closed and forgotten
+    assert len(resources._OPEN) == 1
+    assert removed.snapshot().sample_lag == 0  # back: new clients
 
 
 def test_any_cursor_text_reads_as_a_cursor_the_sensor_can_use():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +142,7 @@ class _Clients:
     lock: threading.Lock = field(default_factory=threading.Lock)
     consumer: Any = None
     admin: Any = None
+    used: float = field(default_factory=time.monotonic)
 
     def close(self) -> None:
         for client in (self.consumer, self.admin):
@@ -154,6 +156,19 @@ class _Clients:
 #: opening them costs connections and a metadata round trip at every tick.
 _OPEN: dict[str, _Clients] = {}
 _OPEN_LOCK = threading.Lock()
+#: Clients no tick has used for this long are closed: their pipeline was removed, or its settings changed.
+IDLE_CLIENTS_S = 3600.0
+
+
+def _close_idle(now: float) -> None:
+    """Close and forget the clients idle for over ``IDLE_CLIENTS_S`` (the caller holds ``_OPEN_LOCK``)."""
+    for key, clients in list(_OPEN.items()):
+        if now - clients.used > IDLE_CLIENTS_S and clients.lock.acquire(blocking=False):
+            try:
+                clients.close()
+                del _OPEN[key]
+            finally:
+                clients.lock.release()
 
 
 @contextlib.contextmanager
@@ -164,8 +179,11 @@ def _open_clients(config: dict):
 
     # The password is part of the key by its digest (a rotated one opens new clients), never kept in clear.
     key = hashlib.sha256(repr(sorted((k, str(v)) for k, v in config.items())).encode()).hexdigest()
+    now = time.monotonic()
     with _OPEN_LOCK:
         clients = _OPEN.setdefault(key, _Clients())
+        clients.used = now
+        _close_idle(now)
     with clients.lock:
         try:
             if clients.consumer is None:
