@@ -14,7 +14,14 @@ from pydantic import Field, model_validator
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.rules import problems_in
-from kale_dagster.stream.source import KafkaSource, Secret, connection_problems, normalised, read_password
+from kale_dagster.stream.source import (
+    KafkaSource,
+    Secret,
+    client_settings,
+    connection_problems,
+    normalised,
+    read_password,
+)
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, build_snapshot, read_offsets
 
 #: The resource's fields that a ``KafkaSource`` declares under the same name and rule.
@@ -88,24 +95,18 @@ class KafkaStreamResource(ConfigurableResource):
 
     def client_config(self) -> dict:
         """kafka-python keyword arguments shared by every client this resource makes."""
-        config = {
-            "bootstrap_servers": self.bootstrap_servers.split(","),
-            "security_protocol": self.security_protocol,
-            "request_timeout_ms": self.request_timeout_ms,
-            # A broker that is down must fail the tick within its budget, not after kafka-python's 30 s default.
-            "bootstrap_timeout_ms": self.request_timeout_ms,
-            "client_id": self.client_id,
-        }
-        optional = {
-            "sasl_mechanism": self.sasl_mechanism,
-            "sasl_plain_username": self.sasl_plain_username,
-            "sasl_plain_password": self._password(),
-            "ssl_cafile": self.ssl_cafile,
-            "ssl_certfile": self.ssl_certfile,
-            "ssl_keyfile": self.ssl_keyfile,
-        }
-        config.update({k: v for k, v in optional.items() if v})
-        return config
+        return client_settings(
+            self.bootstrap_servers,
+            self.security_protocol,
+            self.request_timeout_ms,
+            client_id=self.client_id,
+            sasl_mechanism=self.sasl_mechanism,
+            sasl_plain_username=self.sasl_plain_username,
+            sasl_plain_password=self._password(),
+            ssl_cafile=self.ssl_cafile,
+            ssl_certfile=self.ssl_certfile,
+            ssl_keyfile=self.ssl_keyfile,
+        )
 
     def _password(self) -> Secret | None:
         """The password, resolved the same way inside a Dagster run (where Dagster has resolved the EnvVar to

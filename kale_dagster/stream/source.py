@@ -113,6 +113,20 @@ def normalised(bootstrap_servers: str, topics: Sequence[str], group_id: str, sec
     }
 
 
+def client_settings(bootstrap_servers: str, security_protocol: str, request_timeout_ms: int, **optional) -> dict:
+    """kafka-python settings for a client of these brokers, with each of ``optional`` (SASL, SSL, the client id)
+    that is set.  The request timeout bounds the bootstrap too: a broker that is down fails within it, not after
+    kafka-python's 30 s default."""
+    config: dict = {
+        "bootstrap_servers": bootstrap_servers.split(","),
+        "security_protocol": security_protocol,
+        "request_timeout_ms": request_timeout_ms,
+        "bootstrap_timeout_ms": request_timeout_ms,
+    }
+    config.update({k: v for k, v in optional.items() if v})
+    return config
+
+
 @dataclass(frozen=True)
 class KafkaSource:
     """The topics a trainer consumes and its consumer group.
@@ -172,20 +186,15 @@ class KafkaSource:
 
     def client_config(self) -> dict:
         """kafka-python settings for a client of this source's brokers, the password read from its variable."""
-        config: dict = {
-            "bootstrap_servers": self.bootstrap_servers.split(","),
-            "security_protocol": self.security_protocol,
-            "request_timeout_ms": self.request_timeout_ms,
-            "bootstrap_timeout_ms": self.request_timeout_ms,  # a broker that is down fails within the budget
-        }
-        optional = {
-            "sasl_mechanism": self.sasl_mechanism,
-            "sasl_plain_username": self.sasl_username,
-            "sasl_plain_password": read_password(self.sasl_password_env) if self.sasl_password_env else None,
-            "ssl_cafile": self.ssl_cafile,
-        }
-        config.update({k: v for k, v in optional.items() if v})
-        return config
+        return client_settings(
+            self.bootstrap_servers,
+            self.security_protocol,
+            self.request_timeout_ms,
+            sasl_mechanism=self.sasl_mechanism,
+            sasl_plain_username=self.sasl_username,
+            sasl_plain_password=read_password(self.sasl_password_env) if self.sasl_password_env else None,
+            ssl_cafile=self.ssl_cafile,
+        )
 
     def worker_env(self, include_password: bool) -> dict[str, str]:
         """The ``WORKER_ENV`` variables for a worker process.
