@@ -86,10 +86,7 @@ def _prune(cost: np.ndarray, backlog: np.ndarray, max_labels: int) -> tuple[np.n
     if not over.any():
         return order[:, :width], n
     columns = np.arange(width)[None, :].repeat(len(cost), axis=0)
-    # Evenly spread from the cheapest to the emptiest queue (as np.linspace(0, n - 1) spreads).
-    spread = np.arange(max_labels) * ((n[over, None] - 1) / max(max_labels - 1, 1))
-    spread[:, -1] = n[over] - 1 if max_labels > 1 else 0
-    columns[over] = spread.round().astype(int)
+    columns[over] = _spread(n[over] - 1, max_labels)
     return order[rows, columns], np.minimum(n, max_labels)
 
 
@@ -98,9 +95,13 @@ def _front(cost: np.ndarray, backlog: np.ndarray, max_labels: int) -> np.ndarray
     order = np.lexsort((cost, backlog))
     # Each kept label is cheaper than every one with less backlog, so the cheapest come last.
     kept = order[_cheaper_than_before(cost[order])][::-1]
-    if len(kept) <= max_labels:
-        return kept
-    return kept[np.linspace(0, len(kept) - 1, max_labels).round().astype(int)]
+    return kept if len(kept) <= max_labels else kept[_spread(len(kept) - 1, max_labels)]
+
+
+def _spread(last, max_labels: int) -> np.ndarray:
+    """``max_labels`` columns evenly spread from 0 (the cheapest) to ``last`` (the emptiest queue), one row per
+    entry of ``last`` when it is an array."""
+    return np.linspace(0, last, max_labels, axis=-1).round().astype(int)
 
 
 class Labels(NamedTuple):
