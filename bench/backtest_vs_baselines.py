@@ -32,6 +32,8 @@ from kale_dagster.sim.backtest import KALE_VARIANTS, VARIANT_LABELS, Backtest, B
 from kale_dagster.sim.trace import synth_trace
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+# The rest of the development set runs Kale's perfect-forecast and stabilizer-planner variants only.
+DEV_VARIANTS = ("kale_perfect_forecast", "kale_stabilizer")
 ROW = "{:<34}{:>14,.0f}{:>10.2%}{:>10,.0f}{:>9,.0f}{:>10}{:>9.1f}"
 
 
@@ -119,6 +121,24 @@ def last_days(history: pd.DataFrame, days: float) -> pd.DataFrame:
     )
 
 
+def development_set(traces: Path, nyc: bool = True, dev: bool = False):
+    """(key, label, history) of the backtested traces: the 14-day synthetic trace (seed 0), nyc_taxi's last 35
+    days, and with ``dev`` every other trace in ``traces``, its last 14 days; each with 7 days of warm-up."""
+    synth = synth_trace(days=14, seed=0)
+    yield (
+        "synthetic_14d",
+        "synthetic 14 days (seed 0)",
+        prepare_history(pd.DataFrame({"timestamp": synth.timestamp, "rate": synth.value / 60})),
+    )
+    path = traces / "nyc_taxi.csv"
+    if nyc:
+        yield "nyc_taxi_last_35d", "nyc_taxi, last 35 days", last_days(read_trace_csv(path), 35)
+    if dev:
+        for other in sorted(traces.glob("*.csv")):
+            if other.name != path.name:
+                yield other.stem + "_last_14d", f"{other.stem}, last 14 days", last_days(read_trace_csv(other), 14)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -133,40 +153,15 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, help="write all figures to this file (rewritten after each trace)")
     args = parser.parse_args()
-    out = {}
-
-    def record(key: str, report: dict) -> None:
-        out[key] = report
-        if args.json:
-            args.json.write_text(json.dumps(out, indent=2))
-
-    synth = synth_trace(days=14, seed=0)
-    record(
-        "synthetic_14d",
-        run(
-            "synthetic 14 days (seed 0)",
-            prepare_history(pd.DataFrame({"timestamp": synth.timestamp, "rate": synth.value / 60})),
-            7,
-        ),
-    )
-    nyc = args.traces / "nyc_taxi.csv"
-    if (not args.skip_nyc or args.dev) and not nyc.is_file():
+    if (not args.skip_nyc or args.dev) and not (args.traces / "nyc_taxi.csv").is_file():
         print(f"the development set is not at {args.traces}; pass --traces DIR, or --skip-nyc", file=sys.stderr)
         return 2
-    if not args.skip_nyc:
-        record("nyc_taxi_last_35d", run("nyc_taxi, last 35 days", last_days(read_trace_csv(nyc), 35), 7))
-    if args.dev:
-        for path in sorted(args.traces.glob("*.csv")):
-            if path.name != nyc.name:
-                record(
-                    path.stem + "_last_14d",
-                    run(
-                        f"{path.stem}, last 14 days",
-                        last_days(read_trace_csv(path), 14),
-                        7,
-                        variants=("kale_perfect_forecast", "kale_stabilizer"),
-                    ),
-                )
+    out = {}
+    for key, label, history in development_set(args.traces, nyc=not args.skip_nyc, dev=args.dev):
+        variants = tuple(KALE_VARIANTS) if key in ("synthetic_14d", "nyc_taxi_last_35d") else DEV_VARIANTS
+        out[key] = run(label, history, 7, variants=variants)
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2))
     return 0
 
 

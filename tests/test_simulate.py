@@ -491,6 +491,35 @@ def test_a_backtest_in_parallel_processes_gives_what_one_process_gives():
     assert serial_best[1].metrics == parallel_best[1].metrics
 
 
+def test_another_seed_is_a_fresh_draw_of_the_noise_on_the_same_forecasts_and_optimum(monkeypatch):
+    """``with_seed`` shares what depends on the trace alone (the recorded forecasts, the optimum's schedule, both
+    made in the pool's processes) and gives exactly what a backtest built with that seed gives; another seed draws
+    other restarts."""
+    import kale_dagster.sim.backtest as backtest
+
+    history = pd.DataFrame(
+        {"timestamp": _times(3 * 1440), "rate": 50 + 40 * np.sin(np.arange(3 * 1440) * 2 * np.pi / 1440)}
+    )
+    settings = BacktestSettings(
+        peak_workers=8, limits=Limits(max_workers=8), warmup_days=1, forecaster="ewma", processes=2
+    )
+    solved = []
+    solve = backtest.optimal_schedule
+    monkeypatch.setattr(backtest, "optimal_schedule", lambda *a, **k: solved.append(1) or solve(*a, **k))
+    runs = [Run("kale"), Run("hpa")]
+    first = Backtest(history, settings)
+    first_results, first_best = first.run_many(runs, optimum=True)
+    other = first.with_seed(1)
+    assert other.forecasts(False) is first.forecasts(False)  # recorded once, in the pool, for both
+    results, best = other.run_many(runs, optimum=True)
+    schedule, replay = other.optimum()  # in this process: kept from the pool's solution, not solved again
+    assert solved == [] and np.array_equal(schedule.workers, first_best[0].workers)
+    fresh, fresh_best = Backtest(history, replace(settings, seed=1)).run_many(runs, optimum=True)
+    assert [r.metrics for r in results] == [r.metrics for r in fresh]
+    assert best[1].metrics == replay.metrics == fresh_best[1].metrics
+    assert first.settings.seed == 0 and [r.metrics for r in first_results] != [r.metrics for r in results]
+
+
 @pytest.mark.parametrize("window", [1, 2, 5, 9, 60, 500])
 def test_windowed_means_are_numpys_mean_of_each_window(window):
     """The simulator reads telemetry's windowed rate from one vectorized pass; it must be, to the bit, the mean of

@@ -15,6 +15,7 @@ parallel processes.
 
 from __future__ import annotations
 
+import copy
 import multiprocessing
 import os
 from collections import deque
@@ -41,6 +42,8 @@ from kale_dagster.sim.simulate import ForecastFeed, SimConfig, SimResult, simula
 #: Default worker model for backtests: ~1,000 samples/s per worker with a
 #: small synchronisation cost, peaking far beyond 32 workers.
 DEFAULT_MODEL = ThroughputModel.asynchronous((1e-3, 0.0, 2e-6))
+#: The offline optimum's label cap (``model.schedule``): its cost is an upper bound on the true optimum's.
+OPTIMUM_LABELS = 24
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,18 @@ class Backtest:
             profile_workers=profile,
             seed=s.seed,
         )
-        self._feeds: dict[bool, ForecastFeed] = {}  # recorded forecasts: perfect or not -> feed
+        # What depends on the trace alone, so every seed of it (``with_seed``) shares it: the recorded forecasts
+        # (perfect or not -> feed) and the offline optimum's schedule (label cap -> schedule).
+        self._feeds: dict[bool, ForecastFeed] = {}
+        self._schedules: dict[int, OracleSchedule] = {}
+
+    def with_seed(self, seed: int) -> Backtest:
+        """The same trace in another draw of the simulated world's noise (restart times, throughput measurements).
+        The forecasts and the optimum's schedule depend on the trace alone: recorded once, shared by every seed."""
+        other = copy.copy(self)
+        other.settings = replace(self.settings, seed=seed)
+        other.sim_config = replace(self.sim_config, seed=seed)
+        return other
 
     def control_settings(self, name: str, options: Mapping | None = None) -> ControlSettings:
         """The controller's settings for policy ``name`` with ``options`` (default: the settings' for it)."""
@@ -247,24 +261,30 @@ class Backtest:
                         del recording[kind]
                         ready.extendleft(reversed([i for i, k in enumerate(needs) if k == kind]))
             results = [finish(futures[i].result()) for i in range(len(runs))]
-            return results, finish(futures[-1].result()) if optimum else None
+            if not optimum:
+                return results, None
+            best = finish(futures[-1].result())
+            self._schedules.setdefault(OPTIMUM_LABELS, best[0])  # solved in a child: kept for this trace's other seeds
+            return results, best
 
     def _recorded(self, kind: bool | None) -> ForecastFeed | None:
         """The forecasts recorded since the pool forked, for a run that needed them (None: it did not)."""
         return self._feeds.get(kind) if kind is not None else None
 
-    def optimum(self, max_labels: int = 24) -> tuple[OracleSchedule, SimResult]:
+    def optimum(self, max_labels: int = OPTIMUM_LABELS) -> tuple[OracleSchedule, SimResult]:
         """The offline optimum of Kale's own cost (``sim.oracle``), replayed in the simulator."""
         s, z, kale = self.settings, self.sizing, KaleConfig()
-        schedule = optimal_schedule(
-            self.rates,
-            s.model,
-            z.limits,
-            kale.plan_step_s,
-            kale.lag_weight,
-            kale.violation_weight,
-            max_labels,
-        )
+        if max_labels not in self._schedules:
+            self._schedules[max_labels] = optimal_schedule(
+                self.rates,
+                s.model,
+                z.limits,
+                kale.plan_step_s,
+                kale.lag_weight,
+                kale.violation_weight,
+                max_labels,
+            )
+        schedule = self._schedules[max_labels]
         policy = SchedulePolicy(schedule.workers, self.times[0].timestamp())
         replay = Controller.fixed(policy, self.control_settings(policy.name))
         return schedule, simulate(self.rates, self.times, replay, s.model, self.sim_config)
