@@ -76,6 +76,31 @@ def test_plan_decisions(case, rates, running, backlog, lag_s, first_steps):
     assert tuple(plan[:2]) == first_steps, (case, plan)
 
 
+@pytest.mark.parametrize(
+    "case, rates, tail, running, first, last",
+    [
+        # Dropping the idle worker costs a restart's lag (about 570 GPU-minutes) and saves one worker-minute a minute.
+        ("a fall that repays a restart after 9 h, 6 h planned", [30.0] * 360, [], 2, 2, 2),
+        ("the same fall held over 12 more hours: drop the worker", [30.0] * 360, [30.0] * 720, 2, 1, 1),
+        # Nothing restarts in the tail: a rise there is met by the plan's last steps (6 workers cover 600/s).
+        ("a rise past the horizon, unseen", [150.0] * 60, [], 2, 2, 2),
+        ("a rise past the horizon, held over", [150.0] * 60, [600.0] * 120, 2, 2, 6),
+    ],
+)
+def test_past_the_horizon_the_plan_holds_its_last_count(case, rates, tail, running, first, last):
+    plan, _ = plan_from_now(np.array(rates), LINEAR, LIMITS, LIMITS.restart_s, running, 0.0, 0.0, tail=np.array(tail))
+    assert len(plan) == len(rates) // 10 and (plan[0], plan[-1]) == (first, last), (case, plan)
+
+
+def test_the_held_tail_costs_what_holding_the_last_count_costs():
+    """The plan's cost with a tail is the simulated cost of its steps, then its last count over the tail."""
+    rates, tail = np.array([120.0] * 30 + [300.0] * 30), np.array([300.0] * 25 + [80.0] * 40)
+    limits = Limits(max_workers=6, slo_minutes=10, restart_minutes=4)
+    plan, cost = plan_from_now(rates, LINEAR, limits, limits.restart_s, 2, 0.0, 0.0, max_labels=1000, tail=tail)
+    workers = np.concatenate([np.repeat(plan, 10), np.full(len(tail), plan[-1])])
+    assert _simulated_cost(np.concatenate([rates, tail]), workers, 2, limits) == pytest.approx(cost, rel=1e-9)
+
+
 def test_a_decision_at_32_workers_and_a_6_hour_horizon_weighs_every_count():
     limits = Limits(max_workers=32, slo_minutes=20, restart_minutes=10)
     rates = np.full(360, float(LINEAR.predict(30)))

@@ -128,12 +128,14 @@ class Program:
         restart_s: float | None = None,
         past: np.ndarray | None = None,
         counts: np.ndarray | None = None,
+        hold_from: int | None = None,
     ):
         restart_s = limits.restart_s if restart_s is None else restart_s
         self.rates, self.slo_s, self.max_labels = rates, limits.slo_s, max_labels
         self.lag_weight, self.violation_weight = objective.lag_weight, objective.violation_weight
         self.step = max(int(round(objective.plan_step_s / MINUTE)), math.ceil(restart_s / MINUTE), 1)
-        self.steps = math.ceil(len(rates) / self.step)
+        planned = len(rates) if hold_from is None else min(hold_from, len(rates))
+        self.steps = math.ceil(planned / self.step)
         # Minutes before the first, whose arrivals are still waiting: only for the backlog's time lag.
         self.past = np.zeros(0) if past is None else np.asarray(past, dtype=float)
         self.arrivals = _Arrivals(np.concatenate([self.past, rates]))
@@ -141,7 +143,12 @@ class Program:
         self.capacity = np.asarray(model.predict(self.counts), dtype=float)
         # Share of each minute of a step that consumes after a restart at the step's start.
         self.serving = np.clip((np.arange(1, self.step + 1) * MINUTE - restart_s) / MINUTE, 0.0, 1.0)
-        self.minutes = [np.arange(k * self.step, min((k + 1) * self.step, len(rates))) for k in range(self.steps)]
+        self.minutes = [np.arange(k * self.step, min((k + 1) * self.step, planned)) for k in range(self.steps)]
+        # Past ``hold_from``, one last stage in which every count holds (no restart) until the rates end.
+        self.held = planned < len(rates)
+        if self.held:
+            self.minutes.append(np.arange(planned, len(rates)))
+            self.steps += 1
         self._own: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # width -> every count's own labels' (count, column)
 
     def play(
@@ -149,7 +156,7 @@ class Program:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Play step ``k`` for labels (backlog, capacity, restarted?): the backlog after it, and its cost."""
         minutes = self.minutes[k]
-        share = np.where(restarted[:, None], self.serving[None, : len(minutes)], 1.0)
+        share = np.where(restarted[:, None], self.serving[None, : len(minutes)], 1.0) if restarted.any() else 1.0
         # The queue of each minute at once (Lindley's recursion b = max(b + x, 0) unrolled): with S the running sum
         # of arrivals less service, the backlog is S less its lowest point so far, or less -backlog before it.
         net = np.cumsum((self.rates[minutes][None, :] - cap[:, None] * share) * MINUTE, axis=1)
@@ -166,6 +173,24 @@ class Program:
         b, c = self.play(0, np.full(n, float(backlog)), self.capacity, restarted, self.counts)
         return Labels(c[:, None], b[:, None])
 
+    def _own_grid(self, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every count's own labels' (count, column), made once per label width."""
+        if width not in self._own:
+            self._own[width] = (
+                np.arange(n)[:, None].repeat(width, axis=1),
+                np.arange(width)[None, :].repeat(n, axis=0),
+            )
+        return self._own[width]
+
+    def hold(self, k: int, labels: Labels) -> tuple[Labels, tuple[np.ndarray, np.ndarray]]:
+        """Every label after step ``k`` with its count held (no restart), and its parent (itself)."""
+        valid = np.isfinite(labels.cost)
+        into = np.nonzero(valid)[0]
+        b, c = self.play(k, labels.backlog[valid], self.capacity[into], np.zeros(len(into), bool), self.counts[into])
+        cost, backlog = np.full(valid.shape, np.inf), np.full(valid.shape, np.inf)
+        cost[valid], backlog[valid] = labels.cost[valid] + c, b
+        return Labels(cost, backlog), self._own_grid(*valid.shape)
+
     def stage(self, k: int, labels: Labels) -> tuple[Labels, tuple[np.ndarray, np.ndarray]]:
         """Every count's labels after step ``k``, and each label's parent (count, column in ``labels``)."""
         n, width = labels.cost.shape
@@ -174,12 +199,7 @@ class Program:
         from_w, from_l = np.nonzero(valid)
         union = _front(labels.cost[valid], labels.backlog[valid], self.max_labels)
         # Every count's candidates (its own labels staying, then the union's restarting into it) advance in one pass.
-        if width not in self._own:
-            self._own[width] = (
-                np.arange(n)[:, None].repeat(width, axis=1),
-                np.arange(width)[None, :].repeat(n, axis=0),
-            )
-        own_w, own_l = self._own[width]
+        own_w, own_l = self._own_grid(n, width)
         pw = np.concatenate([own_w, from_w[union][None, :].repeat(n, axis=0)], axis=1)
         pl = np.concatenate([own_l, from_l[union][None, :].repeat(n, axis=0)], axis=1)
         playing = np.concatenate([valid, np.ones((n, len(union)), bool)], axis=1)
@@ -210,9 +230,10 @@ class Program:
         count, started without a restart)."""
         labels, parents = self.first(backlog, workers), []
         for k in range(1, self.steps):
-            labels, step_parents = self.stage(k, labels)
+            labels, step_parents = (self.hold if self.held and k == self.steps - 1 else self.stage)(k, labels)
             parents.append(step_parents)
-        return self.backtrack(labels, parents)
+        cost, per_step = self.backtrack(labels, parents)
+        return cost, per_step[:-1] if self.held else per_step
 
 
 def plan_from_now(
@@ -226,20 +247,24 @@ def plan_from_now(
     objective: Objective = Objective(),
     max_labels: int = 8,
     fewest: int | None = None,
+    tail: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:
     """The cheapest schedule from now: ``workers`` running, ``backlog`` waiting for ``time_lag_s``, per-minute
-    ``rates`` ahead, no step below ``fewest`` workers (default: the limits' minimum).  Returns the workers of each
-    step and the schedule's cost.
+    ``rates`` ahead, no step below ``fewest`` workers (default: the limits' minimum), and past them the per-minute
+    rates of ``tail`` with the last step's count held (no restart).  Returns the workers of each step (the tail's
+    not included) and the schedule's cost.
 
     The backlog is taken to have arrived evenly over its time lag (what a reading tells of it).  No count above
-    what the peak needs while the backlog drains within half the SLO, plus two, is weighed."""
+    what the peak (the tail's included) needs while the backlog drains within half the SLO, plus two, is weighed."""
     rates = np.asarray(rates, dtype=float)
     minutes = max(math.ceil(time_lag_s / MINUTE), 1) if backlog > 0 else 0
     past = np.full(minutes, backlog / (minutes * MINUTE)) if minutes else None
-    need = model.min_workers_for(float(rates.max()) + backlog / max(limits.slo_s / 2, MINUTE), limits.max_workers)
+    held = tail is not None and len(tail) > 0
+    ahead = np.concatenate([rates, np.asarray(tail, dtype=float)]) if held else rates
+    need = model.min_workers_for(float(ahead.max()) + backlog / max(limits.slo_s / 2, MINUTE), limits.max_workers)
     top = min(max(need + 2, workers), limits.max_workers)
     program = Program(
-        rates,
+        ahead,
         model,
         limits,
         objective,
@@ -247,6 +272,7 @@ def plan_from_now(
         restart_s,
         past,
         np.arange(limits.min_workers if fewest is None else fewest, top + 1),
+        hold_from=len(rates) if held else None,
     )
     cost, per_step = program.solve(backlog, workers)
     return per_step, cost

@@ -127,6 +127,14 @@ class KaleConfig:
         0.1, ge=0, description="recent sMAPE at or below which the forecast is planned on for trusted_horizon_s"
     )
     replan_s: float = setting(600.0, gt=0, unit="s", description="the receding planner re-plans at least this often")
+    plan_tail_s: float = setting(
+        0.0,
+        ge=0,
+        le=86_400,
+        unit="s",
+        description="past its horizon, the receding planner holds the plan's last count over this much more of the "
+        "forecast, so that a restart that pays back only after the horizon is weighed; 0: the plan ends there",
+    )
     plan_quantile: float | None = setting(
         0.5, gt=0, lt=1, description="the forecast quantile the receding planner plans on (0.5: the point forecast)"
     )
@@ -475,7 +483,9 @@ class KalePolicy:
         ):
             plan = latest.steps
         else:
-            per_minute = per_minute[: int(horizon_s // 60)]
+            ahead = int(horizon_s // 60)
+            tail = np.maximum(per_minute[ahead : ahead + int(cfg.plan_tail_s // 60)], 0.0)
+            per_minute = per_minute[:ahead]
             if len(per_minute) == 0:
                 per_minute = np.array([obs.arrival_rate])
             plan, _ = plan_from_now(
@@ -488,6 +498,7 @@ class KalePolicy:
                 obs.time_lag_s,
                 Objective(cfg.plan_step_s, cfg.lag_weight, cfg.violation_weight),
                 fewest=self._fewest(obs),
+                tail=tail,
             )
             self._latest_plan = _Plan(obs.time, obs.workers, policy, plan)
         target = int(plan[0])
