@@ -5,7 +5,9 @@ whole trace from an empty queue, knowing every arrival.  Kale's planner
 (``policies.kale``) plans from now, over its forecast: the workers that
 run, the backlog that waits and how old it is, the fitted throughput model
 and the measured restart time, and applies the first step (receding
-horizon, as model predictive control does).
+horizon, as model predictive control does); past its horizon it may hold
+each count over a tail of the forecast (one last stage without restarts),
+so that a restart repaid only after the horizon is weighed.
 
 The objective is Kale's: GPU-minutes + ``lag_weight`` x lag-minutes +
 ``violation_weight`` x minutes above the SLO.  A step is the plan step (or
