@@ -53,16 +53,28 @@ class _Arrivals:
     def __init__(self, rates: np.ndarray):
         self.rates = rates
         self.cumulative = np.concatenate([[0.0], np.cumsum(rates * MINUTE)])
-        self.divisor = np.where(rates > 0, rates, 1.0)
+        # Indexed by the minute a position falls in: its first arrival's count and start, and its rate (inf where
+        # none arrived, so that the share of the minute is 0).  One entry past the last minute, for a position at
+        # the very end, whose backlog is empty and whose lag is 0 anyway.
+        self.first = self.cumulative
+        self.start_s = np.arange(len(rates) + 1) * MINUTE
+        self.divisor = np.append(np.where(rates > 0, rates, np.inf), np.inf)
 
     def time_lag(self, minute_end: int | np.ndarray, backlog: np.ndarray) -> np.ndarray:
         """Age, at the end of minute ``minute_end - 1``, of the oldest of ``backlog`` waiting samples (FIFO); with
         minutes, each label's (a row of ``backlog``) at each minute (its columns)."""
-        position = self.cumulative[minute_end] - backlog
-        j = np.minimum(np.maximum(np.searchsorted(self.cumulative, position, side="right") - 1, 0), len(self.rates) - 1)
-        within = np.where(self.rates[j] > 0, (position - self.cumulative[j]) / self.divisor[j], 0.0)
-        lag = minute_end * MINUTE - (j * MINUTE + within)
-        return np.where(backlog > 1e-9, np.maximum(lag, 0.0), 0.0)
+        return self.time_lag_from(self.cumulative[minute_end], np.asarray(minute_end) * MINUTE, backlog)
+
+    def time_lag_from(self, arrived: np.ndarray, end_s: np.ndarray, backlog: np.ndarray) -> np.ndarray:
+        """:meth:`time_lag` given the arrivals by each minute's end (``arrived``) and that end in seconds."""
+        position = arrived - backlog
+        j = np.searchsorted(self.cumulative, position, side="right")
+        j -= 1
+        np.maximum(j, 0, out=j)
+        lag = end_s - (self.start_s[j] + (position - self.first[j]) / self.divisor[j])
+        np.maximum(lag, 0.0, out=lag)
+        lag[backlog <= 1e-9] = 0.0
+        return lag
 
 
 def _cheaper_than_before(ordered: np.ndarray) -> np.ndarray:
@@ -114,6 +126,24 @@ class Labels(NamedTuple):
     backlog: np.ndarray
 
 
+class _Parents(NamedTuple):
+    """Where a stage's labels came from: each new label's column among the stage's candidates (``keep``; None: the
+    label itself, a held stage), the candidates being every count's own ``width`` labels staying, then the union's
+    labels (count ``union_w``, column ``union_l``) restarting into it."""
+
+    keep: np.ndarray | None
+    width: int
+    union_w: np.ndarray
+    union_l: np.ndarray
+
+    def of(self, wi: int, li: int) -> tuple[int, int]:
+        """The parent (count, column) of label ``li`` of count ``wi``."""
+        column = li if self.keep is None else int(self.keep[wi, li])
+        if column < self.width:
+            return wi, column
+        return int(self.union_w[column - self.width]), int(self.union_l[column - self.width])
+
+
 class Program:
     """The dynamic program's stages: play a step for many labels at once, advance every count's labels one step
     (staying, or restarting into it from any label), and backtrack the cheapest schedule.  ``past`` are the
@@ -145,27 +175,32 @@ class Program:
         self.capacity = np.asarray(model.predict(self.counts), dtype=float)
         # Share of each minute of a step that consumes after a restart at the step's start.
         self.serving = np.clip((np.arange(1, self.step + 1) * MINUTE - restart_s) / MINUTE, 0.0, 1.0)
-        self.minutes = [np.arange(k * self.step, min((k + 1) * self.step, planned)) for k in range(self.steps)]
+        bounds = [(k * self.step, min((k + 1) * self.step, planned)) for k in range(self.steps)]
         # Past ``hold_from``, one last stage in which every count holds (no restart) until the rates end.
         self.held = planned < len(rates)
         if self.held:
-            self.minutes.append(np.arange(planned, len(rates)))
+            bounds.append((planned, len(rates)))
             self.steps += 1
-        self._own: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # width -> every count's own labels' (count, column)
-
+        self.bounds = bounds
+        # Each minute's end: the arrivals by then (the past's included) and its time in seconds, for the time lag.
+        ends = np.arange(len(self.past) + 1, len(self.past) + len(rates) + 1)
+        self.arrived_by_end, self.end_s = self.arrivals.cumulative[ends], ends * MINUTE
+        
     def play(
         self, k: int, backlog: np.ndarray, cap: np.ndarray, restarted: np.ndarray, workers: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Play step ``k`` for labels (backlog, capacity, restarted?): the backlog after it, and its cost."""
-        minutes = self.minutes[k]
-        share = np.where(restarted[:, None], self.serving[None, : len(minutes)], 1.0) if restarted.any() else 1.0
+        lo, hi = self.bounds[k]
+        served = cap[:, None]
+        if restarted.any():
+            served = served * np.where(restarted[:, None], self.serving[None, : hi - lo], 1.0)
         # The queue of each minute at once (Lindley's recursion b = max(b + x, 0) unrolled): with S the running sum
         # of arrivals less service, the backlog is S less its lowest point so far, or less -backlog before it.
-        net = np.cumsum((self.rates[minutes][None, :] - cap[:, None] * share) * MINUTE, axis=1)
+        net = np.cumsum((self.rates[None, lo:hi] - served) * MINUTE, axis=1)
         queue = net - np.minimum(np.minimum.accumulate(net, axis=1), -backlog[:, None])
-        lag = self.arrivals.time_lag(len(self.past) + minutes + 1, queue)
+        lag = self.arrivals.time_lag_from(self.arrived_by_end[lo:hi], self.end_s[lo:hi], queue)
         waiting = self.lag_weight * lag / MINUTE + self.violation_weight * (lag > self.slo_s)
-        return queue[:, -1], workers * float(len(minutes)) + waiting.sum(axis=1)
+        return queue[:, -1], workers * float(hi - lo) + waiting.sum(axis=1)
 
     def first(self, backlog: float = 0.0, workers: int | None = None) -> Labels:
         """Each count's one label after the first step from ``backlog``: started there without a restart, or,
@@ -175,55 +210,53 @@ class Program:
         b, c = self.play(0, np.full(n, float(backlog)), self.capacity, restarted, self.counts)
         return Labels(c[:, None], b[:, None])
 
-    def _own_grid(self, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every count's own labels' (count, column), made once per label width."""
-        if width not in self._own:
-            self._own[width] = (
-                np.arange(n)[:, None].repeat(width, axis=1),
-                np.arange(width)[None, :].repeat(n, axis=0),
-            )
-        return self._own[width]
-
-    def hold(self, k: int, labels: Labels) -> tuple[Labels, tuple[np.ndarray, np.ndarray]]:
-        """Every label after step ``k`` with its count held (no restart), and its parent (itself)."""
+    def hold(self, k: int, labels: Labels) -> tuple[Labels, _Parents]:
+        """Every label after step ``k`` with its count held (no restart); each is its own parent."""
         valid = np.isfinite(labels.cost)
         into = np.nonzero(valid)[0]
         b, c = self.play(k, labels.backlog[valid], self.capacity[into], np.zeros(len(into), bool), self.counts[into])
         cost, backlog = np.full(valid.shape, np.inf), np.full(valid.shape, np.inf)
         cost[valid], backlog[valid] = labels.cost[valid] + c, b
-        return Labels(cost, backlog), self._own_grid(*valid.shape)
+        none = np.zeros(0, int)
+        return Labels(cost, backlog), _Parents(None, valid.shape[1], none, none)
 
-    def stage(self, k: int, labels: Labels) -> tuple[Labels, tuple[np.ndarray, np.ndarray]]:
-        """Every count's labels after step ``k``, and each label's parent (count, column in ``labels``)."""
+    def stage(self, k: int, labels: Labels) -> tuple[Labels, _Parents]:
+        """Every count's labels after step ``k``, and where each came from."""
         n, width = labels.cost.shape
-        # A restart can come from any label of any count: only the union's undominated labels matter.
         valid = np.isfinite(labels.cost)
         from_w, from_l = np.nonzero(valid)
-        union = _front(labels.cost[valid], labels.backlog[valid], self.max_labels)
-        # Every count's candidates (its own labels staying, then the union's restarting into it) advance in one pass.
-        own_w, own_l = self._own_grid(n, width)
-        pw = np.concatenate([own_w, from_w[union][None, :].repeat(n, axis=0)], axis=1)
-        pl = np.concatenate([own_l, from_l[union][None, :].repeat(n, axis=0)], axis=1)
-        playing = np.concatenate([valid, np.ones((n, len(union)), bool)], axis=1)
-        into = np.nonzero(playing)[0]
-        sw, sl = pw[playing], pl[playing]
-        b, c = self.play(k, labels.backlog[sw, sl], self.capacity[into], sw != into, self.counts[into])
-        cost, backlog = np.full(playing.shape, np.inf), np.full(playing.shape, np.inf)
-        cost[playing], backlog[playing] = c + labels.cost[sw, sl], b
+        own_cost, own_backlog = labels.cost[valid], labels.backlog[valid]
+        # A restart can come from any label of any count: only the union's undominated labels matter.
+        union = _front(own_cost, own_backlog, self.max_labels)
+        u, m = len(union), len(from_w)
+        # Every count's candidates (its own labels staying, then the union's restarting into it) advance in one
+        # pass; a union label played into its own count stays (no restart).
+        restarting = union[None, :].repeat(n, axis=0).ravel()  # every union label, once per count
+        into = np.concatenate([from_w, np.arange(n).repeat(u)])
+        b, c = self.play(
+            k,
+            np.concatenate([own_backlog, own_backlog[restarting]]),
+            self.capacity[into],
+            np.concatenate([np.zeros(m, bool), from_w[restarting] != into[m:]]),
+            self.counts[into],
+        )
+        cost, backlog = np.full((n, width + u), np.inf), np.full((n, width + u), np.inf)
+        cost[:, :width][valid], backlog[:, :width][valid] = c[:m] + own_cost, b[:m]
+        cost[:, width:] = (c[m:] + own_cost[restarting]).reshape(n, u)
+        backlog[:, width:] = b[m:].reshape(n, u)
         keep, size = _prune(cost, backlog, self.max_labels)
         rows = np.arange(n)[:, None]
         padding = np.arange(keep.shape[1])[None, :] >= size[:, None]
         new = Labels(np.where(padding, np.inf, cost[rows, keep]), np.where(padding, np.inf, backlog[rows, keep]))
-        return new, (pw[rows, keep], pl[rows, keep])
+        return new, _Parents(keep, width, from_w[union], from_l[union])
 
-    def backtrack(self, labels: Labels, parents: list[tuple[np.ndarray, np.ndarray]]) -> tuple[float, np.ndarray]:
+    def backtrack(self, labels: Labels, parents: list[_Parents]) -> tuple[float, np.ndarray]:
         """The cheapest final label's cost and the worker count of each step that led to it."""
         wi, li = np.unravel_index(np.argmin(labels.cost), labels.cost.shape)  # the first of equals, by count
         cost, wi, li = float(labels.cost[wi, li]), int(wi), int(li)
         chosen = [wi]
         for k in range(self.steps - 2, -1, -1):
-            pw, pl = parents[k]
-            wi, li = int(pw[wi, li]), int(pl[wi, li])
+            wi, li = parents[k].of(wi, li)
             chosen.append(wi)
         return cost, self.counts[np.array(chosen[::-1])]
 
