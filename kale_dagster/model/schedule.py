@@ -51,12 +51,9 @@ class _Arrivals:
     """Cumulative arrivals, to read a backlog's time lag at a minute's end."""
 
     def __init__(self, rates: np.ndarray):
-        self.rates = rates
         self.cumulative = np.concatenate([[0.0], np.cumsum(rates * MINUTE)])
-        # Indexed by the minute a position falls in: its first arrival's count and start, and its rate (inf where
-        # none arrived, so that the share of the minute is 0).  One entry past the last minute, for a position at
-        # the very end, whose backlog is empty and whose lag is 0 anyway.
-        self.first = self.cumulative
+        # By the minute a position falls in: its start and its rate (inf where none arrived: no share of it waits).
+        # One entry past the last minute, for a position at the very end, whose backlog is empty (lag 0 anyway).
         self.start_s = np.arange(len(rates) + 1) * MINUTE
         self.divisor = np.append(np.where(rates > 0, rates, np.inf), np.inf)
 
@@ -71,7 +68,7 @@ class _Arrivals:
         j = np.searchsorted(self.cumulative, position, side="right")
         j -= 1
         np.maximum(j, 0, out=j)
-        lag = end_s - (self.start_s[j] + (position - self.first[j]) / self.divisor[j])
+        lag = end_s - (self.start_s[j] + (position - self.cumulative[j]) / self.divisor[j])
         np.maximum(lag, 0.0, out=lag)
         lag[backlog <= 1e-9] = 0.0
         return lag
@@ -185,7 +182,7 @@ class Program:
         # Each minute's end: the arrivals by then (the past's included) and its time in seconds, for the time lag.
         ends = np.arange(len(self.past) + 1, len(self.past) + len(rates) + 1)
         self.arrived_by_end, self.end_s = self.arrivals.cumulative[ends], ends * MINUTE
-        
+
     def play(
         self, k: int, backlog: np.ndarray, cap: np.ndarray, restarted: np.ndarray, workers: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
