@@ -10,21 +10,29 @@ every seed, "worse" when higher on every seed, otherwise "within noise".  The fo
 depend on the trace alone, so each is computed once per trace (``Backtest.with_seed``).  The traces are
 ``backtest_vs_baselines.py``'s (synthetic 14 days, nyc_taxi's last 35, the others' last 14, 7 days of warm-up).
 
+Each run's cost (and the optimum's) is kept in ``--cache`` under the code that measured it: the bytes of every
+source file of kale_dagster and bench, the versions of numpy, pandas and prophet, the trace's rates, the run and the
+seed.  A candidate measured after the defaults runs only itself; any edit to the code measures everything again.
+
     python bench/kale_vs_optimum.py [--seeds 3] [--candidate '{"plan_quantile": 0.6}'] [--perfect]
-        [--only nyc_taxi --only IBM] [--traces DIR] [--json FILE]
+        [--only nyc_taxi --only IBM] [--traces DIR] [--json FILE] [--cache DIR | --no-cache]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
+import pandas as pd
 from backtest_vs_baselines import DEFAULT_TRACES, development_set
 
+import kale_dagster
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.policies.kale import KaleConfig
 from kale_dagster.sim.backtest import Backtest, BacktestSettings, Run
@@ -45,20 +53,78 @@ def verdict(differences: list[float]) -> str:
     return "within noise"
 
 
-def measure(history, seeds: list[int], runs: dict[str, Run]) -> dict[str, list[float]]:
-    """Each run's cost over the optimum's on each seed, the same trace and forecasts throughout."""
+def code_key() -> str:
+    """What a measured cost depends on besides the trace and the run: every source file the bench and the library
+    run, and the numeric libraries' versions."""
+    digest = hashlib.sha256()
+    for root in (Path(kale_dagster.__file__).parent, Path(__file__).parent):
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
+    for package in ("numpy", "pandas", "prophet"):
+        digest.update(f"{package}=={version(package)}".encode())
+    return digest.hexdigest()
+
+
+class CostCache:
+    """Costs (Kale's objective over the scored minutes) already measured, one JSON file per trace; entries made by
+    other code are never read.  ``directory`` None keeps nothing."""
+
+    def __init__(self, directory: Path | None):
+        self.directory, self.code = directory, code_key() if directory is not None else ""
+        self.entries: dict[str, float] = {}
+        self.path: Path | None = None
+        self.rates = ""
+
+    def open(self, key: str, history: pd.DataFrame) -> None:
+        """The entries of one trace (its rates, not just its name, are part of the key)."""
+        if self.directory is None:
+            return
+        self.rates = hashlib.sha256(pd.util.hash_pandas_object(history, index=False).to_numpy().tobytes()).hexdigest()
+        self.path = self.directory / f"{key}.json"
+        stored = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.entries = stored.get("entries", {}) if stored.get("code") == [self.code, self.rates] else {}
+
+    @staticmethod
+    def entry(seed: int, run: Run | None) -> str:
+        return f"{seed}:optimum" if run is None else f"{seed}:{json.dumps(run._asdict(), sort_keys=True)}"
+
+    def get(self, seed: int, run: Run | None) -> float | None:
+        return self.entries.get(self.entry(seed, run))
+
+    def put(self, seed: int, run: Run | None, cost: float) -> None:
+        if self.path is None:
+            return
+        self.entries[self.entry(seed, run)] = cost
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps({"code": [self.code, self.rates], "entries": self.entries}, indent=1))
+
+
+def measure(history, seeds: list[int], runs: dict[str, Run], cache: CostCache) -> tuple[dict[str, list[float]], int]:
+    """Each run's cost over the optimum's on each seed, the same trace and forecasts throughout, and how many of
+    the runs the cache answered."""
     ratios: dict[str, list[float]] = {key: [] for key in runs}
     base: Backtest | None = None
+    cached = 0
     for seed in seeds:
-        bt = Backtest(history, BacktestSettings(warmup_days=7, seed=seed)) if base is None else base.with_seed(seed)
-        base = base or bt
-        results, best = bt.run_many(list(runs.values()), optimum=True)
-        assert best is not None  # asked for
-        minutes = float(len(bt.rates) - bt.sim_config.warmup_steps)
-        optimum = objective(best[1].metrics.to_json(), minutes)
-        for key, result in zip(runs, results):
-            ratios[key].append(objective(result.metrics.to_json(), minutes) / optimum)
-    return ratios
+        costs = {key: cache.get(seed, run) for key, run in runs.items()}
+        optimum = cache.get(seed, None)
+        missing = [key for key, cost in costs.items() if cost is None]
+        cached += len(runs) - len(missing)
+        if missing or optimum is None:
+            bt = Backtest(history, BacktestSettings(warmup_days=7, seed=seed)) if base is None else base.with_seed(seed)
+            base = base or bt
+            results, best = bt.run_many([runs[key] for key in missing], optimum=True)
+            assert best is not None  # asked for
+            minutes = float(len(bt.rates) - bt.sim_config.warmup_steps)
+            optimum = objective(best[1].metrics.to_json(), minutes)
+            cache.put(seed, None, optimum)
+            for key, result in zip(missing, results):
+                cost = costs[key] = objective(result.metrics.to_json(), minutes)
+                cache.put(seed, runs[key], cost)
+        for key, cost in costs.items():
+            assert cost is not None  # measured above if the cache had none
+            ratios[key].append(cost / optimum)
+    return ratios, cached
 
 
 def main() -> int:
@@ -69,6 +135,10 @@ def main() -> int:
     parser.add_argument("--only", action="append", default=[], help="traces whose key contains this (repeatable)")
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="the development set")
     parser.add_argument("--json", type=Path, help="write all figures to this file (rewritten after each trace)")
+    parser.add_argument(
+        "--cache", type=Path, default=Path(__file__).parent / ".cache" / "kale_vs_optimum", help="measured costs"
+    )
+    parser.add_argument("--no-cache", action="store_true", help="measure every run again and keep nothing")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
@@ -85,14 +155,18 @@ def main() -> int:
     if args.perfect:
         runs["perfect_forecast"] = Run("kale", perfect_forecast=True)
     seeds = list(range(args.seeds))
+    cache = CostCache(None if args.no_cache else args.cache)
     out: dict = {"seeds": seeds, "candidate": args.candidate, "traces": {}}
     verdicts = []
     for key, label, history in development_set(args.traces, dev=True):
         if args.only and not any(part in key for part in args.only):
             continue
         started = time.perf_counter()
-        ratios = measure(history, seeds, runs)
-        line = f"{label} ({len(seeds)} seeds, {time.perf_counter() - started:.0f} s): Kale {spread(ratios['kale'])}"
+        cache.open(key, history)
+        ratios, cached = measure(history, seeds, runs, cache)
+        reused = f", {cached} of {len(runs) * len(seeds)} runs from the cache" if cached else ""
+        took = f"{len(seeds)} seeds, {time.perf_counter() - started:.0f} s{reused}"
+        line = f"{label} ({took}): Kale {spread(ratios['kale'])}"
         if "candidate" in ratios:
             differences = [c - k for c, k in zip(ratios["candidate"], ratios["kale"])]
             verdicts.append(verdict(differences))
