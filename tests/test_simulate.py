@@ -207,6 +207,26 @@ def test_warmup_is_not_scored():
         simulate(rates, _times(30), StaticPolicy(2), LINEAR, SimConfig(warmup_steps=30))
 
 
+@pytest.mark.parametrize("policy", ["hpa", "static"])
+def test_a_baseline_starts_a_lead_in_before_the_scored_span_and_scores_as_from_the_trace_start(policy):
+    """A policy that neither forecasts nor learns remembers only its queue and minutes of replica history: from a
+    day's lead-in it scores exactly what it scores from the trace's start (restarts without jitter, so both runs
+    draw the same world); Kale, which learns in the warm-up, runs the whole trace.  (KEDA on this trace scales 7 ->
+    8 -> 7 in a cycle its restarts pace, and the lead-in starts it on another phase of that cycle: its figures
+    are then another draw, as another seed's are.)"""
+    history = pd.DataFrame(
+        {"timestamp": _times(4 * 1440), "rate": 50 + 40 * np.sin(np.arange(4 * 1440) * 2 * np.pi / 1440)}
+    )
+    settings = BacktestSettings(
+        peak_workers=8, limits=Limits(max_workers=8), warmup_days=3, forecaster="ewma", restart_jitter=0.0
+    )
+    lead_in = Backtest(history, settings).run(policy)
+    whole = Backtest(history, replace(settings, lead_in_days=3)).run(policy)
+    assert len(lead_in.timeline) == 2 * 1440 and len(whole.timeline) == 4 * 1440
+    assert lead_in.metrics == whole.metrics
+    assert len(Backtest(history, settings).run("kale").timeline) == 4 * 1440
+
+
 def test_trace_is_resampled_and_scaled_to_peak_workers():
     hist = pd.DataFrame(
         {"timestamp": pd.date_range("2026-01-01", periods=3, freq="30min", tz="UTC"), "rate": [1.0, 4.0, 2.0]}

@@ -16,7 +16,9 @@ def plot_backtest(timelines: dict[str, pd.DataFrame], slo_minutes: float, path) 
     """The arrivals (top row), then one row per policy: its workers, each restart a marker, its lag against the
     SLO on the right axis; the warm-up (not scored) shaded, and the scored totals in each row's title."""
     fig, axes = plt.subplots(len(timelines) + 1, 1, figsize=(12, 1.9 * (len(timelines) + 1)), sharex=True)
-    first = next(iter(timelines.values()))
+    # A policy that neither forecasts nor learns starts a day before scoring (``BacktestSettings.lead_in_days``):
+    # the arrivals and the warm-up are drawn from the longest timeline.
+    first = max(timelines.values(), key=len)
     warmup = first["time"][~first["scored"].astype(bool)]
     axes[0].plot(first["time"], first["arrival_rate"], color="black", lw=0.8)
     axes[0].set_ylabel("samples/s")

@@ -3,7 +3,9 @@
 The trace is resampled to minutes and scaled so its peak rate equals the
 throughput of ``peak_workers`` workers.  Each policy (any name in
 ``kale_dagster.policies.POLICIES``) runs through the simulator under the
-pipeline's ``Controller`` with identical settings.  Kale plans with what it
+pipeline's ``Controller`` with identical settings; the warm-up is the
+forecaster's history and what Kale measures, so a policy that does neither
+starts ``lead_in_days`` before the scored span.  Kale plans with what it
 estimates (F(w) fitted on a noisy profile and on saturated minutes, the
 restart time from the restarts it saw); ``oracle=True`` hands it the truth
 to show what estimation costs.  Each baseline is also swept over the
@@ -52,7 +54,10 @@ class BacktestSettings:
 
     limits: Limits = field(default_factory=Limits)
     peak_workers: int = setting(28, ge=1, description="the trace is scaled so its peak needs this many workers")
-    warmup_days: float = setting(0.0, ge=0, unit="days", description="simulated but not scored")
+    warmup_days: float = setting(0.0, ge=0, unit="days", description="the forecaster's history, not scored")
+    lead_in_days: float = setting(
+        1.0, ge=0, unit="days", description="a policy that neither forecasts nor learns starts this long before scoring"
+    )
     forecaster: str = setting("prophet", choices=lambda: FORECASTERS)
     refit_minutes: float = setting(1440.0, gt=0, unit="min")
     forecast_minutes: float = setting(10.0, gt=0, unit="min")
@@ -196,10 +201,24 @@ class Backtest:
     ) -> SimResult:
         """One registered policy over the trace.  ``oracle`` plans with the true F(w) and restart time;
         ``perfect_forecast`` forecasts with the trace's true future."""
-        forecasts = self.forecasts(perfect_forecast) if POLICIES[name].uses_forecast else None
+        spec = POLICIES[name]
+        forecasts = self.forecasts(perfect_forecast) if spec.uses_forecast else None
         config = replace(self.sim_config, oracle=oracle) if oracle else self.sim_config
+        # The warm-up is a forecaster's history and what a learning policy measures.  A policy that does neither
+        # remembers only its queue and minutes of replica history: a lead-in before the scored span makes those.
+        warmup = config.warmup_steps
+        start = (
+            0
+            if spec.uses_forecast or spec.uses_estimates
+            else max(warmup - round(self.settings.lead_in_days * 1440), 0)
+        )
         return simulate(
-            self.rates, self.times, self.controller(name, options), self.settings.model, config, forecasts=forecasts
+            self.rates[start:],
+            self.times[start:],
+            self.controller(name, options),
+            self.settings.model,
+            replace(config, warmup_steps=warmup - start),
+            forecasts=forecasts,
         )
 
     def run_many(
