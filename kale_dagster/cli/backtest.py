@@ -25,8 +25,8 @@ def register(subparsers, summary: str) -> None:
         "backtest",
         help=summary,
         description="Trace-driven backtest with the production policy code. The trace is scaled so its peak "
-        "equals the throughput of --peak-workers workers; the first --warmup-days are Kale's forecaster's history (simulated, not scored); the baselines start a day "
-        "before the scored span.",
+        "equals the throughput of --peak-workers workers; the first --warmup-days are Kale's forecaster's history "
+        "(simulated, not scored); the baselines start a day before the scored span.",
         epilog="example: kale trace synth --days 14 --out t.csv && kale backtest --trace t.csv --warmup-days 7 "
         "--no-sweeps",
     )
