@@ -110,6 +110,21 @@ def test_the_outlook_continues_the_day_past_the_horizon():
     assert np.all(upper >= fc.outlook) and upper[0] / fc.outlook[0] == pytest.approx(fc.upper[-1] / fc.point[-1])
 
 
+@pytest.mark.parametrize("days, fits_weekend", [(5.0, False), (12.0, True), (15.0, False)])
+def test_under_two_weeks_prophet_fits_the_weekend_s_level_from_the_weekends_it_saw(days, fits_weekend):
+    """No weekly shape can be fitted from under two weeks (Prophet's own rule), but a weekend seen once gives its
+    level: Saturday is forecast above Friday by about the weekend's boost.  Without a weekend in the history there
+    is nothing to fit; from two weeks on, the weekly seasonality does it."""
+    frame = synth_trace(days=days, seed=3, step_s=600.0, peak_rate=5000, weekend_boost=0.3, bursts_per_day=0)
+    hist = pd.DataFrame({"timestamp": frame.timestamp, "rate": frame.value / 600.0})
+    fitted = ProphetForecaster(horizon_s=7200).fit(hist)
+    assert fitted._weekend_level == fits_weekend
+    if fits_weekend:  # the history ends on Friday night (the trace starts on a Monday): Saturday noon vs Friday's
+        friday_noon, saturday_noon = (4 * 24 + 12) * 6, (12 * 24 + 12) * 6
+        shift = fitted._prophet_log(np.array([saturday_noon]))[0] - fitted._prophet_log(np.array([friday_noon]))[0]
+        assert np.exp(shift) == pytest.approx(1.3, abs=0.1)
+
+
 def test_the_perfect_forecast_sees_the_rest_of_the_day():
     from kale_dagster.sim.oracle import Hindsight
 

@@ -5,7 +5,9 @@ week but not today's level: on real traffic its 2-hour error is worse than
 repeating last week.  Three additions fix that, each measured in
 ``bench/forecast_accuracy.py``:
 
-1. log space: traffic varies multiplicatively, so Prophet fits log rates;
+1. log space: traffic varies multiplicatively, so Prophet fits log rates
+   (under two weeks of history, with no weekly seasonality yet, a weekend
+   level: one weekend seen says how much busier or quieter the next is);
 2. residual correction: a direct multi-horizon linear model predicts the
    base model's error at each step ahead from its recent errors averaged
    over several windows (the latest level);
@@ -62,6 +64,11 @@ _CYCLES_S = (3600.0, 2 * 3600.0, 3 * 3600.0, 4 * 3600.0, 6 * 3600.0, 8 * 3600.0,
 # forgotten after 3 (the calendar's 8 took 5).  Held-out days cannot choose the span: none of them saw a job stop.
 _CYCLE_REPEATS = 4
 _WINDOWS_S = (0, 600, 1800, 3600, 7200, 14_400)  # residual averaging windows; 0 = the latest step
+
+
+def _weekend(ds: pd.Series) -> pd.Series:
+    """1.0 on Saturdays and Sundays, else 0.0: Prophet's weekend regressor."""
+    return (ds.dt.dayofweek >= 5).astype(float)
 
 
 def _quiet_prophet_logs() -> None:
@@ -171,6 +178,7 @@ class ProphetForecaster(_FittedSeries):
         self._base_prophet = np.zeros(0)  # the same over the history
         self._band = (np.zeros(0), np.zeros(0))  # the held-out log errors' band, per step
         self._prophet: Any = None  # the fitted Prophet model
+        self._weekend_level = False  # whether Prophet was fitted with a weekend level (under two weeks of history)
         self._calendar = (0, 0, 0)  # the calendar's seasonal median: (period, first, count) in steps
         self._season = (0, 0, 0)  # the seasonal base chosen (the calendar, or a job's cycle)
         self._corr_p = _Correction(1.0, 1)  # Prophet's residual correction
@@ -202,7 +210,14 @@ class ProphetForecaster(_FittedSeries):
             seasonality_prior_scale=self.seasonality_prior_scale,
             uncertainty_samples=0,
         )
-        model.fit(pd.DataFrame({"ds": pd.DatetimeIndex(coarse.index).tz_localize(None), "y": coarse.to_numpy()}))
+        frame = pd.DataFrame({"ds": pd.DatetimeIndex(coarse.index).tz_localize(None), "y": coarse.to_numpy()})
+        # Under two weeks no weekly shape can be fitted, but a weekend's level can, from one weekend seen.
+        weekend = _weekend(frame["ds"])
+        self._weekend_level = span < 2 * WEEK_S and 0 < weekend.sum() < len(weekend)
+        if self._weekend_level:
+            frame["weekend"] = weekend
+            model.add_regressor("weekend")
+        model.fit(frame)
         self._prophet = model
         self._prophet_cache: dict[int, float] = {}
         self._prophet_table = np.zeros(0)  # the positions prefetched at the fit, 0 to len - 1: read by index
@@ -221,7 +236,10 @@ class ProphetForecaster(_FittedSeries):
         if need:
             start = self.history["timestamp"].iloc[0]
             ds = (start + pd.to_timedelta(np.asarray(need) * self.step_s, unit="s")).tz_localize(None)
-            values = self._prophet.predict(pd.DataFrame({"ds": ds}))["yhat"].to_numpy()
+            frame = pd.DataFrame({"ds": ds})
+            if self._weekend_level:
+                frame["weekend"] = _weekend(frame["ds"])
+            values = self._prophet.predict(frame)["yhat"].to_numpy()
             self._prophet_cache.update(zip(need, values))
         return np.array([self._prophet_cache[int(p)] for p in positions])
 
