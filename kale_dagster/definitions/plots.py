@@ -18,9 +18,9 @@ def plot_backtest(timelines: dict[str, pd.DataFrame], slo_minutes: float, path) 
     fig, axes = plt.subplots(len(timelines) + 1, 1, figsize=(12, 1.9 * (len(timelines) + 1)), sharex=True)
     # A policy that neither forecasts nor learns starts a day before scoring (``BacktestSettings.lead_in_days``):
     # the arrivals and the warm-up are drawn from the longest timeline.
-    first = max(timelines.values(), key=len)
-    warmup = first["time"][~first["scored"].astype(bool)]
-    axes[0].plot(first["time"], first["arrival_rate"], color="black", lw=0.8)
+    longest = max(timelines.values(), key=len)
+    warmup = longest["time"][~longest["scored"].astype(bool)]
+    axes[0].plot(longest["time"], longest["arrival_rate"], color="black", lw=0.8)
     axes[0].set_ylabel("samples/s")
     axes[0].set_title("arrivals", fontsize=9, loc="left")
     for ax, (name, tl) in zip(axes[1:], timelines.items()):

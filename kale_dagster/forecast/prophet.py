@@ -202,9 +202,10 @@ class ProphetForecaster(_FittedSeries):
             self.to_log(hist.resample(pd.Timedelta(seconds=agg_step)).mean()),
             index=hist.resample(pd.Timedelta(seconds=agg_step)).mean().index,
         ).dropna()
+        weekly = span >= 2 * WEEK_S
         model = Prophet(
             daily_seasonality=True,
-            weekly_seasonality=span >= 2 * WEEK_S,
+            weekly_seasonality=weekly,
             yearly_seasonality=False,
             changepoint_prior_scale=self.changepoint_prior_scale,
             seasonality_prior_scale=self.seasonality_prior_scale,
@@ -213,7 +214,7 @@ class ProphetForecaster(_FittedSeries):
         frame = pd.DataFrame({"ds": pd.DatetimeIndex(coarse.index).tz_localize(None), "y": coarse.to_numpy()})
         # Under two weeks no weekly shape can be fitted, but a weekend's level can, from one weekend seen.
         weekend = _weekend(frame["ds"])
-        self._weekend_level = span < 2 * WEEK_S and 0 < weekend.sum() < len(weekend)
+        self._weekend_level = not weekly and 0 < weekend.sum() < len(weekend)
         if self._weekend_level:
             frame["weekend"] = weekend
             model.add_regressor("weekend")
