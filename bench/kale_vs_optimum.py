@@ -6,7 +6,8 @@ over the optimum's by several hundredths on a 14-day trace.  A change to the pla
 keeping only where it wins on the same draws: this runs Kale at its defaults and, with ``--candidate``, Kale with
 those ``KaleConfig`` options, on every seed, and prints per trace each one's cost over the optimum's (median and
 range over the seeds) and the candidate's difference from the default on each seed: "better" when it is lower on
-every seed, "worse" when higher on every seed, otherwise "within noise".  The forecasts and the optimum's schedule
+every seed, "worse" when higher on every seed, otherwise "within noise"; beside each, its share of minutes above
+the SLO on each seed (the targets ask for no more of them).  The forecasts and the optimum's schedule
 depend on the trace alone, so each is computed once per trace (``Backtest.with_seed``).  The traces are
 ``backtest_vs_baselines.py``'s (synthetic 14 days, nyc_taxi's last 35, the others' last 14, 7 days of warm-up).
 
@@ -14,9 +15,10 @@ With ``--baselines`` every baseline's swept settings and default run on the same
 line adds the cheapest one's cost over the optimum's and whether Kale is cheaper than it on every seed: one seed's
 baseline is as much a draw of the noise as Kale's (KEDA on KO: 1.50x, 1.81x and 1.64x on seeds 0-2).
 
-Each run's cost (and the optimum's) is kept in ``--cache`` under the code that measured it: the bytes of every
-source file of kale_dagster and bench, the versions of numpy, pandas and prophet, the trace's rates, the run and the
-seed.  A candidate measured after the defaults runs only itself; any edit to the code measures everything again.
+Each run's cost and SLO violation rate (and the optimum's) are kept in ``--cache`` under the code that measured
+them: the bytes of every source file of kale_dagster and bench, the versions of numpy, pandas and prophet, the
+trace's rates, the run and the seed.  A candidate measured after the defaults runs only itself; any edit to the
+code measures everything again.
 
     python bench/kale_vs_optimum.py [--seeds 3] [--candidate '{"plan_quantile": 0.6}'] [--perfect] [--baselines]
         [--only nyc_taxi --only IBM] [--traces DIR] [--json FILE] [--cache DIR | --no-cache]
@@ -32,6 +34,7 @@ import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 from backtest_vs_baselines import DEFAULT_TRACES, development_set
@@ -48,6 +51,11 @@ def spread(values: list[float], signed: bool = False) -> str:
     """Median [lowest to highest]: ratios as "1.154x", differences with their sign."""
     show = "{:+.3f}".format if signed else "{:.3f}x".format
     return f"{show(statistics.median(values))} [{show(min(values))} to {show(max(values))}]"
+
+
+def percents(rates: list[float]) -> str:
+    """SLO violation rates, one per seed, as percentages."""
+    return ", ".join(f"{rate:.3%}" for rate in rates)
 
 
 def verdict(differences: list[float]) -> str:
@@ -70,13 +78,24 @@ def code_key() -> str:
     return digest.hexdigest()
 
 
+class Scored(NamedTuple):
+    """One run's cost by Kale's objective over the scored minutes, and its share of minutes above the SLO."""
+
+    cost: float
+    slo_violation: float
+
+    @classmethod
+    def of(cls, metrics: dict, minutes: float) -> Scored:
+        return cls(objective(metrics, minutes), metrics["slo_violation_rate"])
+
+
 class CostCache:
     """Costs (Kale's objective over the scored minutes) already measured, one JSON file per trace; entries made by
     other code are never read.  ``directory`` None keeps nothing."""
 
     def __init__(self, directory: Path | None):
         self.directory, self.code = directory, code_key() if directory is not None else ""
-        self.entries: dict[str, float] = {}
+        self.entries: dict[str, list[float]] = {}
         self.path: Path | None = None
         self.rates = ""
 
@@ -93,13 +112,14 @@ class CostCache:
     def entry(seed: int, run: Run | None) -> str:
         return f"{seed}:optimum" if run is None else f"{seed}:{json.dumps(run._asdict(), sort_keys=True)}"
 
-    def get(self, seed: int, run: Run | None) -> float | None:
-        return self.entries.get(self.entry(seed, run))
+    def get(self, seed: int, run: Run | None) -> Scored | None:
+        stored = self.entries.get(self.entry(seed, run))
+        return Scored(*stored) if stored is not None else None
 
-    def put(self, seed: int, run: Run | None, cost: float) -> None:
+    def put(self, seed: int, run: Run | None, scored: Scored) -> None:
         if self.path is None:
             return
-        self.entries[self.entry(seed, run)] = cost
+        self.entries[self.entry(seed, run)] = list(scored)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({"code": [self.code, self.rates], "entries": self.entries}, indent=1))
 
@@ -116,30 +136,32 @@ def baseline_runs(base: Backtest) -> dict[str, Run]:
 
 def measure(
     base: Backtest, seeds: list[int], runs: dict[str, Run], cache: CostCache
-) -> tuple[dict[str, list[float]], int]:
-    """Each run's cost over the optimum's on each seed of ``base``'s trace, the same forecasts throughout, and how
-    many of the runs the cache answered."""
+) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
+    """Each run's cost over the optimum's, and its SLO violation rate, on each seed of ``base``'s trace, the same
+    forecasts throughout; and how many of the runs the cache answered."""
     ratios: dict[str, list[float]] = {key: [] for key in runs}
+    violations: dict[str, list[float]] = {key: [] for key in runs}
     cached = 0
     for seed in seeds:
-        costs = {key: cache.get(seed, run) for key, run in runs.items()}
+        scored = {key: cache.get(seed, run) for key, run in runs.items()}
         optimum = cache.get(seed, None)
-        missing = [key for key, cost in costs.items() if cost is None]
+        missing = [key for key, known in scored.items() if known is None]
         cached += len(runs) - len(missing)
         if missing or optimum is None:
             bt = base.with_seed(seed)
             results, best = bt.run_many([runs[key] for key in missing], optimum=True)
             assert best is not None  # asked for
             minutes = float(len(bt.rates) - bt.sim_config.warmup_steps)
-            optimum = objective(best[1].metrics.to_json(), minutes)
+            optimum = Scored.of(best[1].metrics.to_json(), minutes)
             cache.put(seed, None, optimum)
             for key, result in zip(missing, results):
-                cost = costs[key] = objective(result.metrics.to_json(), minutes)
-                cache.put(seed, runs[key], cost)
-        for key, cost in costs.items():
-            assert cost is not None  # measured above if the cache had none
-            ratios[key].append(cost / optimum)
-    return ratios, cached
+                scored[key] = Scored.of(result.metrics.to_json(), minutes)
+                cache.put(seed, runs[key], scored[key])
+        for key, known in scored.items():
+            assert known is not None  # measured above if the cache had none
+            ratios[key].append(known.cost / optimum.cost)
+            violations[key].append(known.slo_violation)
+    return ratios, violations, cached
 
 
 def main() -> int:
@@ -181,16 +203,16 @@ def main() -> int:
         cache.open(key, history)
         base = Backtest(history, BacktestSettings(warmup_days=7))
         baselines = baseline_runs(base) if args.baselines else {}
-        ratios, cached = measure(base, seeds, {**runs, **baselines}, cache)
+        ratios, violations, cached = measure(base, seeds, {**runs, **baselines}, cache)
         reused = f", {cached} of {(len(runs) + len(baselines)) * len(seeds)} runs from the cache" if cached else ""
         took = f"{len(seeds)} seeds, {time.perf_counter() - started:.0f} s{reused}"
-        line = f"{label} ({took}): Kale {spread(ratios['kale'])}"
+        line = f"{label} ({took}): Kale {spread(ratios['kale'])} (SLO violation {percents(violations['kale'])})"
         if "candidate" in ratios:
             differences = [c - k for c, k in zip(ratios["candidate"], ratios["kale"])]
             verdicts.append(verdict(differences))
             line += (
-                f"; candidate {spread(ratios['candidate'])}, difference {spread(differences, signed=True)}: "
-                f"{verdicts[-1]}"
+                f"; candidate {spread(ratios['candidate'])} (SLO violation {percents(violations['candidate'])}), "
+                f"difference {spread(differences, signed=True)}: {verdicts[-1]}"
             )
         if "perfect_forecast" in ratios:
             line += f"; perfect forecast {spread(ratios['perfect_forecast'])}"
@@ -202,7 +224,9 @@ def main() -> int:
             )
             ratios = {key: value for key, value in ratios.items() if key not in baselines} | {"best_baseline": best}
         print(line, flush=True)
-        out["traces"][key] = ratios
+        out["traces"][key] = ratios | {
+            f"{name}_slo_violation": violations[name] for name in ("kale", "candidate") if name in violations
+        }
         if args.json:
             args.json.write_text(json.dumps(out, indent=2))
     if verdicts:
