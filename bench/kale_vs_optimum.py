@@ -155,8 +155,8 @@ def measure(
             optimum = Scored.of(best[1].metrics.to_json(), minutes)
             cache.put(seed, None, optimum)
             for key, result in zip(missing, results):
-                scored[key] = Scored.of(result.metrics.to_json(), minutes)
-                cache.put(seed, runs[key], scored[key])
+                measured = scored[key] = Scored.of(result.metrics.to_json(), minutes)
+                cache.put(seed, runs[key], measured)
         for key, known in scored.items():
             assert known is not None  # measured above if the cache had none
             ratios[key].append(known.cost / optimum.cost)

@@ -211,6 +211,17 @@ def test_a_burst_in_the_latest_interval_triggers_the_fallback_at_once(case, obs,
         assert d.policy == "kale/fallback"
 
 
+@pytest.mark.parametrize("planner", ["receding", "stabilizer"])
+def test_burst_scale_plans_for_a_multiple_of_the_burst_s_first_reading(planner):
+    # 4 workers take 4,000/s; 10,000/s in the last interval is a burst either way.
+    plain = KalePolicy(_sizing(LINEAR), KaleConfig(planner=planner)).decide(_burst_obs(10_000.0))
+    scaled = KalePolicy(_sizing(LINEAR), KaleConfig(planner=planner, burst_scale=3)).decide(_burst_obs(10_000.0))
+    assert "burst:" in plain.reason and "planned for" not in plain.reason, plain.reason
+    assert "planned for 3x it" in scaled.reason, scaled.reason
+    # Sized for 30,000/s and the restart's backlog: more than for 10,000/s, at most the 32-worker maximum.
+    assert 10 < plain.workers < scaled.workers <= 32, (plain.reason, scaled.reason)
+
+
 def test_fallback_drains_a_large_backlog():
     policy = KalePolicy(_sizing(LINEAR), STABILIZER)
     # 3 workers cannot keep up with 3,500/s: lag would grow without bound.
@@ -260,6 +271,7 @@ def test_waits_while_restarting():
         (dict(rho=0), "rho"),
         (dict(lag_weight=-1), "lag_weight"),
         (dict(burst_ratio=1.0), "burst_ratio"),
+        (dict(burst_scale=0.5), "burst_scale"),
         (dict(plan_horizon_s=7200, trusted_horizon_s=3600), "plan_horizon_s"),  # and trusted_horizon_s
         (dict(trusted_forecast_error=-0.1), "trusted_forecast_error"),
     ],
