@@ -90,8 +90,8 @@ class Scored(NamedTuple):
 
 
 class CostCache:
-    """Costs (Kale's objective over the scored minutes) already measured, one JSON file per trace; entries made by
-    other code are never read.  ``directory`` None keeps nothing."""
+    """Runs already scored (``Scored``: the cost and the SLO violation rate), one JSON file per trace; entries made
+    by other code are never read.  ``directory`` None keeps nothing."""
 
     def __init__(self, directory: Path | None):
         self.directory, self.code = directory, code_key() if directory is not None else ""

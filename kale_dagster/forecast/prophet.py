@@ -198,10 +198,8 @@ class ProphetForecaster(_FittedSeries):
         # Prophet learns the shape; a coarser grid fits several times faster
         # and the correction recovers the fine level.
         agg_step = max(self.step_s, self.prophet_step_s)
-        coarse = pd.Series(
-            self.to_log(hist.resample(pd.Timedelta(seconds=agg_step)).mean()),
-            index=hist.resample(pd.Timedelta(seconds=agg_step)).mean().index,
-        ).dropna()
+        means = hist.resample(pd.Timedelta(seconds=agg_step)).mean()
+        coarse = pd.Series(self.to_log(means), index=means.index).dropna()
         weekly = span >= 2 * WEEK_S
         model = Prophet(
             daily_seasonality=True,
