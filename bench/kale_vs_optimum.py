@@ -20,8 +20,13 @@ them: the bytes of every source file of kale_dagster and bench, the versions of 
 trace's rates, the run and the seed.  A candidate measured after the defaults runs only itself; any edit to the
 code measures everything again.
 
-    python bench/kale_vs_optimum.py [--seeds 3] [--candidate '{"plan_quantile": 0.6}'] [--perfect] [--baselines]
-        [--only nyc_taxi --only IBM] [--traces DIR] [--json FILE] [--cache DIR | --no-cache]
+With ``--burst-free CAP`` Kale also runs on a forecast that is perfect but for the bursts: the trace's true future
+with every minute above CAP times the median of the hour around it cut to that (``sim.oracle.without_bursts``).
+Between it and the live forecast lies what a better forecast of the usual traffic could win; between it and the
+optimum, what the bursts cost a policy that cannot see them coming.
+
+    python bench/kale_vs_optimum.py [--seeds 3] [--candidate '{"plan_quantile": 0.6}'] [--perfect] [--burst-free 2]
+        [--baselines] [--only nyc_taxi --only IBM] [--traces DIR] [--json FILE] [--cache DIR | --no-cache]
 """
 
 from __future__ import annotations
@@ -169,6 +174,13 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3, help="draws of the simulator's noise: seeds 0 to N-1")
     parser.add_argument("--candidate", type=json.loads, help="KaleConfig options to measure against the defaults")
     parser.add_argument("--perfect", action="store_true", help="also Kale with a perfect forecast (planning error)")
+    parser.add_argument(
+        "--burst-free",
+        type=float,
+        metavar="CAP",
+        help="also Kale with a forecast perfect but for the bursts (no minute above CAP x the hour's median): what "
+        "the bursts cost",
+    )
     parser.add_argument("--baselines", action="store_true", help="also every baseline setting: the cheapest per seed")
     parser.add_argument("--only", action="append", default=[], help="traces whose key contains this (repeatable)")
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="the development set")
@@ -180,6 +192,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds must be at least 1, got {args.seeds}")
+    if args.burst_free is not None and args.burst_free < 1:
+        parser.error(f"--burst-free must be at least 1 (a multiple of the hour's median rate), got {args.burst_free}")
     if not (args.traces / "nyc_taxi.csv").is_file():
         parser.error(f"the development set is not at {args.traces}; pass --traces DIR")
     if args.candidate is not None:
@@ -192,6 +206,8 @@ def main() -> int:
         runs["candidate"] = Run("kale", args.candidate)
     if args.perfect:
         runs["perfect_forecast"] = Run("kale", perfect_forecast=True)
+    if args.burst_free is not None:
+        runs["burst_free"] = Run("kale", perfect_forecast=True, burst_cap=args.burst_free)
     seeds = list(range(args.seeds))
     cache = CostCache(None if args.no_cache else args.cache)
     out: dict = {"seeds": seeds, "candidate": args.candidate, "traces": {}}
@@ -216,6 +232,8 @@ def main() -> int:
             )
         if "perfect_forecast" in ratios:
             line += f"; perfect forecast {spread(ratios['perfect_forecast'])}"
+        if "burst_free" in ratios:
+            line += f"; perfect but for the bursts {spread(ratios['burst_free'])}"
         if baselines:
             best = [min(ratios[name][i] for name in baselines) for i in range(len(seeds))]
             dearer = [seed for seed, kale, other in zip(seeds, ratios["kale"], best) if kale >= other]

@@ -11,7 +11,7 @@ import pytest
 from kale_dagster import KaleConfigError, ThroughputModel
 from kale_dagster.model.limits import Limits
 from kale_dagster.sim.metrics import objective
-from kale_dagster.sim.oracle import Hindsight, SchedulePolicy, optimal_schedule
+from kale_dagster.sim.oracle import Hindsight, SchedulePolicy, optimal_schedule, without_bursts
 from kale_dagster.sim.simulate import SimConfig, simulate
 
 LINEAR = ThroughputModel.linear(100.0)
@@ -78,3 +78,31 @@ def test_hindsight_forecasts_the_true_future_from_the_last_known_minute():
     assert list(
         Hindsight(times, rates).predict(4, history=pd.DataFrame({"timestamp": times[:8], "rate": rates[:8]})).point
     ) == [8.0, 9.0, 9.0, 9.0]
+
+
+@pytest.mark.parametrize(
+    "spike, cap, kept",
+    [
+        (1.0, 2.0, 10.0),  # no burst: every minute kept
+        (1.5, 2.0, 15.0),  # under the cap: kept
+        (5.0, 2.0, 20.0),  # a burst: cut to the cap times the hour's median
+        (5.0, 1.0, 10.0),  # cap 1: nothing above the hour's median
+    ],
+)
+def test_without_bursts_cuts_what_rises_above_the_cap_times_the_hours_median(spike, cap, kept):
+    rates = np.full(180, 10.0)
+    rates[90:100] *= spike  # ten minutes: the hour around them has a median of 10
+    cut = without_bursts(rates, cap)
+    assert cut[95] == pytest.approx(kept)
+    assert np.array_equal(cut[:90], rates[:90]) and np.array_equal(cut[100:], rates[100:])
+
+
+def test_hindsight_without_its_bursts_forecasts_the_rest_of_the_truth():
+    rates = np.full(180, 10.0)
+    rates[90:100] = 50.0
+    times = _times(180)
+    history = pd.DataFrame({"timestamp": times[:80], "rate": rates[:80]})
+    point = Hindsight(times, rates, burst_cap=2.0).fit(history).predict(30).point
+    assert point.max() == pytest.approx(20.0) and point[0] == 10.0
+    with pytest.raises(KaleConfigError, match="burst_cap"):
+        Hindsight(times, rates, burst_cap=0.5)

@@ -511,6 +511,24 @@ def test_a_backtest_in_parallel_processes_gives_what_one_process_gives():
     assert serial_best[1].metrics == parallel_best[1].metrics
 
 
+def test_a_forecast_perfect_but_for_the_bursts_leaves_kale_the_bursts_lag():
+    """Kale on the true future foresees two bursts and scales up before them; on the same future with its bursts
+    cut off it meets them late, as with a live forecast.  Each kind of forecast is recorded once, apart, in the
+    pool as in one process."""
+    n = 3 * 1440
+    rates = 50 + 40 * np.sin(np.arange(n) * 2 * np.pi / 1440)
+    for start in (2 * 1440 + 300, 2 * 1440 + 1000):
+        rates[start : start + 30] *= 4
+    history = pd.DataFrame({"timestamp": _times(n), "rate": rates})
+    settings = BacktestSettings(peak_workers=8, limits=Limits(max_workers=8), warmup_days=2, forecaster="ewma")
+    runs = [Run("kale", perfect_forecast=True), Run("kale", perfect_forecast=True, burst_cap=2.0)]
+    (perfect, burst_free), _ = Backtest(history, replace(settings, processes=2)).run_many(runs)
+    serial = Backtest(history, replace(settings, processes=1))
+    assert [r.metrics for r in serial.run_many(runs)[0]] == [perfect.metrics, burst_free.metrics]
+    assert serial.forecasts(True) is not serial.forecasts(True, 2.0)
+    assert burst_free.metrics.accumulated_lag_minutes > 2 * perfect.metrics.accumulated_lag_minutes
+
+
 def test_another_seed_is_a_fresh_draw_of_the_noise_on_the_same_forecasts_and_optimum(monkeypatch):
     """``with_seed`` shares what depends on the trace alone (the recorded forecasts, the optimum's schedule, both
     made in the pool's processes) and gives exactly what a backtest built with that seed gives; another seed draws

@@ -116,6 +116,14 @@ def scale_to_peak(rates: np.ndarray, model: ThroughputModel, peak_workers: int) 
     return rates * (model.predict(peak_workers) / peak)
 
 
+class Foresight(NamedTuple):
+    """Which forecasts a run reads: the forecaster's, or the trace's true future (with its bursts cut off above
+    ``burst_cap`` times the hour's median)."""
+
+    perfect: bool = False
+    burst_cap: float | None = None
+
+
 class Backtest:
     """Prepared trace and settings; runs registered policies and their sweeps."""
 
@@ -152,8 +160,8 @@ class Backtest:
             seed=s.seed,
         )
         # What depends on the trace alone, so every seed of it (``with_seed``) shares it: the recorded forecasts
-        # (perfect or not -> feed) and the offline optimum's schedule (label cap -> schedule).
-        self._feeds: dict[bool, ForecastFeed] = {}
+        # (their kind -> feed) and the offline optimum's schedule (label cap -> schedule).
+        self._feeds: dict[Foresight, ForecastFeed] = {}
         self._schedules: dict[int, OracleSchedule] = {}
 
     def with_seed(self, seed: int) -> Backtest:
@@ -180,29 +188,36 @@ class Backtest:
         """The pipeline's controller for a registered policy."""
         return Controller(self.control_settings(name, options))
 
-    def _feed(self, perfect: bool) -> ForecastFeed:
+    def _feed(self, kind: Foresight) -> ForecastFeed:
         s = self.settings
         factory = (
-            (lambda: Hindsight(self.times, self.rates))
-            if perfect
+            (lambda: Hindsight(self.times, self.rates, kind.burst_cap))
+            if kind.perfect
             else (lambda: make_forecaster(s.forecaster, horizon_s=s.horizon_minutes * 60))
         )
         return ForecastFeed(factory, self.times, self.rates, self.sim_config)
 
-    def forecasts(self, perfect: bool = False) -> ForecastFeed:
-        """The forecasts a forecasting policy reads over this trace (``perfect``: the trace's true future), recorded
-        once: they depend on the trace alone, so every run replays the same."""
-        if perfect not in self._feeds:
-            self._feeds[perfect] = self._feed(perfect).record()
-        return self._feeds[perfect]
+    def forecasts(self, perfect: bool = False, burst_cap: float | None = None) -> ForecastFeed:
+        """The forecasts a forecasting policy reads over this trace (``perfect``: the trace's true future, with
+        ``burst_cap`` its bursts cut off; see ``Hindsight``), recorded once: they depend on the trace alone, so every
+        run replays the same."""
+        kind = Foresight(perfect, burst_cap if perfect else None)
+        if kind not in self._feeds:
+            self._feeds[kind] = self._feed(kind).record()
+        return self._feeds[kind]
 
     def run(
-        self, name: str, options: Mapping | None = None, oracle: bool = False, perfect_forecast: bool = False
+        self,
+        name: str,
+        options: Mapping | None = None,
+        oracle: bool = False,
+        perfect_forecast: bool = False,
+        burst_cap: float | None = None,
     ) -> SimResult:
         """One registered policy over the trace.  ``oracle`` plans with the true F(w) and restart time;
-        ``perfect_forecast`` forecasts with the trace's true future."""
+        ``perfect_forecast`` forecasts with the trace's true future, with ``burst_cap`` its bursts cut off."""
         spec = POLICIES[name]
-        forecasts = self.forecasts(perfect_forecast) if spec.uses_forecast else None
+        forecasts = self.forecasts(perfect_forecast, burst_cap) if spec.uses_forecast else None
         config = replace(self.sim_config, oracle=oracle) if oracle else self.sim_config
         # The warm-up is a forecaster's history and what a learning policy measures.  A policy that does neither
         # remembers only its queue and minutes of replica history: a lead-in before the scored span makes those.
@@ -240,9 +255,7 @@ class Backtest:
             results = [finish(self.run(*run)) for run in runs]
             return results, finish(self.optimum()) if optimum else None
         needs = [
-            run.perfect_forecast
-            if POLICIES[run.name].uses_forecast and run.perfect_forecast not in self._feeds
-            else None
+            run.foresight if POLICIES[run.name].uses_forecast and run.foresight not in self._feeds else None
             for run in runs
         ]
         # Longest first, so that no long run is left for the end while the other processes idle: the forecasts
@@ -286,7 +299,7 @@ class Backtest:
             self._schedules.setdefault(OPTIMUM_LABELS, best[0])  # solved in a child: kept for this trace's other seeds
             return results, best
 
-    def _recorded(self, kind: bool | None) -> ForecastFeed | None:
+    def _recorded(self, kind: Foresight | None) -> ForecastFeed | None:
         """The forecasts recorded since the pool forked, for a run that needed them (None: it did not)."""
         return self._feeds.get(kind) if kind is not None else None
 
@@ -316,6 +329,11 @@ class Run(NamedTuple):
     options: Mapping | None = None
     oracle: bool = False
     perfect_forecast: bool = False
+    burst_cap: float | None = None  # with perfect_forecast: its bursts cut off above this multiple of the hour's median
+
+    @property
+    def foresight(self) -> Foresight:
+        return Foresight(self.perfect_forecast, self.burst_cap if self.perfect_forecast else None)
 
 
 _ADOPTED: Backtest | None = None
@@ -329,13 +347,13 @@ def _adopt(backtest: Backtest) -> None:
 def _run_adopted(run: Run, forecasts: ForecastFeed | None = None) -> SimResult:
     assert _ADOPTED is not None  # set by the pool's initializer
     if forecasts is not None:  # recorded in another process after this one was forked
-        _ADOPTED._feeds.setdefault(run.perfect_forecast, forecasts)
+        _ADOPTED._feeds.setdefault(run.foresight, forecasts)
     return _ADOPTED.run(*run)
 
 
-def _record_adopted(perfect: bool, start: int, stop: int) -> tuple[list, np.ndarray]:
+def _record_adopted(kind: Foresight, start: int, stop: int) -> tuple[list, np.ndarray]:
     assert _ADOPTED is not None
-    return _ADOPTED._feed(perfect).record_period(start, stop)
+    return _ADOPTED._feed(kind).record_period(start, stop)
 
 
 def _optimum_adopted() -> tuple[OracleSchedule, SimResult]:

@@ -28,6 +28,7 @@ from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.model.types import Decision, Observation
 
 DAY_STEPS = 1440  # minutes: how far the perfect forecast's outlook reaches
+BURST_WINDOW = 61  # minutes: the span around each minute whose median a burst is measured against
 
 
 @dataclass(frozen=True)
@@ -78,18 +79,31 @@ class SchedulePolicy:
         pass
 
 
+def without_bursts(rates: np.ndarray, cap: float) -> np.ndarray:
+    """Per-minute ``rates`` with their bursts cut off: no minute above ``cap`` times the median of the hour around
+    it."""
+    rates = np.asarray(rates, dtype=float)
+    around = pd.Series(rates).rolling(BURST_WINDOW, center=True, min_periods=1).median().to_numpy()
+    return np.minimum(rates, cap * around)
+
+
 class Hindsight:
     """A perfect forecaster for the simulator: the trace's true future rates, with no band.
 
     Kale run on it shows its planning error alone (the oracle adds what
-    foresight of every minute, not just the horizon, would buy).
+    foresight of every minute, not just the horizon, would buy).  With
+    ``burst_cap`` it foresees everything but the bursts (``without_bursts``):
+    Kale run on that shows what the bursts cost a forecast that is perfect
+    otherwise, since no forecast of the past sees a burst coming.
     """
 
     name = "hindsight"
 
-    def __init__(self, times: pd.DatetimeIndex, rates: np.ndarray):
+    def __init__(self, times: pd.DatetimeIndex, rates: np.ndarray, burst_cap: float | None = None):
+        if burst_cap is not None and burst_cap < 1:
+            raise KaleConfigError("burst_cap", f"must be >= 1 (a multiple of the hour's median rate), got {burst_cap}")
         self.starts = np.array([t.timestamp() for t in times])
-        self.rates = np.asarray(rates, dtype=float)
+        self.rates = np.asarray(rates, dtype=float) if burst_cap is None else without_bursts(rates, burst_cap)
         self._last = None
 
     def fit(self, history: pd.DataFrame) -> Hindsight:
