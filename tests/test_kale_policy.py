@@ -272,6 +272,7 @@ def test_waits_while_restarting():
         (dict(lag_weight=-1), "lag_weight"),
         (dict(burst_ratio=1.0), "burst_ratio"),
         (dict(burst_scale=0.5), "burst_scale"),
+        (dict(scale_in_quantile=0.5), "scale_in_quantile"),
         (dict(plan_horizon_s=7200, trusted_horizon_s=3600), "plan_horizon_s"),  # and trusted_horizon_s
         (dict(trusted_forecast_error=-0.1), "trusted_forecast_error"),
     ],
@@ -441,3 +442,35 @@ def test_a_burst_is_news_the_receding_fallback_plans_again_at_once(monkeypatch):
     obs = _obs(t=120.0, forecast=fc, error=0.9)
     burst = policy.decide(Observation(**{**obs.__dict__, "latest_arrival_rate": 12_000.0}))
     assert len(solved) == 2 and "burst:" in burst.reason and burst.workers > 4, burst.reason
+
+
+@pytest.mark.parametrize(
+    "case, band, quantile, expected, says",
+    [
+        ("no band: as the plan says", 0.0, 0.55, 4, "8 -> 4"),
+        ("a narrow band: the scale-in holds over it too", 0.5, 0.55, 4, "8 -> 4"),
+        # upper = 21x the point: at quantile 0.55 about 3x, 7,400/s, which 8 workers serve
+        ("a wide band: not worth the risk", 20.0, 0.55, 8, "scales in to 4, but not over it x2.96"),
+        ("a wide band, the option off", 20.0, None, 4, "8 -> 4"),
+    ],
+)
+def test_the_receding_planner_scales_in_only_if_it_would_over_the_forecast_s_band(case, band, quantile, expected, says):
+    """A lasting fall to 2,500/s, which 3 workers serve and 4 with room."""
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(scale_in_quantile=quantile))
+    d = policy.decide(_obs(workers=8, rate=2500.0, forecast=_forecast([2500.0] * 360, band=band)))
+    assert d.workers == expected and says in d.reason, d.reason
+    assert d.plan[0] == expected
+
+
+def test_a_scale_in_held_by_the_band_is_judged_again_when_the_plan_is_due(monkeypatch):
+    import kale_dagster.policies.kale as kale
+
+    solved = []
+    real = kale.plan_from_now
+    monkeypatch.setattr(kale, "plan_from_now", lambda *a, **k: solved.append(1) or real(*a, **k))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(replan_s=600))
+    fc = _forecast([2500.0] * 400, band=20.0)
+    held = [policy.decide(_obs(t=t, workers=8, rate=2500.0, forecast=fc)) for t in (0.0, 60.0, 540.0)]
+    assert [d.workers for d in held] == [8, 8, 8] and len(solved) == 2  # the plan, then over the band: once
+    narrow = policy.decide(_obs(t=600.0, workers=8, rate=2500.0, forecast=_forecast([2500.0] * 400)))
+    assert narrow.workers == 4 and len(solved) == 3
