@@ -19,7 +19,9 @@ One decision, in stages that are each small and testable:
      solved again every ``replan_s`` or when the workers change.  The
      fallback plans the same way, on the measured rate held for as long as
      the backlog is old (a rate that has lasted that long is expected to
-     last as long again), then the forecast.
+     last as long again), then the forecast.  Either scales in only if a plan
+     over its rates raised by the forecast's band (``scale_in_quantile``)
+     scales in too.
    * ``stabilizer``: the paper's pipeline.  Workers per plan step from the
      forecast (upper band or a quantile) plus the backlog's drain rate
      (``kale_dagster.model.estimator``) and again from the point forecast;
