@@ -474,3 +474,17 @@ def test_a_scale_in_held_by_the_band_is_judged_again_when_the_plan_is_due(monkey
     assert [d.workers for d in held] == [8, 8, 8] and len(solved) == 2  # the plan, then over the band: once
     narrow = policy.decide(_obs(t=600.0, workers=8, rate=2500.0, forecast=_forecast([2500.0] * 400)))
     assert narrow.workers == 4 and len(solved) == 3
+
+
+def test_a_scale_in_that_holds_over_the_band_is_judged_once_per_plan(monkeypatch):
+    """An advisory pipeline's workers never change: the plan's scale-in stands for replan_s, and so does the
+    band's verdict on it, without a solve every tick."""
+    import kale_dagster.policies.kale as kale
+
+    solved = []
+    real = kale.plan_from_now
+    monkeypatch.setattr(kale, "plan_from_now", lambda *a, **k: solved.append(1) or real(*a, **k))
+    policy = KalePolicy(_sizing(LINEAR), KaleConfig(replan_s=600))
+    fc = _forecast([2500.0] * 400, band=0.5)
+    decided = [policy.decide(_obs(t=t, workers=8, rate=2500.0, forecast=fc)) for t in (0.0, 60.0, 540.0)]
+    assert [d.workers for d in decided] == [4, 4, 4] and len(solved) == 2  # the plan, then over the band: once

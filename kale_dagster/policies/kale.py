@@ -200,6 +200,7 @@ class _Plan(NamedTuple):
     workers: int
     path: str  # the policy label: the forecast's plan or the fallback's
     steps: np.ndarray
+    band_judged: bool = False  # its scale-in was judged over the forecast's band (scale_in_quantile) and stands
 
 
 def _fmt_rate(rate: float) -> str:
@@ -493,8 +494,11 @@ class KalePolicy:
         plan over those rates raised by the forecast's band (``scale_in_quantile``) scales in too."""
         cfg = self.config
         plan = self._plan(obs, per_minute, policy, horizon_s, fresh)
+        latest = self._latest_plan
+        assert latest is not None  # _plan made or reused it
         target = int(plan[0])
-        band = self._band_ratio(obs) if target < obs.workers and not fresh else 1.0
+        judge = target < obs.workers and not fresh and not latest.band_judged
+        band = self._band_ratio(obs) if judge else 1.0
         if band > 1 and int(self._solve(obs, per_minute * band, horizon_s)[0]) >= obs.workers:
             # A scale-in pauses consumption, and if the arrivals exceed the forecast it then drains at little spare
             # capacity, for the sake of a few workers: on bursty traffic what it saves is less than the lag it risks.
@@ -509,6 +513,8 @@ class KalePolicy:
                 tuple(int(p) for p in plan),
                 cfg.plan_step_s,
             )
+        if judge:  # the verdict holds with the plan, so a scale-in still pending is not judged again every tick
+            self._latest_plan = latest._replace(band_judged=True)
         plan_t = tuple(int(p) for p in plan)
         if target == obs.workers:
             return Decision(target, policy, f"hold at {target}: the plan over {why} keeps it", plan_t, cfg.plan_step_s)

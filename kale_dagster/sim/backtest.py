@@ -123,6 +123,11 @@ class Foresight(NamedTuple):
     perfect: bool = False
     burst_cap: float | None = None
 
+    @classmethod
+    def of(cls, perfect: bool, burst_cap: float | None) -> Foresight:
+        """A cap only cuts the true future: without ``perfect`` it is dropped, so equal forecasts share one key."""
+        return cls(perfect, burst_cap if perfect else None)
+
 
 class Backtest:
     """Prepared trace and settings; runs registered policies and their sweeps."""
@@ -201,7 +206,7 @@ class Backtest:
         """The forecasts a forecasting policy reads over this trace (``perfect``: the trace's true future, with
         ``burst_cap`` its bursts cut off; see ``Hindsight``), recorded once: they depend on the trace alone, so every
         run replays the same."""
-        kind = Foresight(perfect, burst_cap if perfect else None)
+        kind = Foresight.of(perfect, burst_cap)
         if kind not in self._feeds:
             self._feeds[kind] = self._feed(kind).record()
         return self._feeds[kind]
@@ -333,7 +338,7 @@ class Run(NamedTuple):
 
     @property
     def foresight(self) -> Foresight:
-        return Foresight(self.perfect_forecast, self.burst_cap if self.perfect_forecast else None)
+        return Foresight.of(self.perfect_forecast, self.burst_cap)
 
 
 _ADOPTED: Backtest | None = None
