@@ -462,29 +462,18 @@ def test_the_receding_planner_scales_in_only_if_it_would_over_the_forecast_s_ban
     assert d.plan[0] == expected
 
 
-def test_a_scale_in_held_by_the_band_is_judged_again_when_the_plan_is_due(monkeypatch):
+@pytest.mark.parametrize("band, kept", [(20.0, 8), (0.5, 4)])  # held by the band; judged and let through
+def test_a_scale_in_is_judged_over_the_band_once_per_plan(monkeypatch, band, kept):
+    """The verdict holds with the plan for replan_s (an advisory pipeline's workers never change: no solve every
+    tick), and the scale-in is judged again when the plan is due."""
     import kale_dagster.policies.kale as kale
 
     solved = []
     real = kale.plan_from_now
     monkeypatch.setattr(kale, "plan_from_now", lambda *a, **k: solved.append(1) or real(*a, **k))
     policy = KalePolicy(_sizing(LINEAR), KaleConfig(replan_s=600))
-    fc = _forecast([2500.0] * 400, band=20.0)
-    held = [policy.decide(_obs(t=t, workers=8, rate=2500.0, forecast=fc)) for t in (0.0, 60.0, 540.0)]
-    assert [d.workers for d in held] == [8, 8, 8] and len(solved) == 2  # the plan, then over the band: once
+    fc = _forecast([2500.0] * 400, band=band)
+    decided = [policy.decide(_obs(t=t, workers=8, rate=2500.0, forecast=fc)) for t in (0.0, 60.0, 540.0)]
+    assert [d.workers for d in decided] == [kept] * 3 and len(solved) == 2  # the plan, then over the band: once
     narrow = policy.decide(_obs(t=600.0, workers=8, rate=2500.0, forecast=_forecast([2500.0] * 400)))
     assert narrow.workers == 4 and len(solved) == 3
-
-
-def test_a_scale_in_that_holds_over_the_band_is_judged_once_per_plan(monkeypatch):
-    """An advisory pipeline's workers never change: the plan's scale-in stands for replan_s, and so does the
-    band's verdict on it, without a solve every tick."""
-    import kale_dagster.policies.kale as kale
-
-    solved = []
-    real = kale.plan_from_now
-    monkeypatch.setattr(kale, "plan_from_now", lambda *a, **k: solved.append(1) or real(*a, **k))
-    policy = KalePolicy(_sizing(LINEAR), KaleConfig(replan_s=600))
-    fc = _forecast([2500.0] * 400, band=0.5)
-    decided = [policy.decide(_obs(t=t, workers=8, rate=2500.0, forecast=fc)) for t in (0.0, 60.0, 540.0)]
-    assert [d.workers for d in decided] == [4, 4, 4] and len(solved) == 2  # the plan, then over the band: once
