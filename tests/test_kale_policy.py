@@ -475,5 +475,8 @@ def test_a_scale_in_is_judged_over_the_band_once_per_plan(monkeypatch, band, kep
     fc = _forecast([2500.0] * 400, band=band)
     decided = [policy.decide(_obs(t=t, workers=8, rate=2500.0, forecast=fc)) for t in (0.0, 60.0, 540.0)]
     assert [d.workers for d in decided] == [kept] * 3 and len(solved) == 2  # the plan, then over the band: once
+    if kept == 8:  # every tick of the hold names the band, not a plan that "keeps" the workers
+        assert all("scales in to 4, but not over it" in d.reason for d in decided), [d.reason for d in decided]
+        assert "9 min ago; judged again when the plan is due" in decided[2].reason, decided[2].reason
     narrow = policy.decide(_obs(t=600.0, workers=8, rate=2500.0, forecast=_forecast([2500.0] * 400)))
     assert narrow.workers == 4 and len(solved) == 3

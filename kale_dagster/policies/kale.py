@@ -201,6 +201,7 @@ class _Plan(NamedTuple):
     path: str  # the policy label: the forecast's plan or the fallback's
     steps: np.ndarray
     band_judged: bool = False  # its scale-in was judged over the forecast's band (scale_in_quantile) and stands
+    held: str = ""  # why it holds the running count where the plan scaled in (the band), said until it is due
 
 
 def _fmt_rate(rate: float) -> str:
@@ -504,20 +505,22 @@ class KalePolicy:
             # capacity, for the sake of a few workers: on bursty traffic what it saves is less than the lag it risks.
             # The hold is cached as a plan, so it is judged again once replan_s has passed.
             plan = np.concatenate([[obs.workers], plan[1:]])
-            self._latest_plan = _Plan(obs.time, obs.workers, policy, plan)
+            held = (
+                f"the plan over {why} scales in to {target}, but not over it x{band:.2f} (the forecast's band at "
+                f"quantile {cfg.scale_in_quantile:g})"
+            )
+            self._latest_plan = _Plan(obs.time, obs.workers, policy, plan, held=held)
             return Decision(
-                obs.workers,
-                policy,
-                f"hold at {obs.workers}: the plan over {why} scales in to {target}, but not over it x{band:.2f} "
-                f"(the forecast's band at quantile {cfg.scale_in_quantile:g})",
-                tuple(int(p) for p in plan),
-                cfg.plan_step_s,
+                obs.workers, policy, f"hold at {obs.workers}: {held}", tuple(int(p) for p in plan), cfg.plan_step_s
             )
         if judge:  # the verdict holds with the plan, so a scale-in still pending is not judged again every tick
             self._latest_plan = latest._replace(band_judged=True)
         plan_t = tuple(int(p) for p in plan)
         if target == obs.workers:
-            return Decision(target, policy, f"hold at {target}: the plan over {why} keeps it", plan_t, cfg.plan_step_s)
+            note = f"the plan over {why} keeps it"
+            if latest.held:  # the band's hold, until the plan is due: the plan itself still scales in
+                note = f"{latest.held}, {(obs.time - latest.time) / 60:.0f} min ago; judged again when the plan is due"
+            return Decision(target, policy, f"hold at {target}: {note}", plan_t, cfg.plan_step_s)
         # The plan stays cached: it is keyed on the running workers, so it is solved again once they change, and
         # until then (a rescale under way, an advisory pipeline) it says the same.
         self.last_change_time = obs.time
