@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,10 +41,10 @@ def kafka_broker():
 
 
 @pytest.fixture
-def controlled(kafka_broker, tmp_path):
+def controlled(kafka_broker, tmp_path, request):
     """A pipeline on the embedded broker, an HPA with a 300-second (10 s wall) scale-down window, 30x pipeline
     time, its workers stand-ins behind the real trainer service; tick its metrics sensor with
-    ``support.sensor_tick``."""
+    ``support.sensor_tick``.  Parametrized indirectly, a dict replaces pipeline fields (another policy)."""
     from dagster import instance_for_test
 
     from kale_dagster import (
@@ -79,6 +80,7 @@ def controlled(kafka_broker, tmp_path):
         launcher=LocalLauncherConfig(service.url),
         history_url=f"sqlite:///{tmp_path / 'm.db'}",
     )
+    p = replace(p, **getattr(request, "param", {}))
     defs = build_definitions(p)
     with instance_for_test() as instance:
         yield {

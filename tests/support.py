@@ -51,6 +51,7 @@ class StandInWorkers:
 
     def __init__(self, workers=2):
         self.workers, self.busy, self.fail, self.records = workers, 1.0, False, []
+        self.restarting = False  # a restart to ``workers`` under way, which ``retarget`` can redirect
         self.saturated = False  # whether the group never waited for data (its rate is then its capacity)
         self.auc: float | None = None  # the trainer's progressive-validation metric, once it reports one
 
@@ -64,7 +65,15 @@ class StandInWorkers:
         self.records.append(record)
         return record
 
+    def retarget(self, m, reason="retarget"):
+        if not self.restarting or m <= self.workers:
+            return False
+        self.workers = m
+        return True
+
     def status(self):
+        if self.restarting:
+            return LauncherStatus(workers=self.workers, rescaling=True, retargetable=True)
         rate = 100.0 * self.workers * self.busy
         return LauncherStatus(
             workers=self.workers,

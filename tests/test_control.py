@@ -69,6 +69,36 @@ STEP_ROWS = [
         None,
         "",
     ),
+    (
+        "a restart the launcher can redirect: a larger group is a retarget",
+        {},
+        LauncherStatus(workers=2, rescaling=True, retargetable=True),
+        {},
+        False,
+        3,
+        3,
+        "",
+    ),
+    (
+        "a retarget never scales in",
+        {"policy_options": {"workers": 1}},
+        LauncherStatus(workers=2, rescaling=True, retargetable=True),
+        {},
+        False,
+        1,
+        None,
+        "",
+    ),
+    (
+        "a rescale run not yet started has no restart to redirect",
+        {},
+        LauncherStatus(workers=2, retargetable=True),
+        {},
+        True,
+        3,
+        None,
+        "",
+    ),
     ("a group still starting gives no action", {}, LauncherStatus(workers=2, measures=True), {}, False, 3, None, ""),
     (
         "a group that reported can be acted on",
@@ -99,6 +129,7 @@ def test_step(case, settings, status, reading, in_flight, workers, rescale, held
         last_workers=2,
     )
     assert (step.decision.workers, step.rescale_to) == (workers, rescale)
+    assert step.retarget == (rescale is not None and status is not None and status.rescaling)
     assert held in step.held
     if held:
         assert (

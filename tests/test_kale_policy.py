@@ -261,6 +261,28 @@ def test_waits_while_restarting():
 
 
 @pytest.mark.parametrize(
+    "case, latest, windowed, retargetable, workers",
+    [
+        # A restart to 4 workers (4,000/s) under way; the forecast expects 3,500/s: a burst is above 8,000/s.
+        ("a burst the new group cannot serve: the restart is pointed at a group sized for it", 35e3, 6e3, True, 32),
+        ("the same burst, a launcher that cannot redirect the restart: wait for it", 35e3, 6e3, False, 4),
+        ("a spike the windowed rate shows under half a burst (3,900/s): it may end first, wait", 35e3, 3.9e3, True, 4),
+        ("1.9x the new group's capacity: not a burst, wait", 7_600.0, 6e3, True, 4),
+        ("no latest interval: wait", None, 6e3, True, 4),
+    ],
+)
+def test_a_burst_during_a_restart_retargets_it_where_the_launcher_can(case, latest, windowed, retargetable, workers):
+    obs = _burst_obs(latest, rate=windowed)
+    obs = Observation(**{**obs.__dict__, "restarting": True, "retargetable": retargetable})
+    d = KalePolicy(_sizing(LINEAR), KaleConfig()).decide(obs)
+    assert d.workers == workers, (case, d.reason)
+    if workers > 4:
+        assert "during the restart to 4" in d.reason and d.policy == "kale/fallback", d.reason
+    else:
+        assert d.reason == "rescale in progress; waiting for it to finish", (case, d.reason)
+
+
+@pytest.mark.parametrize(
     "kwargs, field",
     [
         (dict(forecast_quantile=1.5), "forecast_quantile"),

@@ -181,6 +181,38 @@ def test_a_decision_acts_after_the_act_latency_and_nothing_else_acts_meanwhile()
     assert res.metrics.gpu_hours == pytest.approx((7 * 2 + 13 * 3) / 60)
 
 
+class Burst(OneChange):
+    """OneChange, then 4 workers from minute 7, even while a restart is under way (as Kale's burst rule)."""
+
+    def decide(self, obs):
+        from kale_dagster import Decision
+
+        if obs.time >= _times(1)[0].timestamp() + 420:
+            return Decision(4, "one", "")
+        return Decision(obs.workers, "one", "") if obs.restarting else super().decide(obs)
+
+
+@pytest.mark.parametrize(
+    "retargets, workers, downtime",
+    [
+        # The restart to 3 (minutes 5-9) is pointed at 4 at minute 7 and starts over: 4 workers from minute 11.
+        (True, [2, 3, 3, 4, 4, 4, 4, 4, 4, 4], 6),
+        # Without: the restart to 3 ends at minute 9, and a second restart, to 4, runs until minute 13.
+        (False, [2, 3, 3, 3, 3, 4, 4, 4, 4, 4], 8),
+    ],
+)
+def test_a_retarget_starts_the_restart_over_at_the_larger_group(retargets, workers, downtime):
+    res = simulate(
+        np.full(20, 150.0),
+        _times(20),
+        Burst(),
+        LINEAR,
+        SimConfig(limits=Limits(restart_minutes=4), restart_jitter=0, retargets=retargets),
+    )
+    assert list(res.timeline["workers"].to_numpy()[4:14]) == workers
+    assert res.metrics.downtime_minutes == pytest.approx(downtime) and res.metrics.rescales == 2
+
+
 @pytest.mark.parametrize("window_s, blind_syncs", [(0.0, 3), (60.0, 4), (120.0, 5)])
 def test_a_restarted_group_reports_after_one_metrics_window(window_s, blind_syncs):
     """A 4-minute restart decided at minute 5 blinds the syncs at minutes 6-8, and one metrics window more (HPA ignores

@@ -190,11 +190,11 @@ def test_rolling_auc():
     assert auc.value() == pytest.approx(0.75)
 
 
-def _train_through(kafka_broker, tmp_path, scenario, produce_s: float):
+def _train_through(kafka_broker, tmp_path, scenario, produce_s: float, restore_s: float = 0.0):
     """Replay ``produce_s`` seconds of samples (4 partitions, 3 samples per record, a hot partition) into a
-    trainer that ``scenario(launcher)`` rescales and crashes; once the group has caught up, the
-    samples trained (from every worker's accounting log), the produced count, and the launcher's records.
-    Asserts that every produced sample was trained."""
+    trainer that ``scenario(launcher)`` rescales and crashes (each group restoring for ``restore_s``); once the
+    group has caught up, the samples trained (from every worker's accounting log), the produced count, and the
+    launcher's records.  Asserts that every produced sample was trained."""
     # Three samples per record (batches of 64 split records), so a checkpoint
     # can fall inside a record: resuming must still lose no sample of it.
     servers, topic, partitions, per_record = kafka_broker.bootstrap_servers, "samples", 4, 3
@@ -221,6 +221,7 @@ def _train_through(kafka_broker, tmp_path, scenario, produce_s: float):
         checkpoint_every_s=2.0,
         trained_log=str(logs),
         collective_timeout_s=15,
+        emulate_restore_s=restore_s,
     )
     launcher = LocalLauncher(settings, pool_size=3)
     try:
@@ -293,6 +294,35 @@ def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
         f"{bound:.0f}"
     )
     assert duplicates <= bound
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_retarget_gives_up_a_restoring_group_and_loses_and_repeats_nothing(kafka_broker, tmp_path):
+    def scale_in_met_by_a_burst(launcher):
+        time.sleep(2.5)
+        done = []
+        rescale = threading.Thread(target=lambda: done.append(launcher.rescale(1, reason="scale in")))
+        rescale.start()
+        # The group of 1 has been formed and is restoring (3 s): it has trained nothing.
+        deadline = time.monotonic() + 30
+        while not (len(launcher._group) == 1 and launcher.status().rescaling) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (forming,) = launcher._group
+        assert launcher.retarget(3, reason="burst")
+        rescale.join(60)
+        (record,) = done
+        assert (record.from_workers, record.to_workers) == (2, 3) and "retargeted to 3" in record.reason
+        # Killed, not waited for: its restore would hold the larger group back.
+        assert forming.proc.returncode == -signal.SIGKILL
+        print(f"retargeted after {record.phases['abandoned']:.1f} s of {record.downtime_s:.1f} s: {record.phases}")
+        time.sleep(2.5)
+
+    trained, produced, records = _train_through(
+        kafka_broker, tmp_path, scale_in_met_by_a_burst, produce_s=10, restore_s=3.0
+    )
+    assert [r.to_workers for r in records] == [2, 3]
+    assert len(trained) == produced  # the killed group trained nothing: every sample exactly once
 
 
 @pytest.mark.integration

@@ -57,6 +57,11 @@ def register(subparsers, summary: str) -> None:
     parser.add_argument(
         "--no-optimum", action="store_true", help="skip the offline optimum (perfect foresight, dynamic program)"
     )
+    parser.add_argument(
+        "--no-retarget",
+        action="store_true",
+        help="the launcher cannot redirect a restart under way (Kubernetes Job, scale target, command hook)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="PNG", help="write arrivals, capacity and lag per policy to this PNG")
     parser.set_defaults(handler=run)
@@ -71,6 +76,7 @@ def run(args) -> int:
         policy_options={"hpa": {"target_utilization": args.hpa_target}},
         forecaster=args.forecaster,
         refit_minutes=args.refit_minutes,
+        retargets=not args.no_retarget,
     )
     backtest = Backtest(read_trace_csv(args.trace), settings)
     bar = ProgressBar("backtest", enabled=not args.json)

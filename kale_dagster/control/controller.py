@@ -17,7 +17,8 @@ what actually runs and what was measured, in pipeline units
    measured from recent rescales (their median; the declared one until
    there is one) and its state restored from the previous decision;
 4. act: a rescale to the decided count when it differs from what runs,
-   nothing is restarting and the pipeline is not advisory.
+   nothing is restarting and the pipeline is not advisory; during a
+   restart, a retarget to a larger count where the launcher can redirect it.
 
 Pure: no Dagster, no I/O.  ``definitions.control`` gathers the inputs.
 """
@@ -83,6 +84,7 @@ class ControlStep:
     restart_s: float
     restart_source: str
     rescale_to: int | None = None
+    retarget: bool = False  # rescale_to redirects the restart under way (``Launcher.retarget``)
     held: str = ""  # why the policy was not asked, when it was not
     state: dict | Callable[[], dict] = field(default_factory=dict, repr=False, compare=False)
 
@@ -261,6 +263,7 @@ class Controller:
             forecast_error=forecast_error,
             forecast_ratio=forecast_ratio,
             restarting=status.rescaling or rescale_in_flight or starting,
+            retargetable=status.rescaling and status.retargetable,
             latest_arrival_rate=reading.latest_arrival_rate,
         )
 
@@ -326,9 +329,17 @@ class Controller:
             )
         if estimated:
             decision = replace(decision, reason=f"{decision.reason}; {estimated}")
-        act = (decision.workers != obs.workers or failed) and not obs.restarting and not s.advisory
+        # During a restart only a larger group can be asked for, and only of a launcher that can redirect it.
+        retarget = obs.retargetable and decision.workers > obs.workers
+        act = (decision.workers != obs.workers or failed) and (not obs.restarting or retarget) and not s.advisory
         return ControlStep(
-            decision, obs, restart_s, restart_source, rescale_to=decision.workers if act else None, state=policy.state
+            decision,
+            obs,
+            restart_s,
+            restart_source,
+            rescale_to=decision.workers if act else None,
+            retarget=retarget and act,
+            state=policy.state,
         )
 
     def _hold(self, workers: int, why: str, state: dict | None, restart_s: float, restart_source: str) -> ControlStep:

@@ -98,9 +98,11 @@ class ControlDecision:
 class PipelineControl:
     """Runs one pipeline's controller against Dagster, the metrics history and the launcher."""
 
-    def __init__(self, p: OnlineTrainingPipeline, rescale_job: str | None, refit_job: str):
+    def __init__(
+        self, p: OnlineTrainingPipeline, rescale_job: str | None, refit_job: str, retarget_job: str | None = None
+    ):
         self.p = p
-        self.rescale_job, self.refit_job = rescale_job, refit_job
+        self.rescale_job, self.refit_job, self.retarget_job = rescale_job, refit_job, retarget_job
         self.allocation_key = AssetKey(p.key("gpu_allocation"))
         self.controller = Controller(p.control_settings())
         self._forecaster: tuple[float, Any, int] | None = None  # (fitted_at, model, steps): loaded once per fit
@@ -230,12 +232,16 @@ class PipelineControl:
             last_workers=previous.get("running_workers"),
         )
         note = ""
+        if step.retarget and self.retarget_job is None:  # a launcher that can, declared as one that cannot
+            step = replace(step, rescale_to=None, retarget=False)
         if step.rescale_to is not None:
             wait, note = self._retry_wait(instance)
             if wait:
                 step = replace(step, rescale_to=None)
         running = status.workers if status is not None else previous.get("running_workers", p.limits.min_workers)
-        if step.rescale_to is not None:
+        if step.rescale_to is not None and step.retarget:
+            action = f"retarget of the rescale under way to {step.rescale_to} requested"
+        elif step.rescale_to is not None:
             action = f"rescale to {step.rescale_to} requested"
         elif p.advisory and step.decision.workers != (status.workers if status else None):
             action = ADVISED
@@ -259,7 +265,9 @@ class PipelineControl:
         decision = self.decide(instance, reading, cursor)
         self.record(decision)
         step = decision.step
-        requests = [self._rescale_request(step.rescale_to, reading.time)] if step.rescale_to is not None else []
+        requests = (
+            [self._rescale_request(step.rescale_to, reading.time, step.retarget)] if step.rescale_to is not None else []
+        )
         refit = self._refit_request(instance, reading.time)
         if refit is not None:
             requests.append(refit)
@@ -299,11 +307,12 @@ class PipelineControl:
 
     # --- helpers -------------------------------------------------------------------------
 
-    def _rescale_request(self, workers: int, now: float) -> RunRequest:
+    def _rescale_request(self, workers: int, now: float, retarget: bool = False) -> RunRequest:
         # The wall time of the decision, so a run's start and its rescale's end say how long acting took.
+        job = self.retarget_job if retarget else self.rescale_job
         return RunRequest(
-            job_name=self.rescale_job,
-            run_key=f"{self.p.name}-rescale-{now:.0f}-{workers}",
+            job_name=job,
+            run_key=f"{self.p.name}-{'retarget' if retarget else 'rescale'}-{now:.0f}-{workers}",
             tags={
                 "kale/pipeline": self.p.name,
                 TARGET_TAG: str(workers),

@@ -11,7 +11,11 @@
   ``kale/target_workers``), or the latest ``gpu_allocation`` when run by
   hand; one run at a time per pipeline (an op pool and a run tag the queued
   run coordinator can limit).  What happened (downtime, or nothing to do) is
-  an observation of ``gpu_allocation``.
+  an observation of ``gpu_allocation``;
+* ``<name>_retarget``, for launchers that can redirect a restart under way
+  (``LauncherConfig.retargets``): point the rescale in flight at the target
+  its run was requested with; outside the rescale pool, since it must run
+  while that rescale does, and done at once.
 """
 
 from __future__ import annotations
@@ -152,7 +156,9 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
             ) from exc
         if record is None:
             context.log.info(f"already running {target} workers; nothing to do")
-        context.log_event(rescale_observation(allocation_key, target, record))
+        elif record.to_workers != target:
+            context.log.info(f"retargeted while under way: {record.reason}")
+        context.log_event(rescale_observation(allocation_key, record.to_workers if record else target, record))
 
     # In process: a rescale is one op, and a step subprocess would only delay it.
     @job(
@@ -165,6 +171,39 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
         rescale_workers()
 
     return rescale
+
+
+def retarget_job(p: OnlineTrainingPipeline) -> JobDefinition:
+    """``<name>_retarget``: point the rescale under way at the run's target (tag ``kale/target_workers``)."""
+    allocation_key = AssetKey(p.key("gpu_allocation"))
+
+    @op(name=f"{p.name}_retarget_workers", tags={"kale/pipeline": p.name})
+    def retarget_workers(context) -> None:
+        target = int(context.run.tags[TARGET_TAG])
+        reason = str(latest_metadata(context.instance, allocation_key).get("reason", "requested by hand"))[:200]
+        try:
+            accepted = p.launcher.build(p.name, p.source, p.trainer_spec).retarget(target, reason=reason)
+        except RuntimeError as exc:  # the launcher cannot be reached
+            raise Failure(
+                f"retarget to {target} workers through {p.launcher.describe()} failed: {exc}",
+                metadata={"target_workers": target},
+            ) from exc
+        if not accepted:  # not a failure: the next decision sees what runs and rescales if it must
+            context.log.info(f"no restart under way aims at fewer than {target} workers; nothing to redirect")
+        context.log_event(
+            AssetObservation(asset_key=allocation_key, metadata={"workers": target, "retargeted": accepted})
+        )
+
+    @job(
+        name=f"{p.name}_retarget",
+        tags={"kale/rescale": p.name},
+        executor_def=in_process_executor,
+        description="Point the restart under way at a larger group (a burst met by a restart).",
+    )
+    def retarget():
+        retarget_workers()
+
+    return retarget
 
 
 def rescale_observation(allocation_key: AssetKey, workers: int, record: RescaleRecord | None) -> AssetObservation:

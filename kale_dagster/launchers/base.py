@@ -13,7 +13,9 @@ mean the same for every launcher:
   launcher reads from its processes (``trainer.protocol.WorkerEvent``);
 * the records of every restart, with where the time went (``phases``);
 * idempotence: a rescale to the size already running does nothing;
-* one restart at a time per launcher.
+* one restart at a time per launcher, which ``retarget`` can point at a
+  larger group while it runs (a burst met by a scale-in's restart), where
+  the launcher can give up the group it is forming (``retargets``).
 
 :class:`LauncherConfig` is the declaration side: a pipeline holds one
 (local or Kubernetes) and builds its launcher from it with the pipeline's
@@ -69,6 +71,8 @@ class LauncherStatus:
     group's last checkpoint could not be written (empty once one is).  ``metric`` is the trainer's
     progressive-validation metric (``metric_name``: auc, mae, ...), the mean over the ranks that report one.
     ``observed_from`` says how the worker count of a group Kale does not run was observed.
+    ``retargetable`` says, while rescaling, that the restart under way can still be pointed at a larger group
+    (``Launcher.retarget``).
     """
 
     workers: int
@@ -86,6 +90,7 @@ class LauncherStatus:
     metric_name: str = ""
     metric: float | None = None
     observed_from: str = ""
+    retargetable: bool = False
 
     @property
     def model_metric(self) -> tuple[str, float] | None:
@@ -101,6 +106,14 @@ class LauncherStatus:
         values = {k: v for k, v in data.items() if k in known}
         values["downtimes_s"] = tuple(values.get("downtimes_s", ()))
         return cls(**values)
+
+
+class Retargeted(Exception):
+    """Raised by ``Launcher._check_retarget`` inside ``_replace_group``: form a group of ``workers`` instead."""
+
+    def __init__(self, workers: int):
+        super().__init__(workers)
+        self.workers = workers
 
 
 class RescaleFailed(RuntimeError):
@@ -120,11 +133,20 @@ class Launcher(ABC):
     #: How many recent restarts ``status`` reports.
     recent_restarts = 5
 
+    #: Whether ``retarget`` can redirect a restart under way: the launcher's ``_replace_group`` calls
+    #: ``_check_retarget`` where it can give up the group it is forming.
+    retargets = False
+
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.records: list[RescaleRecord] = []
         self._clock = clock
         self._lock = threading.RLock()
         self._target: int | None = None  # set while a restart is in progress
+        # A retarget asked for and not yet taken by the restart; its own lock, since the restart holds _lock.
+        self._retarget_lock = threading.Lock()
+        self._wanted: int | None = None
+        self._retarget_reason = ""
+        self.retarget_requested = threading.Event()  # set with _wanted, so waits can end early
 
     # --- filled in by each launcher ------------------------------------------------
 
@@ -163,21 +185,38 @@ class Launcher(ABC):
         that supervises its workers restarts them itself)."""
         return ""
 
+    def _check_retarget(self, final: bool = False) -> None:
+        """Raise ``Retargeted`` if a retarget was asked for: ``_replace_group`` calls it where it can give up the
+        group it is forming, and gives that group up before letting the exception through.  ``final``: the group
+        has formed, and without a retarget none is accepted from now on."""
+        with self._retarget_lock:
+            wanted, self._wanted = self._wanted, None
+            self.retarget_requested.clear()
+            if wanted is not None or final:
+                self._target = wanted
+        if wanted is not None:
+            raise Retargeted(wanted)
+
     # --- shared ------------------------------------------------------------------------
 
     def status(self) -> LauncherStatus:
-        target = self._target
+        target = self._wanted or self._target
         if target is not None:
-            return LauncherStatus(workers=target, rescaling=True, downtimes_s=self._recent_downtimes())
+            return LauncherStatus(
+                workers=target, rescaling=True, retargetable=self.retargets, downtimes_s=self._recent_downtimes()
+            )
         return LauncherStatus(
             workers=self.workers, downtimes_s=self._recent_downtimes(), failed=self._failure(), **self._measurements()
         )
 
     def _recent_downtimes(self) -> tuple[float, ...]:
-        """The latest restarts' downtimes; a start from nothing and a stop to nothing are not restarts."""
-        return tuple(r.downtime_s for r in self.records if r.from_workers > 0 and r.to_workers > 0)[
-            -self.recent_restarts :
-        ]
+        """The latest restarts' downtimes, each from its last retarget on (a restart, as the planner prices one);
+        a start from nothing and a stop to nothing are not restarts."""
+        return tuple(
+            r.downtime_s - r.phases.get("abandoned", 0.0)
+            for r in self.records
+            if r.from_workers > 0 and r.to_workers > 0
+        )[-self.recent_restarts :]
 
     def start(self, n: int, reason: str = "start") -> RescaleRecord:
         return self._restart(n, reason)
@@ -189,22 +228,45 @@ class Launcher(ABC):
                 return None
             return self._restart(m, reason)
 
+    def retarget(self, m: int, reason: str = "retarget") -> bool:
+        """Point the restart under way at ``m`` workers, more than it aims at: the group it is forming is given up
+        and one of ``m`` formed instead, from the checkpoint the stopped group wrote.  False when there is no restart
+        to redirect (none runs, it has ended, or this launcher cannot) or ``m`` is not larger; then ``rescale``."""
+        with self._retarget_lock:
+            aim = self._wanted or self._target
+            if not self.retargets or aim is None or m <= aim:
+                return False
+            self._wanted, self._retarget_reason = m, reason
+            self.retarget_requested.set()
+            return True
+
     def _restart(self, n: int, reason: str) -> RescaleRecord:
         if n < 0:
             raise KaleConfigError("workers", f"must be >= 0, got {n}")
         with self._lock:
             started, previous = self._clock(), self.workers
-            self._target = n
+            self._target, abandoned, retargets = n, 0.0, []
             try:
-                phases = self._replace_group(n) if n else self._scale_to_zero()
+                while True:
+                    try:
+                        phases = self._replace_group(n) if n else self._scale_to_zero()
+                        self._check_retarget(final=True)  # one accepted as the group formed: replace that too
+                        break
+                    except Retargeted as r:
+                        n, abandoned = r.workers, self._clock() - started
+                        retargets.append(f"retargeted to {n} after {abandoned:.1f} s: {self._retarget_reason}")
             finally:
-                self._target = None
+                with self._retarget_lock:
+                    self._target = self._wanted = None
+                    self.retarget_requested.clear()
+            if retargets:
+                phases = {**phases, "abandoned": round(abandoned, 3)}
             record = RescaleRecord(
                 time=time.time(),
                 from_workers=previous,
                 to_workers=n,
                 downtime_s=self._clock() - started,
-                reason=reason,
+                reason="; ".join([reason, *retargets]),
                 phases=phases,
             )
             self.records.append(record)
@@ -220,6 +282,8 @@ class Rescalable(Protocol):
 
     def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None: ...
 
+    def retarget(self, m: int, reason: str = "retarget") -> bool: ...
+
 
 class LauncherConfig(ABC):
     """Where a pipeline's workers run; ``build`` makes the launcher the rescale job drives.
@@ -229,6 +293,8 @@ class LauncherConfig(ABC):
     """
 
     rescale_timeout_s: float = 900.0
+    #: Whether the launcher it builds can redirect a restart under way (``Launcher.retarget``).
+    retargets: bool = False
 
     @abstractmethod
     def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> Rescalable:

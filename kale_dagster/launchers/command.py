@@ -102,6 +102,10 @@ class CommandHook:
             output=_tail(out),
         )
 
+    def retarget(self, m: int, reason: str = "retarget") -> bool:
+        """Not offered: the user's command runs to its end."""
+        return False
+
 
 @dataclass(frozen=True)
 class CommandHookConfig(LauncherConfig):

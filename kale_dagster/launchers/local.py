@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from kale_dagster.errors import KaleConfigError, require_extra
-from kale_dagster.launchers.base import Launcher, RescaleRecord
+from kale_dagster.launchers.base import Launcher, RescaleRecord, Retargeted
 from kale_dagster.rules import check, setting
 from kale_dagster.stream.broker import free_loopback_port
 from kale_dagster.stream.source import KafkaSource
@@ -161,9 +161,12 @@ class WorkerProcess:
         if not self.ready.is_set():
             self.wait_for(WorkerEvent.READY, timeout)
 
-    def wait_for(self, wanted: WorkerEvent, timeout: float) -> dict:
+    def wait_for(self, wanted: WorkerEvent, timeout: float, interrupt: threading.Event | None = None) -> dict | None:
+        """The event's fields once the worker reports it; None if ``interrupt`` is set first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if interrupt is not None and interrupt.is_set():
+                return None
             try:
                 event, fields = self.events.get(timeout=min(0.2, max(deadline - time.monotonic(), 0.01)))
             except queue.Empty:
@@ -230,6 +233,8 @@ class LocalLauncher(Launcher):
     importing torch would slow the new group.  ``reuse_workers=False`` gives
     every group fresh processes, as torchrun restarts them.
     """
+
+    retargets = True
 
     def __init__(
         self,
@@ -374,6 +379,16 @@ class LocalLauncher(Launcher):
         self._group = []
         return back
 
+    def _abandon_group(self) -> None:
+        """Kill a group that is still forming, for a retarget.  Safe before its first step: it has trained
+        nothing, so it has written no checkpoint and committed no offset; a rank that did step is a crash
+        (resumed from the last checkpoint), never a loss.  A stop would wait out its restore."""
+        for w in self._group:
+            w.signal(signal.SIGKILL)
+        for w in self._group:
+            _reap(w, 10.0)
+        self._group = []
+
     def _stop_for_reuse(self) -> list:
         """Stop the group (each worker finishes its step, checkpoints, commits); the workers that may serve
         again, none unless ``reuse_workers``."""
@@ -401,17 +416,21 @@ class LocalLauncher(Launcher):
         for w in group:
             w.wait_ready(self.ready_timeout_s)  # instant for warm standbys
         marks.append(time.monotonic())
+        self._check_retarget()  # nothing formed yet: the next attempt forms the larger group
         port = free_loopback_port()
         for rank, w in enumerate(group):
             w.assign(GroupAssignment(rank, n, "127.0.0.1", port))
         self._group = group
         self._failed = ""
-        for w in group:
-            w.wait_for(WorkerEvent.STARTED, self.ready_timeout_s)  # rendezvous, checkpoint loaded, consumer open
-        marks.append(time.monotonic())
-        for w in group:
-            w.wait_for(WorkerEvent.STEP, self.ready_timeout_s)
-        marks.append(time.monotonic())
+        try:
+            for event in (WorkerEvent.STARTED, WorkerEvent.STEP):  # rendezvous, checkpoint loaded, consumer open
+                for w in group:
+                    if w.wait_for(event, self.ready_timeout_s, interrupt=self.retarget_requested) is None:
+                        self._check_retarget()
+                marks.append(time.monotonic())
+        except Retargeted:
+            self._abandon_group()
+            raise
         threading.Thread(target=self._refill, daemon=True).start()
         return dict(zip(("stop", "warm_up", "rendezvous_and_restore", "first_step"), np.diff(marks).round(3).tolist()))
 

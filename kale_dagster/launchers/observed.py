@@ -71,6 +71,10 @@ class ObservedGroup:
             "(declare the pipeline advisory, or a launcher that restarts the workload)"
         )
 
+    def retarget(self, m: int, reason: str = "retarget") -> bool:
+        """Never: the group is observed, not run."""
+        return False
+
 
 @dataclass(frozen=True)
 class ObservedGroupConfig(LauncherConfig):

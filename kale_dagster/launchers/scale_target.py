@@ -184,6 +184,10 @@ class ScaleTarget:
             phases={"scale": round(took, 3)},
         )
 
+    def retarget(self, m: int, reason: str = "retarget") -> bool:
+        """Not offered: the controller sees no restart of this workload under way, only the run that patched it."""
+        return False
+
     def _check_elastic_bounds(self, m: int) -> None:
         if self._path["group"] == "apps":
             return

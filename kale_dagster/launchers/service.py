@@ -6,7 +6,9 @@ workers must outlive it: ``kale trainer serve`` (or ``kale demo``) owns the
 
 * ``GET  /status``  -> the launcher's ``LauncherStatus`` and its rescale records;
 * ``POST /rescale`` ``{"workers": m, "reason": "..."}`` -> the rescale record
-  (``{"changed": false}`` when already at m); 409 while another rescale runs.
+  (``{"changed": false}`` when already at m); 409 while another rescale runs;
+* ``POST /retarget`` ``{"workers": m, "reason": "..."}`` -> ``{"accepted": bool}``
+  at once: the rescale under way forms m workers instead (``Launcher.retarget``).
 
 ``LocalTrainerClient`` speaks it with the launcher's ``workers`` and
 ``rescale``, so the Dagster rescale job drives local workers exactly as it
@@ -221,7 +223,7 @@ class LauncherService:
                     return
                 if self.headers.get("Content-Type", "").split(";")[0].strip().lower() != "application/json":
                     return self._reply(415, {"error": "POST needs Content-Type: application/json"})
-                if self.path != "/rescale":
+                if self.path not in ("/rescale", "/retarget"):
                     return self._reply(404, {"error": f"unknown path {self.path}"})
                 length = self.headers.get("Content-Length")
                 if length is None:
@@ -240,10 +242,13 @@ class LauncherService:
                     return self._reply(
                         400, {"error": f"workers must be a whole number from 0 to {most}, got {workers!r}"[:300]}
                     )
+                reason = str(body.get("reason", self.path[1:]))[:500]
+                if self.path == "/retarget":  # answered at once: the rescale under way takes it
+                    return self._reply(200, {"accepted": service.launcher.retarget(workers, reason=reason)})
                 if not service._busy.acquire(blocking=False):
                     return self._reply(409, {"error": "another rescale is in progress"})
                 try:
-                    record = service.launcher.rescale(workers, reason=str(body.get("reason", "rescale"))[:500])
+                    record = service.launcher.rescale(workers, reason=reason)
                 except Exception as exc:  # reported to the caller, who fails its run with it
                     return self._reply(
                         500, {"error": f"{type(exc).__name__}: {exc}", "workers": service.launcher.workers}
@@ -324,7 +329,7 @@ def check_loopback_url(url: str) -> str:
 
 
 class LocalTrainerClient:
-    """``workers`` and ``rescale`` of a LocalLauncher, over its LauncherService's HTTP API.
+    """``workers``, ``rescale`` and ``retarget`` of a LocalLauncher, over its LauncherService's HTTP API.
 
     The token is read at every call, so a restarted service (with a new token) is followed.  With ``trainer``
     (what the pipeline declares), a rescale of a service that runs another trainer is refused: the pipeline
@@ -386,6 +391,9 @@ class LocalTrainerClient:
             return None
         return RescaleRecord(**answer)
 
+    def retarget(self, m: int, reason: str = "retarget") -> bool:
+        return bool(self._call("POST", "/retarget", {"workers": m, "reason": reason})["accepted"])
+
 
 @dataclass(frozen=True)
 class LocalLauncherConfig(LauncherConfig):
@@ -395,6 +403,8 @@ class LocalLauncherConfig(LauncherConfig):
 
     trainer_url: str = setting(DEFAULT_URL, description="the local trainer service's URL (a loopback address)")
     token_file: str | None = setting(None, description="where the service wrote its token; default: for its port")
+
+    retargets = True
 
     def __post_init__(self):
         check(self, lambda: loopback_url_problem(self.trainer_url))

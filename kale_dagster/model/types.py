@@ -49,6 +49,8 @@ class Observation:
     # The recent arrivals divided by what the forecast predicted for them (the ratio window): above 1, it ran low.
     forecast_ratio: float | None = None
     restarting: bool = False
+    # While restarting: the launcher can still point the restart under way at a larger group (``Launcher.retarget``).
+    retargetable: bool = False
     latest_arrival_rate: float | None = None  # over the last reading's interval only: a burst shows here first
 
 

@@ -67,6 +67,7 @@ class BacktestSettings:
     policy_options: Mapping[str, Mapping] = field(default_factory=dict)  # policy name -> options of its build
     throughput_noise: float = setting(0.05, ge=0, description="relative noise of each throughput measurement")
     restart_jitter: float = setting(0.2, ge=0, description="lognormal sigma of each restart around the declared one")
+    retargets: bool = True  # the pipeline's launcher can redirect a restart under way (``Launcher.retargets``)
     seed: int = 0
     processes: int | None = setting(None, ge=1, description="parallel simulations; None: the machine's cores")
 
@@ -161,6 +162,7 @@ class Backtest:
             forecast_horizon_s=s.horizon_minutes * 60,
             throughput_noise=s.throughput_noise,
             restart_jitter=s.restart_jitter,
+            retargets=s.retargets,
             profile_workers=profile,
             seed=s.seed,
         )

@@ -69,6 +69,8 @@ class SchedulePolicy:
     sync_period_s: float = 60.0
 
     def decide(self, obs: Observation) -> Decision:
+        if obs.restarting:  # a restart drawn longer than planned delays the next step; it never redirects one
+            return Decision(obs.workers, self.name, "the offline optimum's schedule, after the restart")
         minute = min(max(int((obs.time - self.start) // MINUTE), 0), len(self.workers) - 1)
         return Decision(int(self.workers[minute]), self.name, "the offline optimum's schedule")
 

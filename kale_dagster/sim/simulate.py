@@ -7,7 +7,8 @@ around them is simulated:
 * the allocated workers consume at the throughput model's F(w), FIFO, so a
   sample's lag is its age when consumed (``kale_dagster.model.backlog``);
 * a rescale pauses consumption for ``restart_s`` (pause-and-restart, the
-  paper's 10 minutes for a 1B-parameter model);
+  paper's 10 minutes for a 1B-parameter model); one that retargets a
+  restart under way (``retargets``) starts that restart over;
 * the pipeline's ``Controller`` (the one the Dagster sensor runs) decides
   every ``sync_period_s`` of the policy's own (HPA 15 s, KEDA 15 s, Kale 60
   s) from what telemetry and the launcher would report (utilization is the
@@ -109,6 +110,9 @@ class SimConfig:
     act_latency_s: float = setting(
         0.0, ge=0, unit="s", description="from a decision to its rescale starting (live: the tick, then the run)"
     )
+    # The launcher can point a restart under way at a larger group (``Launcher.retargets``); the new group's
+    # restart then starts over.
+    retargets: bool = True
     # What a controller cannot know exactly (see _Measurements):
     throughput_noise: float = setting(
         0.05, ge=0, description="relative standard deviation of each measured (saturated) minute's throughput"
@@ -150,9 +154,12 @@ class _Measurements:
     def _noisy(self, rate: float) -> float:
         return max(float(rate) * (1.0 + self.config.throughput_noise * self._noise_rng.standard_normal()), 1e-9)
 
-    def restart(self) -> float:
-        """How long this restart takes (the world's draw), remembered as the controller measures it."""
+    def restart(self, retarget: bool = False) -> float:
+        """How long this restart takes (the world's draw), remembered as the controller measures it.  A retarget's
+        replaces the abandoned restart's: the launcher measures a retargeted restart from the retarget on."""
         jitter = self._restart_rng.lognormal(0.0, self.config.restart_jitter) if self.config.restart_jitter > 0 else 1.0
+        if retarget:
+            self.restarts.pop()
         self.restarts.append(self.config.limits.restart_s * jitter)
         if not self.config.oracle:
             self._downtimes = tuple(self.restarts[-Launcher.recent_restarts :])
@@ -506,6 +513,7 @@ class _Run:
         status = LauncherStatus(
             self.workers,
             rescaling=restarting,
+            retargetable=config.retargets,
             measures=True,
             busy_share=None if starting else busy_share,
             downtimes_s=self.learned.downtimes(),
@@ -559,7 +567,7 @@ class _Run:
         """The rescale starts: the group stops (checkpointing and committing) and restarts at ``target``."""
         self.decisions.append((at, target, policy, reason))
         self.workers = target
-        self.restart_until = at + self.learned.restart()
+        self.restart_until = at + self.learned.restart(retarget=at < self.restart_until)
         self.rescales_scored += minute >= self.config.warmup_steps
         if self.committed is not None:  # the next group's commit clock starts after the restart
             self._commit(self.committed)

@@ -1,0 +1,217 @@
+"""A restart under way pointed at a larger group: the launcher base's retarget, and the trainer service's."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from dagster import AssetKey, instance_for_test
+
+from kale_dagster import KafkaSource, OnlineTrainingPipeline, build_definitions
+from kale_dagster.definitions.control import TARGET_TAG
+from kale_dagster.launchers.base import Launcher
+from kale_dagster.launchers.command import CommandHookConfig
+from kale_dagster.launchers.service import LauncherService, LocalLauncherConfig, LocalTrainerClient
+from support import decision_of, produce_events, sensor_tick
+from support import wait_for as _wait_for
+
+
+class GatedLauncher(Launcher):
+    """Forms each group when the test opens the gate; gives up a forming group at a retarget, as the local
+    launcher does at its waits (whose processes test_trainer.py exercises)."""
+
+    retargets = True
+
+    def __init__(self, workers: int = 8, retargets: bool = True):
+        super().__init__()
+        self.retargets = retargets
+        self.running, self.formed, self.abandoned = workers, [], []
+        self.gate = threading.Event()
+        self.forming = threading.Event()  # set while a group waits at the gate
+        self.on_formed = lambda n: None
+
+    @property
+    def workers(self) -> int:
+        return self.running
+
+    def _running_at(self, n: int) -> bool:
+        return n == self.running
+
+    def stop(self) -> None:
+        self.running = 0
+
+    def _replace_group(self, n: int) -> dict:
+        self.running = 0
+        self.forming.set()
+        while not self.gate.is_set():
+            if self.retarget_requested.wait(0.005):
+                self.abandoned.append(n)
+                self.forming.clear()
+                self._check_retarget()
+        self.forming.clear()
+        self.running = n
+        self.formed.append(n)
+        self.on_formed(n)
+        return {"start": 0.0}
+
+
+def wait_for(predicate, timeout: float) -> None:
+    _wait_for(predicate, timeout, "the launcher's state", poll_s=0.005)
+
+
+def _rescaling(launcher: Launcher, m: int) -> tuple[threading.Thread, list]:
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(launcher.rescale(m, reason="scale in")))
+    thread.start()
+    return thread, done
+
+
+def test_a_retarget_gives_up_the_forming_group_and_records_one_restart():
+    launcher = GatedLauncher(workers=8)
+    thread, done = _rescaling(launcher, 4)
+    wait_for(launcher.forming.is_set, timeout=5)
+    status = launcher.status()
+    assert (status.workers, status.rescaling, status.retargetable) == (4, True, True)
+    time.sleep(0.02)
+    assert launcher.retarget(19, reason="burst")
+    assert launcher.status().workers == 19  # the new target is what the controller sees at once
+    wait_for(lambda: launcher.abandoned == [4] and launcher.forming.is_set(), timeout=5)
+    launcher.gate.set()
+    thread.join(5)
+    (record,) = done
+    assert (record.from_workers, record.to_workers) == (8, 19)
+    assert record.reason.startswith("scale in; retargeted to 19 after") and record.reason.endswith("burst")
+    assert launcher.formed == [19]
+    # The planner prices a restart from the retarget on: the abandoned part is not a restart's length.
+    assert 0.02 <= record.phases["abandoned"] <= record.downtime_s
+    assert launcher.status().downtimes_s == (pytest.approx(record.downtime_s - record.phases["abandoned"]),)
+    assert not launcher.status().rescaling
+
+
+@pytest.mark.parametrize(
+    "case, rescaling, retargets, m, accepted",
+    [
+        ("a larger group, during a restart", True, True, 19, True),
+        ("no larger than the restart's target", True, True, 4, False),
+        ("fewer than the target: a scale-in waits for the restart", True, True, 2, False),
+        ("no restart under way: a rescale's job", False, True, 19, False),
+        ("a launcher that cannot give up a forming group", True, False, 19, False),
+    ],
+)
+def test_when_a_retarget_is_accepted(case, rescaling, retargets, m, accepted):
+    launcher = GatedLauncher(workers=8, retargets=retargets)
+    thread = None
+    if rescaling:
+        thread, _ = _rescaling(launcher, 4)
+        wait_for(launcher.forming.is_set, timeout=5)
+    assert launcher.retarget(m) is accepted, case
+    launcher.gate.set()
+    if thread is not None:
+        thread.join(5)
+    assert launcher.running == (m if accepted else 4 if rescaling else 8), case
+
+
+def test_a_retarget_accepted_as_the_group_forms_replaces_that_group():
+    # The retarget lands after the group's last wait, before the restart has ended: not lost, a second replace.
+    launcher = GatedLauncher(workers=8)
+    launcher.gate.set()
+    launcher.on_formed = lambda n: n == 4 and launcher.retarget(19, reason="burst")
+    _, done = _rescaling(launcher, 4)
+    wait_for(lambda: bool(done), timeout=5)
+    assert launcher.formed == [4, 19] and done[0].to_workers == 19
+    assert launcher.retarget(32) is False  # the restart has ended: a later burst is a rescale
+
+
+def test_the_trainer_service_retargets_the_rescale_under_way():
+    launcher = GatedLauncher(workers=8)
+    service = LauncherService(launcher, port=0).start()
+    try:
+        client = LocalTrainerClient(service.url)
+        assert client.retarget(19) is False  # nothing under way
+        thread = threading.Thread(target=lambda: client.rescale(4, reason="scale in"))
+        thread.start()
+        wait_for(launcher.forming.is_set, timeout=5)
+        assert client.retarget(19, reason="burst") is True  # answered at once, while the rescale's request waits
+        status = client.status()
+        assert (status.workers, status.rescaling, status.retargetable) == (19, True, True)
+        launcher.gate.set()
+        thread.join(5)
+        assert client.workers == 19
+    finally:
+        service.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("controlled", [{"policy": "static", "policy_options": {"workers": 3}}], indirect=True)
+def test_the_sensor_retargets_a_restart_under_way_through_the_retarget_job(controlled):
+    env = controlled
+    env["workers"].restarting = True  # a restart to 2 under way, which the launcher can redirect
+    produce_events(env["servers"], 40)
+    first = sensor_tick(env)  # the first reading has no rate yet
+    time.sleep(0.5)
+    second = sensor_tick(env, first.cursor)
+    (request,) = [r for r in second.run_requests if r.job_name != "ctl_refit"]
+    assert (request.job_name, request.tags[TARGET_TAG]) == ("ctl_retarget", "3")
+    assert decision_of(second)["action"] == "retarget of the rescale under way to 3 requested"
+    env["instance"].report_runless_asset_event(second.asset_events[-1])
+    job = env["defs"].resolve_job_def("ctl_retarget")
+    result = job.execute_in_process(instance=env["instance"], tags=request.tags)
+    assert result.success and env["workers"].workers == 3
+    # Run again once the restart has ended: nothing to redirect, which is no failure (the next tick rescales).
+    env["workers"].restarting = False
+    again = job.execute_in_process(instance=env["instance"], tags={TARGET_TAG: "5"})
+    assert again.success and env["workers"].workers == 3
+    observed = env["instance"].fetch_observations(AssetKey(["ctl", "gpu_allocation"]), limit=2).records
+    assert [r.asset_observation.metadata["retargeted"].value for r in observed] == [False, True]
+
+
+@pytest.mark.integration
+def test_the_rescale_run_reports_the_group_its_restart_was_retargeted_to(tmp_path):
+    launcher = GatedLauncher(workers=8)
+    service = LauncherService(launcher, port=0).start()
+    p = OnlineTrainingPipeline(
+        name="demo",
+        source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
+        history_url=f"sqlite:///{tmp_path / 'm.db'}",
+        launcher=LocalLauncherConfig(service.url),
+    )
+    defs = build_definitions(p)
+    key = AssetKey(["demo", "gpu_allocation"])
+    try:
+        with instance_for_test() as instance:
+            results = []
+            rescale = threading.Thread(
+                target=lambda: results.append(
+                    defs.resolve_job_def("demo_rescale").execute_in_process(
+                        instance=instance, tags={TARGET_TAG: "4"}, raise_on_error=False
+                    )
+                )
+            )
+            rescale.start()
+            wait_for(launcher.forming.is_set, timeout=30)
+            retarget = defs.resolve_job_def("demo_retarget").execute_in_process(
+                instance=instance, tags={TARGET_TAG: "19"}
+            )
+            assert retarget.success
+            launcher.gate.set()
+            rescale.join(30)
+            assert results[0].success
+            meta = instance.fetch_observations(key, limit=1).records[0].asset_observation.metadata
+            assert (meta["workers"].value, meta["from_workers"].value) == (19, 8)
+            assert "retargeted to 19" in meta["reason"].value
+    finally:
+        service.close()
+
+
+def test_only_launchers_that_can_redirect_a_restart_get_a_retarget_job(tmp_path):
+    source = KafkaSource("127.0.0.1:9092", ("samples",), "g")
+    local = OnlineTrainingPipeline(name="a", source=source, history_url=f"sqlite:///{tmp_path / 'a.db'}")
+    hook = OnlineTrainingPipeline(
+        name="b",
+        source=source,
+        history_url=f"sqlite:///{tmp_path / 'b.db'}",
+        launcher=CommandHookConfig(rescale_command="scale {workers}", status_command="count"),
+    )
+    jobs = {job.name for job in build_definitions(local, hook).get_repository_def().get_all_jobs()}
+    assert "a_retarget" in jobs and "b_retarget" not in jobs and "b_rescale" in jobs
