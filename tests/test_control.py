@@ -90,13 +90,13 @@ STEP_ROWS = [
         "",
     ),
     (
-        "a rescale run not yet started has no restart to redirect",
+        "a rescale run under way whose launcher can redirect it takes a retarget too",
         {},
         LauncherStatus(workers=2, retargetable=True),
         {},
         True,
         3,
-        None,
+        3,
         "",
     ),
     ("a group still starting gives no action", {}, LauncherStatus(workers=2, measures=True), {}, False, 3, None, ""),
@@ -129,7 +129,7 @@ def test_step(case, settings, status, reading, in_flight, workers, rescale, held
         last_workers=2,
     )
     assert (step.decision.workers, step.rescale_to) == (workers, rescale)
-    assert step.retarget == (rescale is not None and status is not None and status.rescaling)
+    assert step.retarget == (rescale is not None and status is not None and (status.rescaling or in_flight))
     assert held in step.held
     if held:
         assert (

@@ -267,6 +267,34 @@ def test_downtime_ends_at_the_first_training_step_in_the_pod_logs():
     assert err.value.restored == 3
 
 
+def test_a_retarget_deletes_the_forming_job_at_once_and_creates_the_larger_one():
+    cluster = FakeCluster(pod_problem={4: "never-ready"})  # the Job of 4 is still forming when the burst comes
+    launcher = _launcher(cluster)
+    launcher.start(8)
+    launcher.sleeper = lambda *_: launcher.retarget(19, reason="burst")
+    record = launcher.rescale(4, reason="scale in")
+    assert (record.from_workers, record.to_workers) == (8, 19) and "retargeted to 19" in record.reason
+    assert cluster.created == [8, 4, 19] and [j.spec.parallelism for j in cluster.jobs.values()] == [19]
+    assert record.phases["abandoned"] > 0
+    # Its pods had trained nothing: deleted without a grace period, where a stop would wait out their restore.
+    deleted = {
+        (call.args[0] if call.args else call.kwargs["name"]): call.kwargs.get("grace_period_seconds")
+        for call in cluster.core.delete_namespaced_pod.call_args_list
+    }
+    forming = {pod: grace for pod, grace in deleted.items() if "-w4-" in pod}
+    assert len(forming) == 4 and set(forming.values()) == {0}, deleted
+
+
+def test_a_failed_start_after_a_retarget_restores_the_group_that_ran():
+    cluster = FakeCluster(pod_problem={4: "never-ready", 19: "ImagePullBackOff"})
+    launcher = _launcher(cluster)
+    launcher.start(8)
+    launcher.sleeper = lambda *_: launcher.retarget(19, reason="burst")
+    with pytest.raises(RescaleFailed, match="ImagePullBackOff") as err:
+        launcher.rescale(4)
+    assert err.value.restored == 8 and [j.spec.parallelism for j in cluster.jobs.values()] == [8]
+
+
 @pytest.mark.parametrize("status", [403, 409, 422, 500, 503])
 def test_api_errors_restore_the_previous_size(status):
     cluster = FakeCluster(fail_create={8: ApiException(status=status, reason="nope")})

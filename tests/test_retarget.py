@@ -6,12 +6,11 @@ import threading
 import time
 
 import pytest
-from dagster import AssetKey, instance_for_test
+from dagster import AssetKey, AssetMaterialization, DagsterRunStatus, instance_for_test
 
 from kale_dagster import KafkaSource, OnlineTrainingPipeline, build_definitions
-from kale_dagster.definitions.control import TARGET_TAG
+from kale_dagster.definitions.control import RETARGET_KEY, TARGET_TAG
 from kale_dagster.launchers.base import Launcher
-from kale_dagster.launchers.command import CommandHookConfig
 from kale_dagster.launchers.service import LauncherService, LocalLauncherConfig, LocalTrainerClient
 from support import decision_of, produce_events, sensor_tick
 from support import wait_for as _wait_for
@@ -144,30 +143,25 @@ def test_the_trainer_service_retargets_the_rescale_under_way():
 
 @pytest.mark.integration
 @pytest.mark.parametrize("controlled", [{"policy": "static", "policy_options": {"workers": 3}}], indirect=True)
-def test_the_sensor_retargets_a_restart_under_way_through_the_retarget_job(controlled):
-    env = controlled
-    env["workers"].restarting = True  # a restart to 2 under way, which the launcher can redirect
+def test_the_sensor_decides_a_retarget_only_while_a_rescale_run_is_under_way(controlled):
+    env, instance = controlled, controlled["instance"]
+    env["workers"].restarting = True  # a restart to 2, which the launcher can redirect, without a run: a crash-restart
     produce_events(env["servers"], 40)
     first = sensor_tick(env)  # the first reading has no rate yet
     time.sleep(0.5)
     second = sensor_tick(env, first.cursor)
-    (request,) = [r for r in second.run_requests if r.job_name != "ctl_refit"]
-    assert (request.job_name, request.tags[TARGET_TAG]) == ("ctl_retarget", "3")
-    assert decision_of(second)["action"] == "retarget of the rescale under way to 3 requested"
-    env["instance"].report_runless_asset_event(second.asset_events[-1])
-    job = env["defs"].resolve_job_def("ctl_retarget")
-    result = job.execute_in_process(instance=env["instance"], tags=request.tags)
-    assert result.success and env["workers"].workers == 3
-    # Run again once the restart has ended: nothing to redirect, which is no failure (the next tick rescales).
-    env["workers"].restarting = False
-    again = job.execute_in_process(instance=env["instance"], tags={TARGET_TAG: "5"})
-    assert again.success and env["workers"].workers == 3
-    observed = env["instance"].fetch_observations(AssetKey(["ctl", "gpu_allocation"]), limit=2).records
-    assert [r.asset_observation.metadata["retargeted"].value for r in observed] == [False, True]
+    assert decision_of(second).get(RETARGET_KEY) is None and decision_of(second)["action"] == "none"
+    job = env["defs"].resolve_job_def("ctl_rescale")
+    run = instance.create_run_for_job(job, tags={TARGET_TAG: "2"}, status=DagsterRunStatus.STARTED)
+    third = sensor_tick(env, second.cursor)
+    decision = decision_of(third)
+    assert decision[RETARGET_KEY] == 3 and decision["action"] == "retarget of the rescale under way to 3"
+    assert not [r for r in third.run_requests if r.job_name == "ctl_rescale"]  # the run under way takes it
+    instance.report_run_failed(run)
 
 
 @pytest.mark.integration
-def test_the_rescale_run_reports_the_group_its_restart_was_retargeted_to(tmp_path):
+def test_the_rescale_run_passes_a_retarget_decided_meanwhile_to_its_launcher(tmp_path):
     launcher = GatedLauncher(workers=8)
     service = LauncherService(launcher, port=0).start()
     p = OnlineTrainingPipeline(
@@ -190,28 +184,16 @@ def test_the_rescale_run_reports_the_group_its_restart_was_retargeted_to(tmp_pat
             )
             rescale.start()
             wait_for(launcher.forming.is_set, timeout=30)
-            retarget = defs.resolve_job_def("demo_retarget").execute_in_process(
-                instance=instance, tags={TARGET_TAG: "19"}
+            # What the sensor records when a burst meets the restart: a decision, no run.
+            instance.report_runless_asset_event(
+                AssetMaterialization(key, metadata={"workers": 19, RETARGET_KEY: 19, "reason": "burst"})
             )
-            assert retarget.success
+            wait_for(lambda: launcher.abandoned == [4], timeout=30)
             launcher.gate.set()
             rescale.join(30)
             assert results[0].success
             meta = instance.fetch_observations(key, limit=1).records[0].asset_observation.metadata
             assert (meta["workers"].value, meta["from_workers"].value) == (19, 8)
-            assert "retargeted to 19" in meta["reason"].value
+            assert "retargeted to 19" in meta["reason"].value and meta["reason"].value.endswith("burst")
     finally:
         service.close()
-
-
-def test_only_launchers_that_can_redirect_a_restart_get_a_retarget_job(tmp_path):
-    source = KafkaSource("127.0.0.1:9092", ("samples",), "g")
-    local = OnlineTrainingPipeline(name="a", source=source, history_url=f"sqlite:///{tmp_path / 'a.db'}")
-    hook = OnlineTrainingPipeline(
-        name="b",
-        source=source,
-        history_url=f"sqlite:///{tmp_path / 'b.db'}",
-        launcher=CommandHookConfig(rescale_command="scale {workers}", status_command="count"),
-    )
-    jobs = {job.name for job in build_definitions(local, hook).get_repository_def().get_all_jobs()}
-    assert "a_retarget" in jobs and "b_retarget" not in jobs and "b_rescale" in jobs

@@ -263,7 +263,7 @@ class Controller:
             forecast_error=forecast_error,
             forecast_ratio=forecast_ratio,
             restarting=status.rescaling or rescale_in_flight or starting,
-            retargetable=status.rescaling and status.retargetable,
+            retargetable=status.retargetable and (status.rescaling or rescale_in_flight),
             latest_arrival_rate=reading.latest_arrival_rate,
         )
 

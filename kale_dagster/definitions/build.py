@@ -7,7 +7,7 @@ from dagster import AssetKey, DefaultSensorStatus, Definitions
 from kale_dagster.definitions.assets import pipeline_assets
 from kale_dagster.definitions.checks import pipeline_checks
 from kale_dagster.definitions.control import PipelineControl
-from kale_dagster.definitions.jobs import asset_jobs, backfill_job, rescale_job, retarget_job, schedules
+from kale_dagster.definitions.jobs import asset_jobs, backfill_job, rescale_job, schedules
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.errors import KaleConfigError
@@ -22,13 +22,8 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
     jobs["backfill"] = backfill_job(p, stream_key)
     if not p.advisory:
         jobs["rescale"] = rescale_job(p)
-        if p.launcher.retargets:
-            jobs["retarget"] = retarget_job(p)
     control = PipelineControl(
-        p,
-        rescale_job=jobs["rescale"].name if "rescale" in jobs else None,
-        refit_job=jobs["refit"].name,
-        retarget_job=jobs["retarget"].name if "retarget" in jobs else None,
+        p, rescale_job=jobs["rescale"].name if "rescale" in jobs else None, refit_job=jobs["refit"].name
     )
     status = DefaultSensorStatus.RUNNING if p.autostart else DefaultSensorStatus.STOPPED
     stream = KafkaStreamResource.from_source(p.source)
@@ -42,7 +37,7 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
             clock=p.clock,
             minimum_interval_seconds=p.sensor_interval_s,
             control=control,
-            jobs=[jobs[role] for role in ("refit", "rescale", "retarget") if role in jobs],
+            jobs=[jobs["refit"], *([jobs["rescale"]] if "rescale" in jobs else [])],
             max_workers=p.limits.max_workers,
             default_status=status,
         ),

@@ -53,6 +53,8 @@ IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunSt
 #: A failed rescale is retried after this many wall seconds, doubled per consecutive failure, at most MAX_RETRY_S.
 RETRY_S, MAX_RETRY_S = 30.0, 600.0
 TARGET_TAG = "kale/target_workers"
+#: A decision's metadata key for the larger group the rescale under way should form instead (``jobs.RetargetWatch``).
+RETARGET_KEY = "retarget_to"
 DECIDED_TAG = "kale/decided_at"
 
 
@@ -98,11 +100,9 @@ class ControlDecision:
 class PipelineControl:
     """Runs one pipeline's controller against Dagster, the metrics history and the launcher."""
 
-    def __init__(
-        self, p: OnlineTrainingPipeline, rescale_job: str | None, refit_job: str, retarget_job: str | None = None
-    ):
+    def __init__(self, p: OnlineTrainingPipeline, rescale_job: str | None, refit_job: str):
         self.p = p
-        self.rescale_job, self.refit_job, self.retarget_job = rescale_job, refit_job, retarget_job
+        self.rescale_job, self.refit_job = rescale_job, refit_job
         self.allocation_key = AssetKey(p.key("gpu_allocation"))
         self.controller = Controller(p.control_settings())
         self._forecaster: tuple[float, Any, int] | None = None  # (fitted_at, model, steps): loaded once per fit
@@ -178,14 +178,17 @@ class PipelineControl:
             return []
         return list(instance.get_run_records(RunsFilter(job_name=job, statuses=statuses), limit=limit))
 
-    def _rescale_in_flight(self, instance) -> tuple[bool, str]:
-        """Whether a rescale run is under way, and what was done about one that cannot be: a run in flight
-        longer than a rescale can take lost its process, and left alone it would hold back every later rescale."""
-        limit, now, live, stale = self.p.launcher.rescale_timeout_s, time.time(), False, ""
+    def _rescale_in_flight(self, instance) -> tuple[bool, int | None, str]:
+        """Whether a rescale run is under way, the target it was requested with (None: run by hand), and what was
+        done about one that cannot be: a run in flight longer than a rescale can take lost its process, and left
+        alone it would hold back every later rescale."""
+        limit, now, live, target, stale = self.p.launcher.rescale_timeout_s, time.time(), False, None, ""
         for record in self._runs(instance, self.rescale_job, IN_FLIGHT, limit=10):
             age = now - (record.start_time or record.create_timestamp.timestamp())
             if age <= limit:
                 live = True
+                tag = record.dagster_run.tags.get(TARGET_TAG)
+                target = int(tag) if tag is not None and tag.isdigit() else target
                 continue
             run = record.dagster_run
             stale = (
@@ -193,7 +196,7 @@ class PipelineControl:
                 f"{self.p.launcher.describe()} takes ({limit:.0f} s): its process is gone; marked failed"
             )
             instance.report_run_failed(run, stale)
-        return live, stale
+        return live, target, stale
 
     # --- the step ------------------------------------------------------------------------
 
@@ -217,10 +220,15 @@ class PipelineControl:
         forecast = self.forecast(arrivals)
         model, model_source = self.throughput_model(instance)
         error, ratio = self._forecast_scores(arrivals, cursor, reading.time)
-        in_flight, stale = self._rescale_in_flight(instance)
+        in_flight, in_flight_target, stale = self._rescale_in_flight(instance)
+        seen = status  # the controller's view; what the workers measured stays theirs (``record``)
+        if status is not None and in_flight_target is not None and not status.rescaling:
+            # The allocation is the target of the rescale under way (its restart may not have begun): what a burst
+            # is judged against, and what a retarget must exceed.
+            seen = replace(status, workers=in_flight_target)
         step = self.controller.step(
             reading,
-            status,
+            seen,
             model,
             forecast=forecast,
             forecast_error=error,
@@ -232,7 +240,7 @@ class PipelineControl:
             last_workers=previous.get("running_workers"),
         )
         note = ""
-        if step.retarget and self.retarget_job is None:  # a launcher that can, declared as one that cannot
+        if step.retarget and (not in_flight or not p.launcher.retargets):  # only a rescale run under way takes one
             step = replace(step, rescale_to=None, retarget=False)
         if step.rescale_to is not None:
             wait, note = self._retry_wait(instance)
@@ -240,7 +248,7 @@ class PipelineControl:
                 step = replace(step, rescale_to=None)
         running = status.workers if status is not None else previous.get("running_workers", p.limits.min_workers)
         if step.rescale_to is not None and step.retarget:
-            action = f"retarget of the rescale under way to {step.rescale_to} requested"
+            action = f"retarget of the rescale under way to {step.rescale_to}"
         elif step.rescale_to is not None:
             action = f"rescale to {step.rescale_to} requested"
         elif p.advisory and step.decision.workers != (status.workers if status else None):
@@ -265,8 +273,11 @@ class PipelineControl:
         decision = self.decide(instance, reading, cursor)
         self.record(decision)
         step = decision.step
+        # A retarget is no run: the rescale run under way reads it from this decision (``jobs.RetargetWatch``).
         requests = (
-            [self._rescale_request(step.rescale_to, reading.time, step.retarget)] if step.rescale_to is not None else []
+            [self._rescale_request(step.rescale_to, reading.time)]
+            if step.rescale_to is not None and not step.retarget
+            else []
         )
         refit = self._refit_request(instance, reading.time)
         if refit is not None:
@@ -307,12 +318,11 @@ class PipelineControl:
 
     # --- helpers -------------------------------------------------------------------------
 
-    def _rescale_request(self, workers: int, now: float, retarget: bool = False) -> RunRequest:
+    def _rescale_request(self, workers: int, now: float) -> RunRequest:
         # The wall time of the decision, so a run's start and its rescale's end say how long acting took.
-        job = self.retarget_job if retarget else self.rescale_job
         return RunRequest(
-            job_name=job,
-            run_key=f"{self.p.name}-{'retarget' if retarget else 'rescale'}-{now:.0f}-{workers}",
+            job_name=self.rescale_job,
+            run_key=f"{self.p.name}-rescale-{now:.0f}-{workers}",
             tags={
                 "kale/pipeline": self.p.name,
                 TARGET_TAG: str(workers),
@@ -438,6 +448,7 @@ def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) ->
         else forecast.model + (f" (fallback: {forecast.fallback})" if forecast.fallback else ""),
         "time": decision.time,
         "time_scale": p.clock.time_scale,
+        **({RETARGET_KEY: step.rescale_to} if step.retarget else {}),
         "advisory": p.advisory,
         "min_workers": p.limits.min_workers,
         "max_workers": p.limits.max_workers,

@@ -11,15 +11,15 @@
   ``kale/target_workers``), or the latest ``gpu_allocation`` when run by
   hand; one run at a time per pipeline (an op pool and a run tag the queued
   run coordinator can limit).  What happened (downtime, or nothing to do) is
-  an observation of ``gpu_allocation``;
-* ``<name>_retarget``, for launchers that can redirect a restart under way
-  (``LauncherConfig.retargets``): point the rescale in flight at the target
-  its run was requested with; outside the rescale pool, since it must run
-  while that rescale does, and done at once.
+  an observation of ``gpu_allocation``.  While it runs, it passes a retarget
+  decided meanwhile (a burst met by its restart) to the launcher
+  (``RetargetWatch``): the restart forms the larger group instead.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import TYPE_CHECKING
 
 from dagster import (
@@ -37,7 +37,7 @@ from dagster import (
     op,
 )
 
-from kale_dagster.definitions.control import TARGET_TAG, latest_metadata
+from kale_dagster.definitions.control import RETARGET_KEY, TARGET_TAG, latest_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.launchers.base import RescaleFailed, RescaleRecord
 
@@ -145,6 +145,9 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
             raise Failure(f"no gpu_allocation for {p.name!r} yet; run {p.name}_decide first")
         target = int(requested if requested is not None else decision["workers"])
         launcher = p.launcher.build(p.name, p.source, p.trainer_spec)
+        watch = RetargetWatch(context.instance, allocation_key, launcher, target, context.log.info)
+        if p.launcher.retargets:
+            watch.start()
         try:
             record = launcher.rescale(target, reason=str(decision.get("reason", "requested by hand"))[:200])
         except RescaleFailed as exc:
@@ -154,6 +157,8 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
                 f"rescale to {target} workers through {p.launcher.describe()} failed: {exc}",
                 metadata={"target_workers": target},
             ) from exc
+        finally:
+            watch.stop()
         if record is None:
             context.log.info(f"already running {target} workers; nothing to do")
         elif record.to_workers != target:
@@ -173,37 +178,44 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
     return rescale
 
 
-def retarget_job(p: OnlineTrainingPipeline) -> JobDefinition:
-    """``<name>_retarget``: point the rescale under way at the run's target (tag ``kale/target_workers``)."""
-    allocation_key = AssetKey(p.key("gpu_allocation"))
+class RetargetWatch(threading.Thread):
+    """Passes a retarget decided while a rescale runs to its launcher.
 
-    @op(name=f"{p.name}_retarget_workers", tags={"kale/pipeline": p.name})
-    def retarget_workers(context) -> None:
-        target = int(context.run.tags[TARGET_TAG])
-        reason = str(latest_metadata(context.instance, allocation_key).get("reason", "requested by hand"))[:200]
-        try:
-            accepted = p.launcher.build(p.name, p.source, p.trainer_spec).retarget(target, reason=reason)
-        except RuntimeError as exc:  # the launcher cannot be reached
-            raise Failure(
-                f"retarget to {target} workers through {p.launcher.describe()} failed: {exc}",
-                metadata={"target_workers": target},
-            ) from exc
-        if not accepted:  # not a failure: the next decision sees what runs and rescales if it must
-            context.log.info(f"no restart under way aims at fewer than {target} workers; nothing to redirect")
-        context.log_event(
-            AssetObservation(asset_key=allocation_key, metadata={"workers": target, "retargeted": accepted})
-        )
+    A burst that meets a restart is a decision like any other (``gpu_allocation``, metadata ``retarget_to``),
+    made by the sensor while the rescale run waits on the launcher; the run that owns the restart is the one
+    place that can redirect it (a Kubernetes launcher's restart lives in this process).  Every ``poll_s`` the
+    latest decision is read; one made since the run started that asks for more than the restart aims at is passed
+    on, and passed again until the launcher takes it or the restart ends."""
 
-    @job(
-        name=f"{p.name}_retarget",
-        tags={"kale/rescale": p.name},
-        executor_def=in_process_executor,
-        description="Point the restart under way at a larger group (a burst met by a restart).",
-    )
-    def retarget():
-        retarget_workers()
+    def __init__(self, instance, key: AssetKey, launcher, target: int, log, poll_s: float = 1.0):
+        super().__init__(daemon=True, name="kale-retarget-watch")
+        self.instance, self.key, self.launcher = instance, key, launcher
+        self.aim, self.log, self.poll_s = target, log, poll_s
+        self.since = time.time()
+        self._done = threading.Event()
 
-    return retarget
+    def run(self) -> None:
+        while not self._done.wait(self.poll_s):
+            event = self.instance.get_latest_materialization_event(self.key)
+            if event is None or event.timestamp < self.since or event.asset_materialization is None:
+                continue
+            meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+            wanted = meta.get(RETARGET_KEY)
+            if not isinstance(wanted, int) or wanted <= self.aim:
+                continue
+            try:
+                taken = self.launcher.retarget(wanted, reason=str(meta.get("reason", "retarget"))[:200])
+            except RuntimeError as exc:  # the launcher cannot be reached: the restart runs on as it was asked
+                self.log(f"retarget to {wanted} workers failed: {exc}"[:500])
+                continue
+            if taken:
+                self.aim = wanted
+                self.log(f"the restart under way now forms {wanted} workers: {meta.get('reason', '')}"[:500])
+
+    def stop(self) -> None:
+        self._done.set()
+        if self.is_alive():
+            self.join(timeout=self.poll_s + 30)
 
 
 def rescale_observation(allocation_key: AssetKey, workers: int, record: RescaleRecord | None) -> AssetObservation:

@@ -71,8 +71,7 @@ class LauncherStatus:
     group's last checkpoint could not be written (empty once one is).  ``metric`` is the trainer's
     progressive-validation metric (``metric_name``: auc, mae, ...), the mean over the ranks that report one.
     ``observed_from`` says how the worker count of a group Kale does not run was observed.
-    ``retargetable`` says, while rescaling, that the restart under way can still be pointed at a larger group
-    (``Launcher.retarget``).
+    ``retargetable`` says that a restart under way can still be pointed at a larger group (``Launcher.retarget``).
     """
 
     workers: int
@@ -206,7 +205,11 @@ class Launcher(ABC):
                 workers=target, rescaling=True, retargetable=self.retargets, downtimes_s=self._recent_downtimes()
             )
         return LauncherStatus(
-            workers=self.workers, downtimes_s=self._recent_downtimes(), failed=self._failure(), **self._measurements()
+            workers=self.workers,
+            retargetable=self.retargets,
+            downtimes_s=self._recent_downtimes(),
+            failed=self._failure(),
+            **self._measurements(),
         )
 
     def _recent_downtimes(self) -> tuple[float, ...]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from kale_dagster.errors import KaleConfigError
-from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed
+from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed, Retargeted
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
@@ -103,9 +103,11 @@ class KubernetesLauncherConfig(LauncherConfig):
             ),
         )
 
+    retargets = True
+
     @property
-    def rescale_timeout_s(self) -> float:  # the old Job's stop, the new one's readiness, and a margin for the API
-        return self.stop_timeout_s + self.ready_timeout_s + 120.0
+    def rescale_timeout_s(self) -> float:  # the old Job's stop, the new one's readiness (twice: a retarget's), a margin
+        return self.stop_timeout_s + 2 * self.ready_timeout_s + 120.0
 
     def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> KubernetesLauncher:
         return KubernetesLauncher(pipeline, self, source, trainer=trainer)
@@ -239,6 +241,8 @@ def pods_state(pods: list) -> tuple[str, str]:
 class KubernetesLauncher(Launcher):
     """Rescale a pipeline's Indexed Job through dagster-k8s's client (see module docstring)."""
 
+    retargets = True  # a Job still forming is deleted at once and one of the larger size created
+
     def __init__(
         self,
         pipeline: str,
@@ -260,6 +264,7 @@ class KubernetesLauncher(Launcher):
         self.client, self.core_api = client, client.core_api
         self.sleeper, self.poll_s = sleeper, poll_s
         self._volume_checked = False
+        self._stopped_from = 0  # the group a retargeted restart stopped: what a failed start restores
 
     # --- reading state -----------------------------------------------------------
 
@@ -305,16 +310,22 @@ class KubernetesLauncher(Launcher):
         self._check_checkpoint_volume()  # before anything stops: a volume the pods cannot share is a declaration to fix
         marks = [self._clock()]
         old = self.current_job()
-        previous = int(old.spec.parallelism) if old is not None else 0
+        previous = int(old.spec.parallelism) if old is not None else self._stopped_from
+        self._stopped_from = 0
         generation = int(time.time())
         if old is not None:
             self._delete_and_wait(old.metadata.name)
         marks.append(self._clock())
         try:
+            self._check_retarget()  # nothing created yet: the next attempt creates the larger Job
             name = self._create_and_wait(workers, generation)
             marks.append(self._clock())
             self._wait_first_step(name)
             marks.append(self._clock())
+        except Retargeted:
+            self._abandon(job_name(self.pipeline, workers, generation))
+            self._stopped_from = previous
+            raise
         except (ApiException, RuntimeError, TimeoutError) as exc:
             why = f"API error {exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
             self._cleanup(job_name(self.pipeline, workers, generation))
@@ -388,6 +399,26 @@ class KubernetesLauncher(Launcher):
                 )
             self.sleeper(self.poll_s)
 
+    def _abandon(self, name: str) -> None:
+        """Delete a Job still forming, for a retarget, its pods without a grace period: before their first step they
+        have trained nothing, written no checkpoint and committed no offset, and a graceful stop would wait out
+        their restore."""
+        from kubernetes.client.rest import ApiException
+
+        namespace = self.config.namespace
+        pods = [pod.metadata.name for pod in self.client.get_pods_in_job(name, namespace)]
+        for delete, target in [(self.client.batch_api.delete_namespaced_job, name)] + [
+            (self.core_api.delete_namespaced_pod, pod) for pod in pods
+        ]:
+            try:
+                delete(target, namespace, grace_period_seconds=0, propagation_policy="Background")
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        deadline = self._clock() + self.config.stop_timeout_s
+        while self.client.get_pods_in_job(name, namespace) and self._clock() <= deadline:
+            self.sleeper(self.poll_s)
+
     def _create_and_wait(self, workers: int, generation: int) -> str:
         service, job = render(self.pipeline, self.config, self.source, workers, generation, self.trainer)
         self._ensure_service(service)
@@ -402,6 +433,7 @@ class KubernetesLauncher(Launcher):
                 raise RuntimeError(why)
             if self._clock() > deadline:
                 raise TimeoutError(f"{why} after {self.config.ready_timeout_s:.0f} s")
+            self._check_retarget()
             self.sleeper(self.poll_s)
 
     def _wait_first_step(self, name: str) -> None:
@@ -419,6 +451,7 @@ class KubernetesLauncher(Launcher):
                     f"{len(pending)} pods of job {name} ready but no training step after "
                     f"{self.config.ready_timeout_s:.0f} s"
                 )
+            self._check_retarget()
             self.sleeper(self.poll_s)
 
     def _cleanup(self, name: str) -> None:

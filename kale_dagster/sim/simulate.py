@@ -511,7 +511,7 @@ class _Run:
             latest_arrival_rate=self.rate_at[minute - 1] if minute > 0 else None,
         )
         status = LauncherStatus(
-            self.workers,
+            self.pending[1] if self.pending is not None else self.workers,  # the allocation: a rescale's target
             rescaling=restarting,
             retargetable=config.retargets,
             measures=True,
@@ -535,8 +535,10 @@ class _Run:
         if minute == 0 and k == 0 and config.initial_workers is None:
             self.workers = target  # the job starts at the policy's first answer, no restart
         elif step.rescale_to is not None and target != self.workers:
-            # Acted on after act_latency_s (at once by default): the running group works until then.
-            self.pending = (now + config.act_latency_s, target, step.decision.policy, step.decision.reason)
+            # Acted on after act_latency_s (at once by default): the running group works until then.  A retarget of
+            # a rescale still pending changes its target, not when it starts.
+            at = self.pending[0] if self.pending is not None else now + config.act_latency_s
+            self.pending = (at, target, step.decision.policy, step.decision.reason)
             if config.act_latency_s == 0:
                 self._apply(*self.pending, minute)
                 self.pending = None
