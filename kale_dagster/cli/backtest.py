@@ -60,7 +60,7 @@ def register(subparsers, summary: str) -> None:
     parser.add_argument(
         "--no-retarget",
         action="store_true",
-        help="the launcher cannot redirect a restart under way (a scale target, a command hook)",
+        help="the launcher cannot redirect a restart under way (a command hook)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="PNG", help="write arrivals, capacity and lag per policy to this PNG")

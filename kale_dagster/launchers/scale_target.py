@@ -2,7 +2,9 @@
 
 Any resource with a ``/scale`` subresource: a Deployment, a StatefulSet, or a custom resource whose CRD declares
 one.  Kale reads ``status.replicas`` as the workers that run and patches ``spec.replicas``; the workload's own
-controller restarts the pods, and the rescale's downtime runs until the scale status shows the new size.
+controller restarts the pods, and the rescale's downtime runs until the scale status shows the new size.  A
+retarget while it waits (a burst met by the restart) patches the spec again, to the larger size, and the wait
+follows it.
 
 A custom resource with an ``elasticPolicy`` (Kubeflow's PyTorchJob, whose scale subresource sets its Worker
 replicas) is only sized within that policy's minReplicas and maxReplicas: a target outside them fails the rescale
@@ -16,6 +18,7 @@ shows it.  The verbs this needs are in docs/kubernetes/rbac.yaml.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +79,8 @@ class ScaleTargetConfig(LauncherConfig):
     def rescale_timeout_s(self) -> float:  # the patch, the wait, and a margin
         return self.ready_timeout_s + 120.0
 
+    retargets = True
+
     def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> ScaleTarget:
         return ScaleTarget(pipeline, self)
 
@@ -116,6 +121,9 @@ class ScaleTarget:
         self.pipeline, self.config = pipeline, config
         self.custom_api, self.autoscaling_api, self.core_api = custom_api, autoscaling_api, core_api
         self.sleeper, self.clock, self.poll_s = sleeper, clock, poll_s
+        self._aim: int | None = None  # while a rescale waits: the size it waits for
+        self._aim_lock = threading.Lock()  # the wait's last read and a retarget's patch do not interleave
+        self._started, self._retargets = 0.0, []
         group, _, version = config.api_version.rpartition("/")
         self._path = dict(
             group=group, version=version, namespace=config.namespace, plural=config.resource, name=config.name
@@ -134,6 +142,7 @@ class ScaleTarget:
         return LauncherStatus(
             workers=wanted,
             rescaling=running != wanted,
+            retargetable=True,
             measures=False,
             observed_from=f"the scale status of {self.config.describe()}",
         )
@@ -163,30 +172,50 @@ class ScaleTarget:
                 "scale through one): two controllers on one scale target undo each other; remove it, or run this "
                 "pipeline in advisory mode"
             )
-        started = self.clock()
+        self._started, self._retargets = self.clock(), []
         self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": m}})
         self._event(before, m, reason)
-        while (running := self._replicas()[1]) != m:
-            if self.clock() - started > self.config.ready_timeout_s:
-                raise RescaleFailed(
-                    f"{self.config.describe()} did not reach {m} replicas within {self.config.ready_timeout_s:g} s "
-                    f"(its scale status shows {running}); its spec asks for {m}",
-                    restored=None,
-                )
-            self.sleeper(self.poll_s)
-        took = self.clock() - started
+        self._aim = m
+        try:
+            while True:
+                running = self._replicas()[1]
+                with self._aim_lock:
+                    m = self._aim
+                    if running == m:
+                        break
+                if self.clock() - self._started > self.config.ready_timeout_s:
+                    raise RescaleFailed(
+                        f"{self.config.describe()} did not reach {m} replicas within {self.config.ready_timeout_s:g} "
+                        f"s (its scale status shows {running}); its spec asks for {m}",
+                        restored=None,
+                    )
+                self.sleeper(self.poll_s)
+        finally:
+            with self._aim_lock:
+                self._aim = None
+        took = self.clock() - self._started
         return RescaleRecord(
             time=time.time(),
             from_workers=before,
             to_workers=m,
             downtime_s=took,
-            reason=reason,
+            reason="; ".join([reason, *self._retargets]),
             phases={"scale": round(took, 3)},
         )
 
     def retarget(self, m: int, reason: str = "retarget") -> bool:
-        """Not offered: the controller sees no restart of this workload under way, only the run that patched it."""
-        return False
+        """While a rescale waits for the workload, patch it to ``m`` replicas, more than it waits for; the wait
+        follows.  False when none waits (in this process) or ``m`` is not larger."""
+        with self._aim_lock:
+            aim = self._aim
+            if aim is None or m <= aim:
+                return False
+            self._check_elastic_bounds(m)
+            self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": m}})
+            self._event(aim, m, reason)
+            self._retargets.append(f"retargeted to {m} after {self.clock() - self._started:.1f} s: {reason}")
+            self._aim = m
+            return True
 
     def _check_elastic_bounds(self, m: int) -> None:
         if self._path["group"] == "apps":
