@@ -88,6 +88,20 @@ class StandInWorkers:
         )
 
 
+def local_trainer_pipeline(tmp_path: Path, trainer_url: str):
+    """A pipeline named ``demo`` whose rescale runs drive the local trainer service at ``trainer_url``; nothing
+    reaches its broker address."""
+    from kale_dagster import KafkaSource, OnlineTrainingPipeline
+    from kale_dagster.launchers.service import LocalLauncherConfig
+
+    return OnlineTrainingPipeline(
+        name="demo",
+        source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
+        history_url=f"sqlite:///{tmp_path / 'm.db'}",
+        launcher=LocalLauncherConfig(trainer_url),
+    )
+
+
 def wait_for(predicate: Callable, timeout: float, what: str, log: Path | None = None, poll_s: float = 1.0):
     """The predicate's first truthy value within ``timeout`` seconds; on timeout, fails saying what, with the log's
     tail."""

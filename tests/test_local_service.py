@@ -8,11 +8,11 @@ import time
 import pytest
 from dagster import AssetKey, AssetMaterialization, instance_for_test
 
-from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline, build_definitions
+from kale_dagster import KaleConfigError, build_definitions
 from kale_dagster.launchers import RescaleRecord
 from kale_dagster.launchers.base import LauncherStatus
-from kale_dagster.launchers.service import LauncherService, LocalLauncherConfig, LocalTrainerClient
-from support import wait_for
+from kale_dagster.launchers.service import LauncherService, LocalTrainerClient
+from support import local_trainer_pipeline, wait_for
 
 
 class RecordingLauncher:
@@ -161,12 +161,7 @@ def test_unreachable_service_and_non_loopback_urls_are_clear_errors():
 
 @pytest.mark.integration
 def test_rescale_job_drives_the_local_trainer(service, tmp_path):
-    p = OnlineTrainingPipeline(
-        name="demo",
-        source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
-        history_url=f"sqlite:///{tmp_path / 'm.db'}",
-        launcher=LocalLauncherConfig(service.url),
-    )
+    p = local_trainer_pipeline(tmp_path, service.url)
     defs = build_definitions(p)
     with instance_for_test() as instance:
         instance.report_runless_asset_event(
@@ -187,12 +182,7 @@ def test_rescale_job_drives_the_local_trainer(service, tmp_path):
 def test_failed_rescale_is_recorded_on_the_allocation(tmp_path):
     from dagster import DagsterEventType, build_run_status_sensor_context
 
-    p = OnlineTrainingPipeline(
-        name="demo",
-        source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
-        history_url=f"sqlite:///{tmp_path / 'm.db'}",
-        launcher=LocalLauncherConfig("http://127.0.0.1:9"),
-    )
+    p = local_trainer_pipeline(tmp_path, "http://127.0.0.1:9")
     defs = build_definitions(p)
     sensor = {s.name: s for s in defs.get_repository_def().sensor_defs}["demo_run_failure"]
     key = AssetKey(["demo", "gpu_allocation"])

@@ -8,11 +8,11 @@ import time
 import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterRunStatus, instance_for_test
 
-from kale_dagster import KafkaSource, OnlineTrainingPipeline, build_definitions
+from kale_dagster import build_definitions
 from kale_dagster.definitions.control import RETARGET_KEY, TARGET_TAG
 from kale_dagster.launchers.base import Launcher
-from kale_dagster.launchers.service import LauncherService, LocalLauncherConfig, LocalTrainerClient
-from support import decision_of, produce_events, sensor_tick
+from kale_dagster.launchers.service import LauncherService, LocalTrainerClient
+from support import decision_of, local_trainer_pipeline, produce_events, sensor_tick
 from support import wait_for as _wait_for
 
 
@@ -164,12 +164,7 @@ def test_the_sensor_decides_a_retarget_only_while_a_rescale_run_is_under_way(con
 def test_the_rescale_run_passes_a_retarget_decided_meanwhile_to_its_launcher(tmp_path):
     launcher = GatedLauncher(workers=8)
     service = LauncherService(launcher, port=0).start()
-    p = OnlineTrainingPipeline(
-        name="demo",
-        source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
-        history_url=f"sqlite:///{tmp_path / 'm.db'}",
-        launcher=LocalLauncherConfig(service.url),
-    )
+    p = local_trainer_pipeline(tmp_path, service.url)
     defs = build_definitions(p)
     key = AssetKey(["demo", "gpu_allocation"])
     try:

@@ -222,10 +222,13 @@ class PipelineControl:
         error, ratio = self._forecast_scores(arrivals, cursor, reading.time)
         in_flight, in_flight_target, stale = self._rescale_in_flight(instance)
         seen = status  # the controller's view; what the workers measured stays theirs (``record``)
-        if status is not None and in_flight_target is not None and not status.rescaling:
-            # The allocation is the target of the rescale under way (its restart may not have begun): what a burst
-            # is judged against, and what a retarget must exceed.
-            seen = replace(status, workers=in_flight_target)
+        if status is not None:
+            # Only a rescale run under way takes a retarget (``jobs.RetargetWatch``; a local crash-restart has none),
+            # and its target is the allocation (its restart may not have begun): what a burst is judged against, and
+            # what a retarget must exceed.
+            seen = replace(status, retargetable=status.retargetable and in_flight and p.launcher.retargets)
+            if in_flight_target is not None and not status.rescaling:
+                seen = replace(seen, workers=in_flight_target)
         step = self.controller.step(
             reading,
             seen,
@@ -240,8 +243,6 @@ class PipelineControl:
             last_workers=previous.get("running_workers"),
         )
         note = ""
-        if step.retarget and (not in_flight or not p.launcher.retargets):  # only a rescale run under way takes one
-            step = replace(step, rescale_to=None, retarget=False)
         if step.rescale_to is not None:
             wait, note = self._retry_wait(instance)
             if wait:

@@ -115,6 +115,11 @@ class Retargeted(Exception):
         self.workers = workers
 
 
+def retarget_note(workers: int, after_s: float, reason: str) -> str:
+    """What a retargeted restart's record adds to its reason, the same for every launcher."""
+    return f"retargeted to {workers} after {after_s:.1f} s: {reason}"
+
+
 class RescaleFailed(RuntimeError):
     """The new worker group could not start; ``restored`` is the size put back (None if none)."""
 
@@ -257,7 +262,7 @@ class Launcher(ABC):
                         break
                     except Retargeted as r:
                         n, abandoned = r.workers, self._clock() - started
-                        retargets.append(f"retargeted to {n} after {abandoned:.1f} s: {self._retarget_reason}")
+                        retargets.append(retarget_note(n, abandoned, self._retarget_reason))
             finally:
                 with self._retarget_lock:
                     self._target = self._wanted = None

@@ -390,14 +390,18 @@ class KubernetesLauncher(Launcher):
 
     def _delete_and_wait(self, name: str) -> None:
         self.client.delete_job(name, self.config.namespace)
-        deadline = self._clock() + self.config.stop_timeout_s + self.config.termination_grace_period_s
+        limit = self.config.stop_timeout_s + self.config.termination_grace_period_s
+        if not self._pods_gone(name, limit):
+            raise TimeoutError(f"pods of job {name} still terminating after {limit:.0f} s")
+
+    def _pods_gone(self, name: str, timeout_s: float) -> bool:
+        """Wait until the Job's pods are gone; whether they went within ``timeout_s``."""
+        deadline = self._clock() + timeout_s
         while self.client.get_pods_in_job(name, self.config.namespace):
             if self._clock() > deadline:
-                raise TimeoutError(
-                    f"pods of job {name} still terminating after "
-                    f"{self.config.stop_timeout_s + self.config.termination_grace_period_s:.0f} s"
-                )
+                return False
             self.sleeper(self.poll_s)
+        return True
 
     def _abandon(self, name: str) -> None:
         """Delete a Job still forming, for a retarget, its pods without a grace period: before their first step they
@@ -415,9 +419,8 @@ class KubernetesLauncher(Launcher):
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-        deadline = self._clock() + self.config.stop_timeout_s
-        while self.client.get_pods_in_job(name, namespace) and self._clock() <= deadline:
-            self.sleeper(self.poll_s)
+        # Deleted without grace: a pod still there past the stop timeout is the kubelet's to reap, no failure.
+        self._pods_gone(name, self.config.stop_timeout_s)
 
     def _create_and_wait(self, workers: int, generation: int) -> str:
         service, job = render(self.pipeline, self.config, self.source, workers, generation, self.trainer)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from kale_dagster.launchers.base import LauncherConfig, LauncherStatus, RescaleFailed, RescaleRecord
+from kale_dagster.launchers.base import LauncherConfig, LauncherStatus, RescaleFailed, RescaleRecord, retarget_note
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
@@ -213,7 +213,7 @@ class ScaleTarget:
             self._check_elastic_bounds(m)
             self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": m}})
             self._event(aim, m, reason)
-            self._retargets.append(f"retargeted to {m} after {self.clock() - self._started:.1f} s: {reason}")
+            self._retargets.append(retarget_note(m, self.clock() - self._started, reason))
             self._aim = m
             return True
 
