@@ -1162,7 +1162,21 @@ def test_policy_with_behavior_records_the_initial_recommendation():
     assert restored.down_events == hpa.down_events and restored.recommendations == hpa.recommendations
 
 
-def test_policy_on_lag_and_no_metrics_while_restarting():
+def test_policy_on_lag():
     hpa = HPAPolicy(metric="lag", target_lag_per_worker=1000, max_replicas=10)
     assert hpa.decide(_obs(0, 2, backlog=5500)).workers == 4  # wants 6; legacy limit max(2 x 2, 4)
-    assert hpa.decide(_obs(15, 4, backlog=50_000, restarting=True)).workers == 4
+
+
+@pytest.mark.parametrize(
+    ("metric", "expected"),
+    [
+        # A Resource metric comes from the pods: none while they are not ready, so the sync is skipped.
+        ("utilization", 4),
+        # An External metric (the lag) comes from Kafka: upstream scales on it while the pods restart.
+        ("lag", 8),
+    ],
+)
+def test_policy_while_restarting(metric, expected):
+    hpa = HPAPolicy(metric=metric, target_lag_per_worker=1000, max_replicas=10)
+    decision = hpa.decide(_obs(15, 4, backlog=50_000, utilization=2.0, restarting=True))
+    assert decision.workers == expected, decision.reason

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kale_dagster import KaleConfigError, StaticPolicy, ThroughputModel
+from kale_dagster import HPAPolicy, KaleConfigError, StaticPolicy, ThroughputModel
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.limits import Limits
 from kale_dagster.sim.backtest import Backtest, BacktestSettings, Run, dominating_baselines, minute_rates, scale_to_peak
@@ -211,6 +211,30 @@ def test_a_retarget_starts_the_restart_over_at_the_larger_group(retargets, worke
     )
     assert list(res.timeline["workers"].to_numpy()[4:14]) == workers
     assert res.metrics.downtime_minutes == pytest.approx(downtime) and res.metrics.rescales == 2
+
+
+@pytest.mark.parametrize(
+    "retargets, workers, downtime",
+    [
+        # Upstream scales on an External metric while the pods restart: each larger patch restarts the forming
+        # group, so the first restart (minute 5) ends at the largest size the lag asked for.
+        (True, [5, 11, 16, 16, 16], 7.0),
+        # A scale target that cannot be re-patched mid-restart: the HPA acts again only after each restart.
+        (False, [2, 2, 2, 2, 4], 14.75),
+    ],
+)
+def test_an_hpa_on_lag_patches_during_a_restart(retargets, workers, downtime):
+    res = simulate(
+        np.array([100.0] * 5 + [600.0] * 15),
+        _times(20),
+        HPAPolicy(metric="lag", target_lag_per_worker=6000, max_replicas=16),
+        LINEAR,
+        SimConfig(
+            limits=Limits(restart_minutes=4, max_workers=16), restart_jitter=0, retargets=retargets, initial_workers=1
+        ),
+    )
+    assert list(res.timeline["workers"].to_numpy()[5:10]) == workers
+    assert res.metrics.downtime_minutes == pytest.approx(downtime)
 
 
 @pytest.mark.parametrize("window_s, blind_syncs", [(0.0, 3), (60.0, 4), (120.0, 5)])

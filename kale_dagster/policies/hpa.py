@@ -383,9 +383,12 @@ class HPAPolicy:
         if current == 0:
             # Upstream: scaling is disabled while the target has zero replicas.
             return Decision(current, self.name, "scaling disabled at 0 replicas")
-        if obs.restarting:
+        if obs.restarting and self.metric == "utilization":
             # Pods are not ready, so the metrics API has nothing for them and
-            # upstream skips the sync ("did not receive metrics").
+            # upstream skips the sync ("did not receive metrics").  An External
+            # metric (the lag) does not come from the pods: upstream scales on
+            # it during a restart too (GetExternalPerPodMetricReplicas reads no
+            # pod), and a patch then restarts the forming group at the new size.
             return Decision(current, self.name, "no metrics while pods are not ready")
         if not self.recommendations:
             # recordInitialRecommendation: what runs counts as a recommendation from the first sync on.
