@@ -13,7 +13,7 @@ depend on the trace alone, so each is computed once per trace (``Backtest.with_s
 
 With ``--baselines`` every baseline's swept settings and default run on the same seeds too, and each trace's
 line adds the cheapest one's cost over the optimum's and whether Kale is cheaper than it on every seed: one seed's
-baseline is as much a draw of the noise as Kale's (KEDA on KO: 1.50x, 1.81x and 1.64x on seeds 0-2).
+baseline is as much a draw of the noise as Kale's (KEDA on KO: 1.35x, 1.85x and 1.52x on seeds 0-2).
 
 Each run's cost and SLO violation rate (and the optimum's) are kept in ``--cache`` under the code that measured
 them: the bytes of every source file of kale_dagster and bench, the versions of numpy, pandas and prophet, the
