@@ -74,10 +74,11 @@ def lag_within_slo(time_lag_s: float, slo_s: float, complete: bool = True) -> tu
     return passed, severity, metadata
 
 
-def latest_metadata(instance, key: AssetKey) -> dict:
-    """Metadata values of the asset's latest materialization ({} when there is none)."""
+def latest_metadata(instance, key: AssetKey, since: float | None = None) -> dict:
+    """Metadata values of the asset's latest materialization ({} when there is none, or, with ``since``, none
+    made at that wall time or after)."""
     event = instance.get_latest_materialization_event(key)
-    if event is None or event.asset_materialization is None:
+    if event is None or event.asset_materialization is None or (since is not None and event.timestamp < since):
         return {}
     return {k: v.value for k, v in event.asset_materialization.metadata.items()}
 

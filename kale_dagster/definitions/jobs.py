@@ -196,10 +196,7 @@ class RetargetWatch(threading.Thread):
 
     def run(self) -> None:
         while not self._done.wait(self.poll_s):
-            event = self.instance.get_latest_materialization_event(self.key)
-            if event is None or event.timestamp < self.since or event.asset_materialization is None:
-                continue
-            meta = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+            meta = latest_metadata(self.instance, self.key, since=self.since)
             wanted = meta.get(RETARGET_KEY)
             if not isinstance(wanted, int) or wanted <= self.aim:
                 continue
