@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,13 @@ from kale_dagster.stream.broker import embedded_broker
 from support import StandInWorkers, descendants
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# A suite started as a background job inherits SIGINT ignored. Dagster maps SIGTERM to SIGINT's handler whenever it
+# sets that handler, so SIGTERM would be ignored too, and so would it be in every process started afterwards: the
+# tail that mirrors a run's logs then outlives its SIGTERM, and the run waits Dagster's 30 s for it to exit.
+for _sig, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, _default)
 
 
 @pytest.fixture(scope="session", autouse=True)
