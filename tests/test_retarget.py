@@ -185,8 +185,8 @@ def test_the_rescale_run_passes_a_retarget_decided_meanwhile_to_its_launcher(tmp
             )
             wait_for(lambda: launcher.abandoned == [4], timeout=30)
             launcher.gate.set()
-            rescale.join(60)
-            assert not rescale.is_alive(), "the rescale run did not finish within 60 s of its launcher's return"
+            rescale.join(30)
+            assert not rescale.is_alive(), "the rescale run did not finish within 30 s of its launcher's return"
             assert results[0].success
             meta = instance.fetch_observations(key, limit=1).records[0].asset_observation.metadata
             assert (meta["workers"].value, meta["from_workers"].value) == (19, 8)
