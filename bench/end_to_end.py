@@ -50,6 +50,7 @@ import numpy as np
 import pandas as pd
 
 from kale_dagster.control.controller import Controller, ControlSettings
+from kale_dagster.definitions.control import RescaleConfig
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.demo import GROUP, PIPELINE, TOPIC
 from kale_dagster.demo.definitions import DemoLocation
@@ -551,16 +552,11 @@ def run_live(
         len(restarts),
     ).to_json()
     gaps = np.diff(rows["ts"].to_numpy()) / speed
-    to_start = [
-        r.start_time - float(r.dagster_run.tags["kale/decided_at"])
-        for r in runs
-        if r.start_time and "kale/decided_at" in r.dagster_run.tags
-    ]
+    configs = [(r, RescaleConfig.of(r.dagster_run.run_config)) for r in runs]
+    requested = [(r, c.decided_at, c.workers) for r, c in configs if c.decided_at is not None]
+    to_start = [r.start_time - at for r, at, _ in requested if r.start_time]
     to_step = []
-    for r in runs:
-        if "kale/decided_at" not in r.dagster_run.tags:
-            continue
-        at, target = float(r.dagster_run.tags["kale/decided_at"]), int(r.dagster_run.tags["kale/target_workers"])
+    for _, at, target in requested:
         done = [rec.time for rec in launcher.records if rec.to_workers == target and rec.time > at]
         if done:
             to_step.append(min(done) - at)

@@ -73,7 +73,7 @@ class StandInWorkers:
 
     def status(self):
         if self.restarting:
-            return LauncherStatus(workers=self.workers, rescaling=True, retargetable=True)
+            return LauncherStatus(workers=self.workers, rescaling=True)
         rate = 100.0 * self.workers * self.busy
         return LauncherStatus(
             workers=self.workers,

@@ -19,6 +19,7 @@ from dagster import MetadataValue
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.control.controller import (
     OUTCOMES,
+    ControlInput,
     Controller,
     ControlSettings,
     StreamReading,
@@ -27,6 +28,7 @@ from kale_dagster.control.controller import (
     restart_estimate,
 )
 from kale_dagster.control.tick import ControlCursor, reading_from
+from kale_dagster.definitions.control import RescaleConfig
 from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
@@ -42,29 +44,34 @@ def _controller(**kw):
     return Controller(ControlSettings(**settings))
 
 
-# (case, controller settings, launcher status or None, reading changes, rescale in flight, expected workers, expected
-# rescale, hold reason)
+def _step(controller, reading, status, model=MODEL, **inputs):
+    return controller.step(ControlInput(reading, status, model, **inputs))
+
+
+IN_FLIGHT = {"rescale_in_flight": True}
+# (case, controller settings, launcher status or None, reading changes, the caller's other inputs (a rescale run in
+# flight, a launcher that retargets), expected workers, expected rescale, hold reason)
 STEP_ROWS = [
-    ("acts when the decision differs from what runs", {}, LauncherStatus(workers=2), {}, False, 3, 3, ""),
-    ("nothing to do at the decided size", {}, LauncherStatus(workers=3), {}, False, 3, None, ""),
-    ("holds without a launcher, at what it last knew", {}, None, {}, False, 2, None, "the launcher did not answer"),
+    ("acts when the decision differs from what runs", {}, LauncherStatus(workers=2), {}, {}, 3, 3, ""),
+    ("nothing to do at the decided size", {}, LauncherStatus(workers=3), {}, {}, 3, None, ""),
+    ("holds without a launcher, at what it last knew", {}, None, {}, {}, 2, None, "the launcher did not answer"),
     (
         "holds without a rate (first reading, telemetry gap)",
         {},
         LauncherStatus(workers=2),
         {"arrival_rate": None},
-        False,
+        {},
         2,
         None,
         "no arrival rate",
     ),
-    ("one rescale at a time: a run in flight", {}, LauncherStatus(workers=2), {}, True, 3, None, ""),
+    ("one rescale at a time: a run in flight", {}, LauncherStatus(workers=2), {}, IN_FLIGHT, 3, None, ""),
     (
         "one rescale at a time: the launcher is restarting",
         {},
         LauncherStatus(workers=2, rescaling=True),
         {},
-        False,
+        {},
         3,
         None,
         "",
@@ -72,9 +79,9 @@ STEP_ROWS = [
     (
         "a restart the launcher can redirect: a larger group is a retarget",
         {},
-        LauncherStatus(workers=2, rescaling=True, retargetable=True),
+        LauncherStatus(workers=2, rescaling=True),
         {},
-        False,
+        {"retargetable": True},
         3,
         3,
         "",
@@ -82,9 +89,9 @@ STEP_ROWS = [
     (
         "a retarget never scales in",
         {"policy_options": {"workers": 1}},
-        LauncherStatus(workers=2, rescaling=True, retargetable=True),
+        LauncherStatus(workers=2, rescaling=True),
         {},
-        False,
+        {"retargetable": True},
         1,
         None,
         "",
@@ -92,44 +99,59 @@ STEP_ROWS = [
     (
         "a rescale run under way whose launcher can redirect it takes a retarget too",
         {},
-        LauncherStatus(workers=2, retargetable=True),
+        LauncherStatus(workers=2),
         {},
-        True,
+        {"rescale_in_flight": True, "retargetable": True},
         3,
         3,
         "",
     ),
-    ("a group still starting gives no action", {}, LauncherStatus(workers=2, measures=True), {}, False, 3, None, ""),
+    ("a group still starting gives no action", {}, LauncherStatus(workers=2, measures=True), {}, {}, 3, None, ""),
     (
         "a group that reported can be acted on",
         {},
         LauncherStatus(workers=2, measures=True, reported=2, busy_share=0.9, samples_per_s=180.0),
         {},
-        False,
+        {},
         3,
         3,
         "",
     ),
-    ("advisory pipelines decide and never act", {"advisory": True}, LauncherStatus(workers=2), {}, False, 3, None, ""),
+    ("advisory pipelines decide and never act", {"advisory": True}, LauncherStatus(workers=2), {}, {}, 3, None, ""),
+    (
+        "a run in flight whose restart has not begun: its target is the allocation",
+        {"policy_options": {"workers": 5}},
+        LauncherStatus(workers=2),
+        {},
+        {"rescale_in_flight": True, "rescale_target": 4, "retargetable": True},
+        5,
+        5,
+        "",
+    ),
+    (
+        "its target, not what still runs, is what a retarget must exceed",
+        {},
+        LauncherStatus(workers=2),
+        {},
+        {"rescale_in_flight": True, "rescale_target": 4, "retargetable": True},
+        3,
+        None,
+        "",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    "case, settings, status, reading, in_flight, workers, rescale, held", STEP_ROWS, ids=[r[0] for r in STEP_ROWS]
+    "case, settings, status, reading, inputs, workers, rescale, held", STEP_ROWS, ids=[r[0] for r in STEP_ROWS]
 )
-def test_step(case, settings, status, reading, in_flight, workers, rescale, held):
+def test_step(case, settings, status, reading, inputs, workers, rescale, held):
     from dataclasses import replace
 
-    step = _controller(**settings).step(
-        replace(READING, **reading),
-        status,
-        MODEL,
-        rescale_in_flight=in_flight,
-        launcher_error="refused",
-        last_workers=2,
-    )
+    controller = _controller(**settings)
+    step = _step(controller, replace(READING, **reading), status, launcher_error="refused", last_workers=2, **inputs)
     assert (step.decision.workers, step.rescale_to) == (workers, rescale)
-    assert step.retarget == (rescale is not None and status is not None and (status.rescaling or in_flight))
+    restarting = status is not None and (status.rescaling or inputs.get("rescale_in_flight", False))
+    assert step.retarget == (rescale is not None and restarting)
     assert held in step.held
     if held:
         assert (
@@ -142,22 +164,24 @@ def test_step(case, settings, status, reading, in_flight, workers, rescale, held
 def test_restart_time_is_the_median_of_measured_restarts_in_pipeline_seconds():
     assert restart_estimate([], 600.0) == (600.0, "declared (no restart measured yet)")
     status = LauncherStatus(workers=2, downtimes_s=(2.0, 4.0, 100.0))
-    step = _controller(policy="kale", policy_options={}).step(READING, status, MODEL, time_scale=10.0)
+    step = _step(_controller(policy="kale", policy_options={}), READING, status, time_scale=10.0)
     assert step.restart_s == pytest.approx(40.0) and "median of the last 3" in step.restart_source
 
 
 def test_a_failed_group_is_restarted_at_the_size_the_policy_wants():
     controller = _controller(policy="static", policy_options={"workers": 4})
     failed = LauncherStatus(workers=4, failed="pod kale-ctr-w4-1-0 failed: OOMKilled")
-    step = controller.step(READING, failed, MODEL)
+    step = _step(controller, READING, failed, MODEL)
     assert (
         step.rescale_to == 4
         and "the running group failed (pod kale-ctr-w4-1-0 failed: OOMKilled)" in step.decision.reason
     )
-    assert controller.step(READING, LauncherStatus(workers=4), MODEL).rescale_to is None  # healthy at 4: nothing to do
-    assert controller.step(READING, failed, MODEL, rescale_in_flight=True).rescale_to is None  # one restart at a time
+    assert (
+        _step(controller, READING, LauncherStatus(workers=4), MODEL).rescale_to is None
+    )  # healthy at 4: nothing to do
+    assert _step(controller, READING, failed, MODEL, rescale_in_flight=True).rescale_to is None  # one restart at a time
     advisory = _controller(policy="static", policy_options={"workers": 4}, advisory=True)
-    assert advisory.step(READING, failed, MODEL).rescale_to is None
+    assert _step(advisory, READING, failed, MODEL).rescale_to is None
 
 
 def test_hpa_state_survives_a_rebuilt_policy():
@@ -167,18 +191,18 @@ def test_hpa_state_survives_a_rebuilt_policy():
     idle = LauncherStatus(
         workers=5, measures=True, reported=5, busy_share=0.1, samples_per_s=50.0
     )  # the rescale to 5 applied
-    first = controller.step(READING, busy, MODEL)  # recommends 5; rate-limited up
+    first = _step(controller, READING, busy, MODEL)  # recommends 5; rate-limited up
     assert first.decision.workers == 5 and first.policy_state["recommendations"]
     later = StreamReading(**{**READING.__dict__, "time": READING.time + 60})
-    held = controller.step(later, idle, MODEL, policy_state=first.policy_state)
+    held = _step(controller, later, idle, MODEL, policy_state=first.policy_state)
     assert (held.decision.workers, held.rescale_to) == (
         5,
         None,
     )  # the 5 of a minute ago holds scale-down (300 s window)
     past_window = StreamReading(**{**READING.__dict__, "time": READING.time + 301})
-    dropped = controller.step(past_window, idle, MODEL, policy_state=held.policy_state)
+    dropped = _step(controller, past_window, idle, MODEL, policy_state=held.policy_state)
     assert dropped.decision.workers == 1  # the window since the 5 was recommended has passed
-    fresh = controller.step(past_window, idle, MODEL, policy_state={})
+    fresh = _step(controller, past_window, idle, MODEL, policy_state={})
     assert (
         fresh.decision.workers == 5
     )  # a controller without the state starts a window of its own (recordInitialRecommendation)
@@ -186,12 +210,12 @@ def test_hpa_state_survives_a_rebuilt_policy():
 
 def test_a_policy_that_plans_with_estimates_is_rebuilt_when_they_change_and_keeps_its_memory():
     kale = _controller(policy="kale", policy_options={})
-    at_declared = kale.step(READING, LauncherStatus(workers=2), MODEL)
+    at_declared = _step(kale, READING, LauncherStatus(workers=2), MODEL)
     first = kale.policy_in_use
     first.last_change_time = 123.0  # what Kale remembers
-    kale.step(READING, LauncherStatus(workers=2), MODEL)
+    _step(kale, READING, LauncherStatus(workers=2), MODEL)
     assert kale.policy_in_use is first  # nothing new learned: the same object decides
-    kale.step(READING, LauncherStatus(workers=2, downtimes_s=(300.0,)), ThroughputModel.linear(120.0))
+    _step(kale, READING, LauncherStatus(workers=2, downtimes_s=(300.0,)), ThroughputModel.linear(120.0))
     rebuilt = kale.policy_in_use
     assert rebuilt is not first and rebuilt.model == ThroughputModel.linear(120.0) and rebuilt.sizing.restart_s == 300.0
     assert rebuilt.last_change_time == 123.0 and at_declared.restart_s == 600.0
@@ -200,9 +224,9 @@ def test_a_policy_that_plans_with_estimates_is_rebuilt_when_they_change_and_keep
 def test_a_baseline_keeps_the_settings_it_was_configured_with():
     """KEDA's lagThreshold, derived once from the model, does not move when the controller refits the model."""
     keda = _controller(policy="keda", policy_options={}, partitions=12)
-    keda.step(READING, LauncherStatus(workers=2), MODEL)
+    _step(keda, READING, LauncherStatus(workers=2), MODEL)
     threshold = keda.policy_in_use.metadata.lag_threshold
-    keda.step(READING, LauncherStatus(workers=2), ThroughputModel.linear(300.0))
+    _step(keda, READING, LauncherStatus(workers=2), ThroughputModel.linear(300.0))
     assert keda.policy_in_use.metadata.lag_threshold == threshold == 6000  # 60 s of one worker at 100/s
 
 
@@ -282,13 +306,14 @@ def test_sensor_decides_at_every_reading_and_hpa_windows_hold_across_ticks(contr
         decision["workers"] == 3 and decision["running_workers"] == 2 and decision["action"] == "rescale to 3 requested"
     )
     rescale = next(r for r in second.run_requests if r.job_name == "ctl_rescale")
-    assert rescale.tags["kale/target_workers"] == "3" and float(rescale.tags["kale/decided_at"]) <= time.time()
+    requested = RescaleConfig.of(rescale.run_config)
+    assert requested.workers == 3 and requested.decided_at is not None and requested.decided_at <= time.time()
     # The run applies the target it was requested with.
     env["instance"].report_runless_asset_event(second.asset_events[-1])
     assert (
         env["defs"]
         .resolve_job_def("ctl_rescale")
-        .execute_in_process(instance=env["instance"], tags=rescale.tags)
+        .execute_in_process(instance=env["instance"], run_config=rescale.run_config, tags=rescale.tags)
         .success
     )
     assert env["workers"].workers == 3
@@ -393,12 +418,12 @@ def test_clock_converts_between_wall_and_pipeline_time():
 
 def test_threading_lock_is_not_held_by_status():
     """status() answers while a rescale is in progress (a sensor tick must not wait for a restart)."""
-    from kale_dagster.launchers.base import Launcher
+    from kale_dagster.launchers.base import GroupLauncher
 
-    class Slow(Launcher):
+    class Slow(GroupLauncher):
         def __init__(self):
             super().__init__()
-            self.n, self.release = 1, threading.Event()
+            self.n, self.release, self.replacing = 1, threading.Event(), threading.Event()
 
         @property
         def workers(self):
@@ -408,6 +433,7 @@ def test_threading_lock_is_not_held_by_status():
             return n == self.n
 
         def _replace_group(self, n):
+            self.replacing.set()
             self.release.wait(10)
             self.n = n
             return {}
@@ -418,7 +444,7 @@ def test_threading_lock_is_not_held_by_status():
     slow = Slow()
     thread = threading.Thread(target=slow.rescale, args=(4,))
     thread.start()
-    time.sleep(0.2)
+    assert slow.replacing.wait(10)
     # status() answers while the rescale is held (a status that waited for it would wait for the release).
     answered: list = []
     asking = threading.Thread(target=lambda: answered.append(slow.status()))

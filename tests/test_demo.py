@@ -147,7 +147,9 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
             return [r for r in runs if r.dagster_run.tags.get("dagster/sensor_name") == "demo_stream_metrics"]
 
         runs = wait_for(rescaled_by_the_sensor, 360, "a rescale run requested by the metrics sensor to succeed")
-        assert runs[0].dagster_run.tags["kale/target_workers"]
+        from kale_dagster.definitions.control import RescaleConfig
+
+        assert RescaleConfig.of(runs[0].dagster_run.run_config).workers
         forecast = wait_for(
             lambda: instance.get_latest_materialization_event(AssetKey(["demo", "traffic_forecast"])), 60, "a forecast"
         )

@@ -488,12 +488,14 @@ def test_a_rescale_run_whose_process_died_is_failed_and_retried_not_waited_for(c
     left alone it would hold back every later rescale ("one at a time")."""
     from dagster import DagsterEvent, DagsterEventType, DagsterRunStatus
 
-    from kale_dagster.definitions.control import TARGET_TAG
+    from kale_dagster.definitions.control import RescaleConfig
 
     env = controlled
     instance = env["instance"]
     orphan = instance.create_run_for_job(
-        env["defs"].resolve_job_def("ctl_rescale"), tags={TARGET_TAG: "3", "kale/pipeline": "ctl"}
+        env["defs"].resolve_job_def("ctl_rescale"),
+        run_config=RescaleConfig(workers=3).as_run_config("ctl").to_config_dict(),
+        tags={"kale/pipeline": "ctl"},
     )
     instance.report_dagster_event(
         DagsterEvent(DagsterEventType.RUN_START.value, job_name="ctl_rescale"),
@@ -523,7 +525,7 @@ def test_a_10x_arrival_burst_is_met_by_the_emergency_path_within_one_tick(contro
     from dataclasses import replace
 
     from kale_dagster import ThroughputModel, build_definitions
-    from kale_dagster.definitions.control import TARGET_TAG
+    from kale_dagster.definitions.control import RescaleConfig
 
     # One worker takes 1 sample per pipeline second: the steady ~40 records per ~1 s tick (1.3/s at 30x) keep two busy.
     p = replace(controlled["p"], policy="kale", policy_options={}, throughput_prior=ThroughputModel.linear(1.0))
@@ -540,7 +542,7 @@ def test_a_10x_arrival_burst_is_met_by_the_emergency_path_within_one_tick(contro
     result = sensor_tick(env, cursor)
     recovery_s = time.monotonic() - burst_at
     decision = decision_of(result)
-    rescales = [int(r.tags[TARGET_TAG]) for r in result.run_requests if TARGET_TAG in r.tags]
+    rescales = [RescaleConfig.of(r.run_config).workers for r in result.run_requests if r.job_name == "ctl_rescale"]
     caught = (
         "burst:" in decision["reason"]
         and decision["workers"] > decision["running_workers"]

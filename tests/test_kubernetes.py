@@ -159,6 +159,7 @@ class FakeCluster:
         self.batch.create_namespaced_job.side_effect = self._create
         self.batch.list_namespaced_job.side_effect = lambda *a, **kw: mock.Mock(items=list(self.jobs.values()))
         self.batch.delete_namespaced_job.side_effect = self._delete
+        self.batch.patch_namespaced_job.side_effect = self._patch
         self.core.list_namespaced_pod.side_effect = self._pods
         self.core.read_namespaced_service.side_effect = ApiException(status=404)
         self.core.read_namespaced_pod_log.side_effect = self._log
@@ -177,9 +178,21 @@ class FakeCluster:
         name = body["metadata"]["name"]
         self.created.append(workers)
         self.jobs[name] = V1Job(
-            metadata=V1ObjectMeta(name=name, labels=body["metadata"]["labels"], creation_timestamp=len(self.created)),
+            metadata=V1ObjectMeta(
+                name=name,
+                labels=body["metadata"]["labels"],
+                annotations=dict(body["metadata"].get("annotations") or {}),
+                creation_timestamp=len(self.created),
+            ),
             spec=V1JobSpec(parallelism=workers, template=mock.Mock()),
         )
+
+    def _patch(self, name=None, namespace=None, body=None, **kwargs):
+        if name not in self.jobs:
+            raise ApiException(status=404)
+        meta = self.jobs[name].metadata
+        merged = {**(meta.annotations or {}), **body["metadata"]["annotations"]}
+        meta.annotations = {k: v for k, v in merged.items() if v is not None}  # a merge patch's null removes
 
     def _delete(self, name=None, namespace=None, **kwargs):
         if name not in self.jobs:
@@ -283,6 +296,21 @@ def test_a_retarget_deletes_the_forming_job_at_once_and_creates_the_larger_one()
     }
     forming = {pod: grace for pod, grace in deleted.items() if "-w4-" in pod}
     assert len(forming) == 4 and set(forming.values()) == {0}, deleted
+
+
+def test_a_retarget_from_the_sensors_process_reaches_the_restart_through_the_forming_jobs_annotation():
+    cluster = FakeCluster(pod_problem={4: "never-ready"})
+    launcher, sensors = _launcher(cluster), _launcher(cluster)  # the rescale run's launcher, and the sensor's
+    launcher.start(8)
+    assert sensors.retarget(19) is False  # the Job of 8 has formed: no restart to redirect
+    answers = []
+    launcher.sleeper = lambda *_: answers.append(sensors.retarget(19, reason="burst"))
+    record = launcher.rescale(4, reason="scale in")
+    assert (record.from_workers, record.to_workers) == (8, 19) and record.reason.endswith(
+        "retargeted to 19 after 40.0 s: burst"
+    )
+    assert answers[0] is True and cluster.created == [8, 4, 19]
+    assert sensors.retarget(19) is False  # the Job of 19 runs
 
 
 def test_a_failed_start_after_a_retarget_restores_the_group_that_ran():
@@ -464,6 +492,7 @@ API_PERMISSIONS = {
     "list_namespaced_job": ("batch", "jobs", "list"),
     "create_namespaced_job": ("batch", "jobs", "create"),
     "delete_namespaced_job": ("batch", "jobs", "delete"),
+    "patch_namespaced_job": ("batch", "jobs", "patch"),
     "read_namespaced_job": ("batch", "jobs", "get"),
     "list_namespaced_pod": ("", "pods", "list"),
     "delete_namespaced_pod": ("", "pods", "delete"),
@@ -489,6 +518,8 @@ def test_the_shipped_role_grants_exactly_what_the_launcher_calls():
         cluster = FakeCluster(**cluster_kwargs)
         launcher = _launcher(cluster)
         launcher.start(2)
+        sensors = _launcher(cluster)
+        launcher.sleeper = lambda *_: sensors.retarget(5)
         try:
             launcher.rescale(4)
         except RescaleFailed:

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
-from dagster import AssetKey, AssetMaterialization, DagsterRunStatus, instance_for_test
+from dagster import AssetKey, DagsterRunStatus, instance_for_test
 
 from kale_dagster import build_definitions
-from kale_dagster.definitions.control import RETARGET_KEY, TARGET_TAG
-from kale_dagster.launchers.base import Launcher
+from kale_dagster.definitions.control import RETARGET_KEY, RescaleConfig
+from kale_dagster.launchers.base import GroupLauncher
 from kale_dagster.launchers.service import LauncherService, LocalTrainerClient
 from support import decision_of, local_trainer_pipeline, produce_events, sensor_tick
 from support import wait_for as _wait_for
 
 
-class GatedLauncher(Launcher):
+class GatedLauncher(GroupLauncher):
     """Forms each group when the test opens the gate; gives up a forming group at a retarget, as the local
     launcher does at its waits (whose processes test_trainer.py exercises)."""
-
-    retargets = True
 
     def __init__(self, workers: int = 8, retargets: bool = True):
         super().__init__()
@@ -33,6 +32,10 @@ class GatedLauncher(Launcher):
     @property
     def workers(self) -> int:
         return self.running
+
+    @property
+    def supports_retarget(self) -> bool:
+        return self.retargets
 
     def _running_at(self, n: int) -> bool:
         return n == self.running
@@ -59,7 +62,7 @@ def wait_for(predicate, timeout: float) -> None:
     _wait_for(predicate, timeout, "the launcher's state", poll_s=0.005)
 
 
-def _rescaling(launcher: Launcher, m: int) -> tuple[threading.Thread, list]:
+def _rescaling(launcher: GroupLauncher, m: int) -> tuple[threading.Thread, list]:
     done: list = []
     thread = threading.Thread(target=lambda: done.append(launcher.rescale(m, reason="scale in")))
     thread.start()
@@ -71,7 +74,7 @@ def test_a_retarget_gives_up_the_forming_group_and_records_one_restart():
     thread, done = _rescaling(launcher, 4)
     wait_for(launcher.forming.is_set, timeout=5)
     status = launcher.status()
-    assert (status.workers, status.rescaling, status.retargetable) == (4, True, True)
+    assert (status.workers, status.rescaling, launcher.supports_retarget) == (4, True, True)
     time.sleep(0.02)
     assert launcher.retarget(19, reason="burst")
     assert launcher.status().workers == 19  # the new target is what the controller sees at once
@@ -133,7 +136,7 @@ def test_the_trainer_service_retargets_the_rescale_under_way():
         wait_for(launcher.forming.is_set, timeout=5)
         assert client.retarget(19, reason="burst") is True  # answered at once, while the rescale's request waits
         status = client.status()
-        assert (status.workers, status.rescaling, status.retargetable) == (19, True, True)
+        assert (status.workers, status.rescaling, client.supports_retarget) == (19, True, True)
         launcher.gate.set()
         thread.join(5)
         assert client.workers == 19
@@ -152,16 +155,18 @@ def test_the_sensor_decides_a_retarget_only_while_a_rescale_run_is_under_way(con
     second = sensor_tick(env, first.cursor)
     assert decision_of(second).get(RETARGET_KEY) is None and decision_of(second)["action"] == "none"
     job = env["defs"].resolve_job_def("ctl_rescale")
-    run = instance.create_run_for_job(job, tags={TARGET_TAG: "2"}, status=DagsterRunStatus.STARTED)
+    run_config = RescaleConfig(workers=2).as_run_config("ctl").to_config_dict()
+    run = instance.create_run_for_job(job, run_config=run_config, status=DagsterRunStatus.STARTED)
     third = sensor_tick(env, second.cursor)
     decision = decision_of(third)
     assert decision[RETARGET_KEY] == 3 and decision["action"] == "retarget of the rescale under way to 3"
     assert not [r for r in third.run_requests if r.job_name == "ctl_rescale"]  # the run under way takes it
+    assert env["workers"].workers == 3  # passed to the restart by the sensor, through the launcher
     instance.report_run_failed(run)
 
 
 @pytest.mark.integration
-def test_the_rescale_run_passes_a_retarget_decided_meanwhile_to_its_launcher(tmp_path):
+def test_a_retarget_from_the_sensors_process_reaches_the_rescale_run_under_way(tmp_path):
     launcher = GatedLauncher(workers=8)
     service = LauncherService(launcher, port=0).start()
     p = local_trainer_pipeline(tmp_path, service.url)
@@ -170,19 +175,20 @@ def test_the_rescale_run_passes_a_retarget_decided_meanwhile_to_its_launcher(tmp
     try:
         with instance_for_test() as instance:
             results = []
+            run_config = RescaleConfig(workers=4, reason="scale in").as_run_config("demo")
             rescale = threading.Thread(
                 target=lambda: results.append(
                     defs.resolve_job_def("demo_rescale").execute_in_process(
-                        instance=instance, tags={TARGET_TAG: "4"}, raise_on_error=False
+                        run_config=run_config, instance=instance, raise_on_error=False
                     )
                 )
             )
             rescale.start()
             wait_for(launcher.forming.is_set, timeout=30)
-            # What the sensor records when a burst meets the restart: a decision, no run.
-            instance.report_runless_asset_event(
-                AssetMaterialization(key, metadata={"workers": 19, RETARGET_KEY: 19, "reason": "burst"})
-            )
+            # What the sensor's tick does with a burst that meets the restart (``PipelineControl._retarget``), through
+            # a launcher of its own process, built as the sensor builds it.
+            sensors_launcher = replace(p).launcher_instance
+            assert sensors_launcher is not p.launcher_instance and sensors_launcher.retarget(19, reason="burst")
             wait_for(lambda: launcher.abandoned == [4], timeout=30)
             launcher.gate.set()
             rescale.join(30)

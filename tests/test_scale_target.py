@@ -92,20 +92,20 @@ def test_a_rescale_patches_the_scale_subresource_and_waits_for_its_status(config
     assert len([c for c in cluster.calls if c[0] == "patch"]) == 1
 
 
-def test_a_retarget_while_the_rescale_waits_patches_again_and_the_wait_follows():
+def test_a_retarget_from_another_process_patches_again_and_the_wait_follows():
     cluster = FakeCluster(replicas=8, lag_polls=3)
-    target = _target(cluster)
-    assert target.retarget(19) is False  # no rescale waits
-    target.sleeper = lambda s: target.retarget(19, reason="burst")
+    target, sensors = _target(cluster), _target(cluster)  # the rescale run's launcher, and the sensor's
+    assert sensors.supports_retarget and sensors.retarget(19) is False  # the workload runs at its spec
+    target.sleeper = lambda s: sensors.retarget(19, reason="burst")
     record = target.rescale(4, reason="scale in")
     assert record is not None and (record.from_workers, record.to_workers) == (8, 19)
     assert [call[1]["body"]["spec"]["replicas"] for call in cluster.calls if call[0] == "patch"] == [4, 19]
-    assert cluster.status == 19 and "retargeted to 19" in record.reason and record.reason.endswith("burst")
+    assert cluster.status == 19 and record.reason.startswith("scale in; retargeted to 19 after")
     assert [e["message"] for e in cluster.events] == [
         "pipeline ranker: 8 -> 4 replicas: scale in",
         "pipeline ranker: 4 -> 19 replicas: burst",
     ]
-    assert target.status().retargetable and target.retarget(32) is False  # the rescale has ended
+    assert sensors.retarget(32) is False  # the rescale has ended
 
 
 def test_a_deployment_scales_to_zero_and_back():

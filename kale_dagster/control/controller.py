@@ -76,6 +76,33 @@ class StreamReading:
 
 
 @dataclass(frozen=True)
+class ControlInput:
+    """Everything one step decides on, as its caller (the sensor's tick, the simulator) gathered it.
+
+    ``status`` is what the launcher reported, as it reported it (None: it did not answer, ``launcher_error``
+    says why).  A rescale run in flight (``rescale_in_flight``) is known to the caller, not the launcher: its
+    ``rescale_target`` is the allocation while its restart has not begun.  ``retargetable`` says the launcher
+    can redirect a restart under way (``Launcher.supports_retarget``) and the caller can reach that restart.
+    ``time_scale`` converts the launcher's wall-second downtimes to pipeline seconds; ``last_workers`` is what
+    the controller last knew runs, for a hold without a launcher; ``policy_state`` None continues from the
+    policy's memory (fresh the first time)."""
+
+    reading: StreamReading
+    status: LauncherStatus | None
+    model: ThroughputModel
+    forecast: Forecast | None = None
+    forecast_error: float | None = None
+    forecast_ratio: float | None = None
+    policy_state: dict | None = None
+    rescale_in_flight: bool = False
+    rescale_target: int | None = None
+    retargetable: bool = False
+    time_scale: float = 1.0
+    launcher_error: str = ""
+    last_workers: int | None = None
+
+
+@dataclass(frozen=True)
 class ControlStep:
     """What one step decided and why, and what to do about it."""
 
@@ -234,22 +261,17 @@ class Controller:
             policy.load_state(state)
         return policy
 
-    def observe(
-        self,
-        reading: StreamReading,
-        status: LauncherStatus,
-        model: ThroughputModel,
-        forecast: Forecast | None,
-        forecast_error: float | None,
-        rescale_in_flight: bool,
-        forecast_ratio: float | None = None,
-    ) -> Observation:
-        """The policy's view, built as the simulator builds it."""
+    @staticmethod
+    def observe(inp: ControlInput, reading: StreamReading, status: LauncherStatus) -> Observation:
+        """The policy's view, built as the simulator builds it (``reading``: ``inp``'s, its time lag completed)."""
         workers = status.workers
+        if inp.rescale_in_flight and inp.rescale_target is not None and not status.rescaling:
+            workers = inp.rescale_target  # a restart requested and not begun: its target is the allocation
         # A group that has not reported since it started is still starting: no utilization, no action
         # (pods that are not ready give HPA none).  Launchers that cannot see the workers' metrics never wait.
         starting = status.measures and workers > 0 and status.busy_share is None
-        capacity = 0.0 if status.rescaling else float(model.predict(workers))
+        capacity = 0.0 if status.rescaling else float(inp.model.predict(workers))
+        rescale_in_flight = inp.rescale_in_flight
         return Observation(
             time=reading.time,
             workers=workers,
@@ -259,65 +281,33 @@ class Controller:
             time_lag_s=reading.time_lag_s,
             utilization=utilization(status.busy_share, reading.backlog, reading.consumption_rate or 0.0, capacity),
             partitions=reading.partitions,
-            forecast=forecast,
-            forecast_error=forecast_error,
-            forecast_ratio=forecast_ratio,
+            forecast=inp.forecast,
+            forecast_error=inp.forecast_error,
+            forecast_ratio=inp.forecast_ratio,
             restarting=status.rescaling or rescale_in_flight or starting,
-            retargetable=status.retargetable and (status.rescaling or rescale_in_flight),
+            retargetable=inp.retargetable and (status.rescaling or rescale_in_flight),
             latest_arrival_rate=reading.latest_arrival_rate,
         )
 
-    def step(
-        self,
-        reading: StreamReading,
-        status: LauncherStatus | None,
-        model: ThroughputModel,
-        forecast: Forecast | None = None,
-        forecast_error: float | None = None,
-        forecast_ratio: float | None = None,
-        policy_state: dict | None = None,
-        rescale_in_flight: bool = False,
-        time_scale: float = 1.0,
-        launcher_error: str = "",
-        last_workers: int | None = None,
-    ) -> ControlStep:
-        """One decision.  ``time_scale`` converts the launcher's wall-second downtimes to pipeline seconds;
-        ``last_workers`` is what the controller last knew runs, for a hold without a launcher;
-        ``policy_state`` None continues from the policy's memory (fresh the first time)."""
-        s = self.settings
-        measured = (status.downtimes_s if status is not None else (), time_scale)
-        if self._restart is None or self._restart[0] != measured:  # the same restarts at most ticks: one median each
-            self._restart = (measured, restart_estimate([d * time_scale for d in measured[0]], s.limits.restart_s))
-        restart_s, restart_source = self._restart[1]
+    def step(self, inp: ControlInput) -> ControlStep:
+        """One decision (see the module docstring's stages)."""
+        s, status, reading = self.settings, inp.status, inp.reading
+        restart_s, restart_source = self._restart_estimate(status, inp.time_scale)
+        policy_state = inp.policy_state
+        # Stage 2: hold without asking the policy when the controller cannot see.
         if status is None:
-            held = f"the launcher did not answer ({launcher_error or 'no status'})"
-            workers = last_workers if last_workers is not None else s.limits.min_workers
+            held = f"the launcher did not answer ({inp.launcher_error or 'no status'})"
+            workers = inp.last_workers if inp.last_workers is not None else s.limits.min_workers
             return self._hold(workers, held, policy_state, restart_s, restart_source)
         if reading.arrival_rate is None:
-            return self._hold(
-                status.workers,
-                "no arrival rate yet (first reading, or a telemetry gap)",
-                policy_state,
-                restart_s,
-                restart_source,
-            )
+            why = "no arrival rate yet (first reading, or a telemetry gap)"
+            return self._hold(status.workers, why, policy_state, restart_s, restart_source)
         completed, estimated = completed_time_lag(reading)
         if completed is None:
             return self._hold(status.workers, estimated, policy_state, restart_s, restart_source)
-        obs = self.observe(completed, status, model, forecast, forecast_error, rescale_in_flight, forecast_ratio)
-        if self._built is not None and not self._learns:  # built once and never rebuilt: no knowledge to hand it
-            policy = self.policy(self._built[0], policy_state)
-        else:
-            policy = self.policy(
-                Sizing(
-                    s.limits,
-                    model,
-                    measured_restart_s=restart_s if measured[0] else None,
-                    adequate_workers=s.adequate_workers,
-                    partitions=len(reading.partitions) or s.partitions,
-                ),
-                policy_state,
-            )
+        # Stages 1 and 3: observe, and ask the policy.
+        obs = self.observe(inp, completed, status)
+        policy = self._policy_for(inp, restart_s, measured=bool(status.downtimes_s))
         decision = policy.decide(obs)
         failed = bool(status.failed) and not obs.restarting
         if failed:
@@ -329,7 +319,7 @@ class Controller:
             )
         if estimated:
             decision = replace(decision, reason=f"{decision.reason}; {estimated}")
-        # During a restart only a larger group can be asked for, and only of a launcher that can redirect it.
+        # Stage 4: act.  During a restart only a larger group can be asked for, of a launcher that can redirect it.
         retarget = obs.retargetable and decision.workers > obs.workers
         act = (decision.workers != obs.workers or failed) and (not obs.restarting or retarget) and not s.advisory
         return ControlStep(
@@ -341,6 +331,28 @@ class Controller:
             retarget=retarget and act,
             state=policy.state,
         )
+
+    def _restart_estimate(self, status: LauncherStatus | None, time_scale: float) -> tuple[float, str]:
+        """The restart time to plan with, in pipeline seconds, and where it came from."""
+        measured = (status.downtimes_s if status is not None else (), time_scale)
+        if self._restart is None or self._restart[0] != measured:  # the same restarts at most ticks: one median each
+            declared = self.settings.limits.restart_s
+            self._restart = (measured, restart_estimate([d * time_scale for d in measured[0]], declared))
+        return self._restart[1]
+
+    def _policy_for(self, inp: ControlInput, restart_s: float, measured: bool) -> ScalingPolicy:
+        """The policy to ask, with what the controller knows now and ``inp``'s state."""
+        if self._built is not None and not self._learns:  # built once and never rebuilt: no knowledge to hand it
+            return self.policy(self._built[0], inp.policy_state)
+        s = self.settings
+        sizing = Sizing(
+            s.limits,
+            inp.model,
+            measured_restart_s=restart_s if measured else None,
+            adequate_workers=s.adequate_workers,
+            partitions=len(inp.reading.partitions) or s.partitions,
+        )
+        return self.policy(sizing, inp.policy_state)
 
     def _hold(self, workers: int, why: str, state: dict | None, restart_s: float, restart_source: str) -> ControlStep:
         if state is None:

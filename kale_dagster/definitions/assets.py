@@ -261,7 +261,7 @@ def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             forecaster=p.forecaster,
             model=model,
             scale_trace=False,
-            retargets=p.launcher.retargets,
+            retargets=p.launcher_instance.supports_retarget,
         )
         bt = Backtest(history, settings)
         runs = dict(zip(POLICIES, bt.run_many([Run(name) for name in POLICIES])[0]))

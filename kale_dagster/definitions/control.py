@@ -20,6 +20,7 @@ asset runs ``decide`` when an operator materializes it.
 """
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,13 +31,17 @@ from dagster import (
     AssetCheckSeverity,
     AssetKey,
     AssetMaterialization,
+    Config,
     DagsterRunStatus,
     MetadataValue,
+    RunConfig,
     RunRequest,
     RunsFilter,
 )
+from pydantic import Field
 
 from kale_dagster.control.controller import (
+    ControlInput,
     Controller,
     ControlStep,
     StreamReading,
@@ -52,10 +57,8 @@ from kale_dagster.model.throughput import ThroughputModel
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 #: A failed rescale is retried after this many wall seconds, doubled per consecutive failure, at most MAX_RETRY_S.
 RETRY_S, MAX_RETRY_S = 30.0, 600.0
-TARGET_TAG = "kale/target_workers"
-#: A decision's metadata key for the larger group the rescale under way should form instead (``jobs.RetargetWatch``).
+#: A decision's metadata key for the larger group the rescale under way was asked to form instead.
 RETARGET_KEY = "retarget_to"
-DECIDED_TAG = "kale/decided_at"
 
 
 #: A throughput model materialized by hand is seen within this many wall seconds (a refit's at once).
@@ -72,6 +75,30 @@ def lag_within_slo(time_lag_s: float, slo_s: float, complete: bool = True) -> tu
     severity = AssetCheckSeverity.ERROR if complete or not passed else AssetCheckSeverity.WARN
     metadata = {"time_lag_s": round(float(time_lag_s), 3), "slo_s": float(slo_s), "time_lag_complete": complete}
     return passed, severity, metadata
+
+
+class RescaleConfig(Config):
+    """A ``<pipeline>_rescale`` run's config: the decision it applies, as the sensor requested it."""
+
+    workers: int | None = Field(
+        default=None, ge=0, description="the workers to run; none: the latest gpu_allocation's (a run by hand)"
+    )
+    reason: str = Field(default="", description="why, as the decision said")
+    decided_at: float | None = Field(default=None, description="the decision's wall time (seconds since the epoch)")
+
+    @classmethod
+    def of(cls, run_config: Mapping | None) -> "RescaleConfig":
+        """The config in a rescale run's run config (a run's, or a run request's)."""
+        ops = dict(run_config or {}).get("ops")
+        ops = ops if isinstance(ops, dict) else {}
+        return cls(**next(((c or {}).get("config") or {} for c in ops.values()), {}))
+
+    def as_run_config(self, pipeline: str) -> RunConfig:
+        return RunConfig(ops={rescale_op_name(pipeline): self})
+
+
+def rescale_op_name(pipeline: str) -> str:
+    return f"{pipeline}_rescale_workers"
 
 
 def latest_metadata(instance, key: AssetKey, since: float | None = None) -> dict:
@@ -123,7 +150,7 @@ class PipelineControl:
 
     def launcher_status(self) -> tuple[LauncherStatus | None, str]:
         try:
-            return self.p.launcher.build(self.p.name, self.p.source, self.p.trainer_spec).status(), ""
+            return self.p.launcher_instance.status(), ""
         except Exception as exc:  # unreachable service, API error: the controller holds and says why
             return None, f"{self.p.launcher.describe()}: {type(exc).__name__}: {exc}"
 
@@ -188,8 +215,7 @@ class PipelineControl:
             age = now - (record.start_time or record.create_timestamp.timestamp())
             if age <= limit:
                 live = True
-                tag = record.dagster_run.tags.get(TARGET_TAG)
-                target = int(tag) if tag is not None and tag.isdigit() else target
+                target = RescaleConfig.of(record.dagster_run.run_config).workers
                 continue
             run = record.dagster_run
             stale = (
@@ -222,26 +248,25 @@ class PipelineControl:
         model, model_source = self.throughput_model(instance)
         error, ratio = self._forecast_scores(arrivals, cursor, reading.time)
         in_flight, in_flight_target, stale = self._rescale_in_flight(instance)
-        seen = status  # the controller's view; what the workers measured stays theirs (``record``)
-        if status is not None:
-            # Only a rescale run under way takes a retarget (``jobs.RetargetWatch``; a local crash-restart has none),
-            # and its target is the allocation (its restart may not have begun): what a burst is judged against, and
-            # what a retarget must exceed.
-            seen = replace(status, retargetable=status.retargetable and in_flight and p.launcher.retargets)
-            if in_flight_target is not None and not status.rescaling:
-                seen = replace(seen, workers=in_flight_target)
+        # Only a rescale run under way takes a retarget (a local crash-restart has none); its target is the
+        # allocation while its restart has not begun: what a burst is judged against, and a retarget must exceed.
+        retargetable = in_flight and status is not None and self.p.launcher_instance.supports_retarget
         step = self.controller.step(
-            reading,
-            seen,
-            model,
-            forecast=forecast,
-            forecast_error=error,
-            forecast_ratio=ratio,
-            policy_state=previous.get("policy_state"),
-            rescale_in_flight=in_flight,
-            time_scale=p.clock.time_scale,
-            launcher_error=launcher_error,
-            last_workers=previous.get("running_workers"),
+            ControlInput(
+                reading,
+                status,
+                model,
+                forecast=forecast,
+                forecast_error=error,
+                forecast_ratio=ratio,
+                policy_state=previous.get("policy_state"),
+                rescale_in_flight=in_flight,
+                rescale_target=in_flight_target,
+                retargetable=retargetable,
+                time_scale=p.clock.time_scale,
+                launcher_error=launcher_error,
+                last_workers=previous.get("running_workers"),
+            )
         )
         note = ""
         if step.rescale_to is not None:
@@ -275,12 +300,11 @@ class PipelineControl:
         decision = self.decide(instance, reading, cursor)
         self.record(decision)
         step = decision.step
-        # A retarget is no run: the rescale run under way reads it from this decision (``jobs.RetargetWatch``).
-        requests = (
-            [self._rescale_request(step.rescale_to, reading.time)]
-            if step.rescale_to is not None and not step.retarget
-            else []
-        )
+        requests = []
+        if step.rescale_to is not None and step.retarget:  # no run: the launcher passes it to the restart under way
+            decision = self._retarget(decision)
+        elif step.rescale_to is not None:
+            requests.append(self._rescale_request(step, reading.time))
         refit = self._refit_request(instance, reading.time)
         if refit is not None:
             requests.append(refit)
@@ -320,19 +344,34 @@ class PipelineControl:
 
     # --- helpers -------------------------------------------------------------------------
 
-    def _rescale_request(self, workers: int, now: float) -> RunRequest:
+    def _rescale_request(self, step: ControlStep, now: float) -> RunRequest:
         # The wall time of the decision, so a run's start and its rescale's end say how long acting took.
+        workers = step.rescale_to
+        config = RescaleConfig(workers=workers, reason=step.decision.reason[:200], decided_at=round(time.time(), 3))
         return RunRequest(
             job_name=self.rescale_job,
             run_key=f"{self.p.name}-rescale-{now:.0f}-{workers}",
+            run_config=config.as_run_config(self.p.name),
             tags={
                 "kale/pipeline": self.p.name,
-                TARGET_TAG: str(workers),
-                DECIDED_TAG: f"{time.time():.3f}",
                 # Dagster's run monitoring, where enabled, fails it past this too.
                 "dagster/max_runtime": str(int(self.p.launcher.rescale_timeout_s)),
             },
         )
+
+    def _retarget(self, decision: ControlDecision) -> ControlDecision:
+        """Point the restart under way at the decision's larger group, through the pipeline's launcher: it reaches
+        that restart from this process (the local trainer service's API, the workload's spec, an annotation on
+        the Job being formed).  The decision's action says when it was not taken."""
+        workers = decision.step.rescale_to
+        assert workers is not None
+        try:
+            taken = self.p.launcher_instance.retarget(workers, reason=decision.step.decision.reason[:200])
+        except RuntimeError as exc:  # the launcher cannot be reached: the restart runs on as it was asked
+            return replace(decision, action=f"retarget to {workers} failed: {exc}"[:500])
+        if taken:
+            return decision
+        return replace(decision, action=f"retarget to {workers} not needed: the restart aims at as many, or has ended")
 
     def _retry_wait(self, instance) -> tuple[bool, str]:
         """After failed rescales, wait RETRY_S x 2^(failures - 1) from the last failure."""

@@ -6,20 +6,16 @@
 * ``<name>_backtest``: replay recorded traffic through every policy (daily);
 * ``<name>_backfill``: rebuild the arrival history from the records Kafka
   retains, so the forecaster starts warm (``definitions.backfill``);
-* ``<name>_rescale``: apply a decision through the launcher the pipeline
-  declares: the target its run was requested with (tag
-  ``kale/target_workers``), or the latest ``gpu_allocation`` when run by
-  hand; one run at a time per pipeline (an op pool and a run tag the queued
-  run coordinator can limit).  What happened (downtime, or nothing to do) is
-  an observation of ``gpu_allocation``.  While it runs, it passes a retarget
-  decided meanwhile (a burst met by its restart) to the launcher
-  (``RetargetWatch``): the restart forms the larger group instead.
+* ``<name>_rescale``: apply a decision through the pipeline's launcher: the
+  target its run was requested with (its ``RescaleConfig``), or the latest
+  ``gpu_allocation`` when run by hand; one run at a time per pipeline (an op
+  pool and a run tag the queued run coordinator can limit).  What happened
+  (downtime, or nothing to do) is an observation of ``gpu_allocation``.  A
+  retarget decided while it runs (a burst met by its restart) reaches the
+  restart through the launcher, from the sensor's process
+  (``Launcher.retarget``): the restart forms the larger group instead.
 """
 
-from __future__ import annotations
-
-import threading
-import time
 from typing import TYPE_CHECKING
 
 from dagster import (
@@ -37,7 +33,7 @@ from dagster import (
     op,
 )
 
-from kale_dagster.definitions.control import RETARGET_KEY, TARGET_TAG, latest_metadata
+from kale_dagster.definitions.control import RescaleConfig, latest_metadata, rescale_op_name
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.launchers.base import RescaleFailed, RescaleRecord
 
@@ -45,7 +41,7 @@ if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export the 
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 
-def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, JobDefinition | UnresolvedAssetJobDefinition]:
+def asset_jobs(p: OnlineTrainingPipeline) -> "dict[str, JobDefinition | UnresolvedAssetJobDefinition]":
     """refit, decide and backtest, keyed by role."""
     forecast, model, allocation = (
         AssetKey(p.key(a)) for a in ("traffic_forecast", "throughput_model", "gpu_allocation")
@@ -76,7 +72,7 @@ def asset_jobs(p: OnlineTrainingPipeline) -> dict[str, JobDefinition | Unresolve
 
 
 def schedules(
-    p: OnlineTrainingPipeline, jobs: dict[str, JobDefinition | UnresolvedAssetJobDefinition]
+    p: OnlineTrainingPipeline, jobs: "dict[str, JobDefinition | UnresolvedAssetJobDefinition]"
 ) -> list[ScheduleDefinition]:
     status = DefaultScheduleStatus.RUNNING if p.autostart else DefaultScheduleStatus.STOPPED
     return [
@@ -137,19 +133,16 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
     """``<name>_rescale``: apply the latest gpu_allocation; one at a time per pipeline (pool and run tag)."""
     allocation_key = AssetKey(p.key("gpu_allocation"))
 
-    @op(name=f"{p.name}_rescale_workers", pool=f"kale_rescale_{p.name}", tags={"kale/pipeline": p.name})
-    def rescale_workers(context) -> None:
-        decision = latest_metadata(context.instance, allocation_key)
-        requested = context.run.tags.get(TARGET_TAG)
-        if requested is None and not decision:
-            raise Failure(f"no gpu_allocation for {p.name!r} yet; run {p.name}_decide first")
-        target = int(requested if requested is not None else decision["workers"])
-        launcher = p.launcher.build(p.name, p.source, p.trainer_spec)
-        watch = RetargetWatch(context.instance, allocation_key, launcher, target, context.log.info)
-        if p.launcher.retargets:
-            watch.start()
+    @op(name=rescale_op_name(p.name), pool=f"kale_rescale_{p.name}", tags={"kale/pipeline": p.name})
+    def rescale_workers(context, config: RescaleConfig) -> None:
+        target, reason = config.workers, config.reason
+        if target is None:  # run by hand: the latest decision
+            decision = latest_metadata(context.instance, allocation_key)
+            if not decision:
+                raise Failure(f"no gpu_allocation for {p.name!r} yet; run {p.name}_decide first")
+            target, reason = int(decision["workers"]), str(decision.get("reason", ""))[:200]
         try:
-            record = launcher.rescale(target, reason=str(decision.get("reason", "requested by hand"))[:200])
+            record = p.launcher_instance.rescale(target, reason=reason or "requested by hand")
         except RescaleFailed as exc:
             raise Failure(str(exc), metadata={"target_workers": target, "restored_workers": exc.restored or 0}) from exc
         except RuntimeError as exc:  # the launcher cannot be reached or refused
@@ -157,8 +150,6 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
                 f"rescale to {target} workers through {p.launcher.describe()} failed: {exc}",
                 metadata={"target_workers": target},
             ) from exc
-        finally:
-            watch.stop()
         if record is None:
             context.log.info(f"already running {target} workers; nothing to do")
         elif record.to_workers != target:
@@ -176,43 +167,6 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
         rescale_workers()
 
     return rescale
-
-
-class RetargetWatch(threading.Thread):
-    """Passes a retarget decided while a rescale runs to its launcher.
-
-    A burst that meets a restart is a decision like any other (``gpu_allocation``, metadata ``retarget_to``),
-    made by the sensor while the rescale run waits on the launcher; the run that owns the restart is the one
-    place that can redirect it (a Kubernetes launcher's restart lives in this process).  Every ``poll_s`` the
-    latest decision is read; one made since the run started that asks for more than the restart aims at is passed
-    on, and passed again until the launcher takes it or the restart ends."""
-
-    def __init__(self, instance, key: AssetKey, launcher, target: int, log, poll_s: float = 1.0):
-        super().__init__(daemon=True, name="kale-retarget-watch")
-        self.instance, self.key, self.launcher = instance, key, launcher
-        self.aim, self.log, self.poll_s = target, log, poll_s
-        self.since = time.time()
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.wait(self.poll_s):
-            meta = latest_metadata(self.instance, self.key, since=self.since)
-            wanted = meta.get(RETARGET_KEY)
-            if not isinstance(wanted, int) or wanted <= self.aim:
-                continue
-            try:
-                taken = self.launcher.retarget(wanted, reason=str(meta.get("reason", "retarget"))[:200])
-            except RuntimeError as exc:  # the launcher cannot be reached: the restart runs on as it was asked
-                self.log(f"retarget to {wanted} workers failed: {exc}"[:500])
-                continue
-            if taken:
-                self.aim = wanted
-                self.log(f"the restart under way now forms {wanted} workers: {meta.get('reason', '')}"[:500])
-
-    def stop(self) -> None:
-        self._done.set()
-        if self.is_alive():
-            self.join(timeout=self.poll_s + 30)
 
 
 def rescale_observation(allocation_key: AssetKey, workers: int, record: RescaleRecord | None) -> AssetObservation:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.control.controller import ControlSettings
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import FORECASTERS
-from kale_dagster.launchers.base import LauncherConfig
+from kale_dagster.launchers.base import Launcher, LauncherConfig
 from kale_dagster.launchers.observed import ObservedGroupConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 from kale_dagster.model.limits import Limits
@@ -133,6 +134,13 @@ class OnlineTrainingPipeline:
     @property
     def trainer_spec(self) -> TrainerSpec:
         return TrainerSpec(self.trainer, self.trainer_options)
+
+    @cached_property
+    def launcher_instance(self) -> Launcher:
+        """The launcher this process drives the workers through, built once from ``launcher`` (a build that
+        fails is tried again at the next call): a code server's sensor ticks share it, so what it learns
+        between them is its own."""
+        return self.launcher.build(self.name, self.source, self.trainer_spec)
 
     def _policy_takes_its_options(self) -> KaleConfigError | None:
         """Options the policy does not take fail at load, not at the first tick."""

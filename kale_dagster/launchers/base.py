@@ -1,10 +1,15 @@
-"""What every launcher provides: start, rescale, stop, and a record of each restart.
+"""The one launcher contract: what the controller and the rescale run call, whatever runs the workers.
 
-A launcher runs a pipeline's trainer workers at a chosen parallelism and
-changes it by pause-and-restart.  Subclasses fill in how a group is
-replaced (``_replace_group``), how many workers run, whether the group
-already runs at a size, and how to stop; this base class owns what must
-mean the same for every launcher:
+As Dagster's ``RunLauncher`` is for runs, :class:`Launcher` is for a pipeline's worker group: a few abstract
+methods (``status``, ``rescale``) and optional abilities declared by ``supports_*``
+properties with their defaults (``supports_retarget``: a restart under way can be pointed at a larger
+group).  Every launcher derives from it: the local trainer service's client, the Kubernetes Job launcher, a
+scale target, the team's own commands, and a consumer group Kale only observes.  A pipeline's
+``LauncherConfig`` (the declaration) builds one per process (``OnlineTrainingPipeline.launcher_instance``):
+the code server's sensor ticks share it, so what it learns between ticks is its own memory.
+
+:class:`GroupLauncher` is the base of the launchers that own their group's processes and change its size by
+pause-and-restart (local processes, a Kubernetes Job).  It owns what must mean the same for each:
 
 * downtime: from the moment the launcher is asked to rescale until every
   worker of the new group has taken its first training step (or, on an
@@ -14,12 +19,7 @@ mean the same for every launcher:
 * the records of every restart, with where the time went (``phases``);
 * idempotence: a rescale to the size already running does nothing;
 * one restart at a time per launcher, which ``retarget`` can point at a
-  larger group while it runs (a burst met by a scale-in's restart), where
-  the launcher can give up the group it is forming (``retargets``).
-
-:class:`LauncherConfig` is the declaration side: a pipeline holds one
-(local or Kubernetes) and builds its launcher from it with the pipeline's
-``KafkaSource``.
+  larger group while it runs (a burst met by a scale-in's restart).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kale_dagster.errors import KaleConfigError
 
@@ -71,7 +71,6 @@ class LauncherStatus:
     group's last checkpoint could not be written (empty once one is).  ``metric`` is the trainer's
     progressive-validation metric (``metric_name``: auc, mae, ...), the mean over the ranks that report one.
     ``observed_from`` says how the worker count of a group Kale does not run was observed.
-    ``retargetable`` says that a restart under way can still be pointed at a larger group (``Launcher.retarget``).
     """
 
     workers: int
@@ -89,7 +88,6 @@ class LauncherStatus:
     metric_name: str = ""
     metric: float | None = None
     observed_from: str = ""
-    retargetable: bool = False
 
     @property
     def model_metric(self) -> tuple[str, float] | None:
@@ -129,17 +127,47 @@ class RescaleFailed(RuntimeError):
 
 
 class Launcher(ABC):
-    """Runs one pipeline's worker group; see the module docstring for what it guarantees."""
+    """Runs one pipeline's worker group at the size the controller decides (see the module docstring)."""
+
+    @abstractmethod
+    def status(self) -> LauncherStatus:
+        """What runs now: the controller's view of the group."""
+
+    @abstractmethod
+    def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None:
+        """Run the group at ``m`` workers (0: none) and return the restart's record once the new group trains;
+        None when it already runs at ``m``.  Raises ``RescaleFailed`` (with what was put back) or
+        ``RuntimeError`` (the launcher cannot be reached, or refuses)."""
+
+    @property
+    def workers(self) -> int:
+        """Workers allocated now (0 when none runs)."""
+        return self.status().workers
+
+    @property
+    def supports_retarget(self) -> bool:
+        """Whether ``retarget`` can point a restart under way at a larger group, from any process that built this
+        launcher (the sensor's, while the rescale run waits on the restart)."""
+        return False
+
+    def retarget(self, m: int, reason: str = "retarget") -> bool:
+        """Point the restart under way at ``m`` workers, more than it aims at; False when there is none to
+        redirect, ``m`` is not larger, or this launcher cannot (``supports_retarget``)."""
+        return False
+
+
+class GroupLauncher(Launcher):
+    """A launcher that owns its group's processes and replaces the group to resize it (see the module docstring).
+
+    Subclasses fill in how a group is replaced (``_replace_group``), how many workers run, whether the group
+    already runs at a size, and how to stop; one whose ``_replace_group`` calls ``_check_retarget`` where it can
+    give up the group it is forming says so with ``supports_retarget``."""
 
     #: Called with each record after a restart (e.g. to plan with the measured downtime).
     on_record: Callable[[RescaleRecord], None] | None = None
 
     #: How many recent restarts ``status`` reports.
     recent_restarts = 5
-
-    #: Whether ``retarget`` can redirect a restart under way: the launcher's ``_replace_group`` calls
-    #: ``_check_retarget`` where it can give up the group it is forming.
-    retargets = False
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.records: list[RescaleRecord] = []
@@ -153,11 +181,6 @@ class Launcher(ABC):
         self.retarget_requested = threading.Event()  # set with _wanted, so waits can end early
 
     # --- filled in by each launcher ------------------------------------------------
-
-    @property
-    @abstractmethod
-    def workers(self) -> int:
-        """Workers in the running group (0 when none runs)."""
 
     @abstractmethod
     def _running_at(self, n: int) -> bool:
@@ -203,15 +226,17 @@ class Launcher(ABC):
 
     # --- shared ------------------------------------------------------------------------
 
+    @property
+    @abstractmethod
+    def workers(self) -> int:
+        """Workers in the running group (0 when none runs)."""
+
     def status(self) -> LauncherStatus:
         target = self._wanted or self._target
         if target is not None:
-            return LauncherStatus(
-                workers=target, rescaling=True, retargetable=self.retargets, downtimes_s=self._recent_downtimes()
-            )
+            return LauncherStatus(workers=target, rescaling=True, downtimes_s=self._recent_downtimes())
         return LauncherStatus(
             workers=self.workers,
-            retargetable=self.retargets,
             downtimes_s=self._recent_downtimes(),
             failed=self._failure(),
             **self._measurements(),
@@ -242,7 +267,7 @@ class Launcher(ABC):
         to redirect (none runs, it has ended, or this launcher cannot) or ``m`` is not larger; then ``rescale``."""
         with self._retarget_lock:
             aim = self._wanted or self._target
-            if not self.retargets or aim is None or m <= aim:
+            if not self.supports_retarget or aim is None or m <= aim:
                 return False
             self._wanted, self._retarget_reason = m, reason
             self.retarget_requested.set()
@@ -283,16 +308,6 @@ class Launcher(ABC):
         return record
 
 
-class Rescalable(Protocol):
-    """What a launcher config builds: a launcher, or a client of one in another process."""
-
-    def status(self) -> LauncherStatus: ...
-
-    def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None: ...
-
-    def retarget(self, m: int, reason: str = "retarget") -> bool: ...
-
-
 class LauncherConfig(ABC):
     """Where a pipeline's workers run; ``build`` makes the launcher the rescale job drives.
 
@@ -301,12 +316,10 @@ class LauncherConfig(ABC):
     """
 
     rescale_timeout_s: float = 900.0
-    #: Whether the launcher it builds can redirect a restart under way (``Launcher.retarget``).
-    retargets: bool = False
 
     @abstractmethod
-    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> Rescalable:
-        """The launcher (or a client of one) for ``pipeline``, running ``trainer`` on ``source``."""
+    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> Launcher:
+        """The launcher for ``pipeline``, running ``trainer`` on ``source``."""
 
     @abstractmethod
     def describe(self) -> str:

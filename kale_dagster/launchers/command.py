@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from kale_dagster.errors import KaleConfigError
-from kale_dagster.launchers.base import LauncherConfig, LauncherStatus, RescaleRecord
+from kale_dagster.launchers.base import Launcher, LauncherConfig, LauncherStatus, RescaleRecord
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
@@ -43,8 +43,9 @@ def _tail(text: str) -> str:
     return "\n".join(lines[-KEPT_LINES:])
 
 
-class CommandHook:
-    """Runs the declared commands; what the rescale job and the controller call."""
+class CommandHook(Launcher):
+    """Runs the declared commands; what the rescale job and the controller call.  No retarget: the user's
+    command runs to its end."""
 
     def __init__(self, config: CommandHookConfig):
         self.config = config
@@ -80,10 +81,6 @@ class CommandHook:
             raise RuntimeError(f"`{self.config.status_command}` printed {workers} workers")
         return LauncherStatus(workers=workers, observed_from=f"`{self.config.status_command}`")
 
-    @property
-    def workers(self) -> int:
-        return self.status().workers
-
     def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None:
         before = self.status().workers
         if before == m:
@@ -101,10 +98,6 @@ class CommandHook:
             phases={"command": round(took, 3)},
             output=_tail(out),
         )
-
-    def retarget(self, m: int, reason: str = "retarget") -> bool:
-        """Not offered: the user's command runs to its end."""
-        return False
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,12 @@ worker's first training step: the downtime ends where the local
 launcher's does.  If the new Job cannot start (API error 403/409/422/5xx,
 image pull failure, timeout) it is deleted and the previous size is
 restored, so the pipeline never ends up with nothing.
+
+Retarget: the restart lives in the rescale run's process, the decision in the sensor's.  The restart creates its
+Job annotated ``kale.dev/forming`` and removes that once every pod has stepped; the sensor's launcher writes the
+larger size as another annotation of a forming Job (``kale.dev/retarget-to``), which the restart reads at every
+poll of its waits, giving that Job up and creating the larger one.  A retarget written as the Job finishes forming
+may come too late for it: the rescale run has then ended, and the next decision rescales instead.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from kale_dagster.errors import KaleConfigError
-from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed, Retargeted
+from kale_dagster.launchers.base import GroupLauncher, LauncherConfig, RescaleFailed, Retargeted
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
@@ -48,6 +54,10 @@ from kale_dagster.trainer.protocol import WorkerEvent, parse_event
 APP_LABEL = "app.kubernetes.io/name"
 PIPELINE_LABEL = "kale.dev/pipeline"
 WORKERS_LABEL = "kale.dev/workers"
+#: A retarget decided in another process than the restart's (the sensor's): annotations on the Job being formed
+#: (``kale.dev/forming`` until its pods' first step), which the restart reads at each poll of its waits.
+FORMING_ANNOTATION = "kale.dev/forming"
+RETARGET_ANNOTATION, RETARGET_REASON_ANNOTATION = "kale.dev/retarget-to", "kale.dev/retarget-reason"
 IMAGE_PULL_FAILURES = {
     "ErrImagePull",
     "ImagePullBackOff",
@@ -102,8 +112,6 @@ class KubernetesLauncherConfig(LauncherConfig):
                 "credentials must come from kafka_secret, not command-line arguments",
             ),
         )
-
-    retargets = True
 
     @property
     def rescale_timeout_s(self) -> float:  # the old Job's stop, the new one's readiness (twice: a retarget's), a margin
@@ -238,10 +246,12 @@ def pods_state(pods: list) -> tuple[str, str]:
     return ("ready", f"{ready} pods ready") if ready == len(pods) else ("pending", f"{ready}/{len(pods)} pods ready")
 
 
-class KubernetesLauncher(Launcher):
+class KubernetesLauncher(GroupLauncher):
     """Rescale a pipeline's Indexed Job through dagster-k8s's client (see module docstring)."""
 
-    retargets = True  # a Job still forming is deleted at once and one of the larger size created
+    @property
+    def supports_retarget(self) -> bool:  # a Job still forming is deleted at once and one of the larger size created
+        return True
 
     def __init__(
         self,
@@ -280,6 +290,21 @@ class KubernetesLauncher(Launcher):
     def workers(self) -> int:
         job = self.current_job()
         return int(job.spec.parallelism) if job is not None else 0
+
+    def retarget(self, m: int, reason: str = "retarget") -> bool:
+        """In the process whose restart is under way, the base class's; from any other (the sensor's), an
+        annotation on the Job being formed, which that restart reads at its next poll.  False when no Job is
+        being formed smaller than ``m``, or one already asks for ``m`` or more."""
+        if self._target is not None:  # the restart runs in this process
+            return super().retarget(m, reason)
+        job = self.current_job()
+        if job is None or not _forming(job) or int(job.spec.parallelism) >= m or _annotated_retarget(job)[0] >= m:
+            return False
+        annotations = {RETARGET_ANNOTATION: str(m), RETARGET_REASON_ANNOTATION: reason[:200]}
+        self.client.batch_api.patch_namespaced_job(
+            job.metadata.name, self.config.namespace, {"metadata": {"annotations": annotations}}
+        )
+        return True
 
     # --- launcher interface ------------------------------------------------------------
 
@@ -321,6 +346,7 @@ class KubernetesLauncher(Launcher):
             name = self._create_and_wait(workers, generation)
             marks.append(self._clock())
             self._wait_first_step(name)
+            self._formed(name)
             marks.append(self._clock())
         except Retargeted:
             self._abandon(job_name(self.pipeline, workers, generation))
@@ -332,7 +358,7 @@ class KubernetesLauncher(Launcher):
             restored = None
             if previous:
                 try:
-                    self._create_and_wait(previous, generation + 1)
+                    self._formed(self._create_and_wait(previous, generation + 1))
                     restored = previous
                 except (ApiException, RuntimeError, TimeoutError) as again:
                     raise RescaleFailed(
@@ -425,6 +451,7 @@ class KubernetesLauncher(Launcher):
     def _create_and_wait(self, workers: int, generation: int) -> str:
         service, job = render(self.pipeline, self.config, self.source, workers, generation, self.trainer)
         self._ensure_service(service)
+        job["metadata"].setdefault("annotations", {})[FORMING_ANNOTATION] = "true"
         name = job["metadata"]["name"]
         self.client.batch_api.create_namespaced_job(self.config.namespace, job)
         deadline = self._clock() + self.config.ready_timeout_s
@@ -436,7 +463,7 @@ class KubernetesLauncher(Launcher):
                 raise RuntimeError(why)
             if self._clock() > deadline:
                 raise TimeoutError(f"{why} after {self.config.ready_timeout_s:.0f} s")
-            self._check_retarget()
+            self._take_annotated_retarget()
             self.sleeper(self.poll_s)
 
     def _wait_first_step(self, name: str) -> None:
@@ -454,8 +481,21 @@ class KubernetesLauncher(Launcher):
                     f"{len(pending)} pods of job {name} ready but no training step after "
                     f"{self.config.ready_timeout_s:.0f} s"
                 )
-            self._check_retarget()
+            self._take_annotated_retarget()
             self.sleeper(self.poll_s)
+
+    def _formed(self, name: str) -> None:
+        """The Job has formed: no retarget is written on it from now on."""
+        body = {"metadata": {"annotations": {FORMING_ANNOTATION: None}}}
+        self.client.batch_api.patch_namespaced_job(name, self.config.namespace, body)
+
+    def _take_annotated_retarget(self) -> None:
+        """Take a retarget another process wrote on the Job being formed, then ``_check_retarget``."""
+        job = self.current_job()
+        wanted, reason = _annotated_retarget(job) if job is not None else (0, "")
+        if wanted:
+            super().retarget(wanted, reason)  # taken only if larger than the restart aims at
+        self._check_retarget()
 
     def _cleanup(self, name: str) -> None:
         from kubernetes.client.rest import ApiException
@@ -465,6 +505,17 @@ class KubernetesLauncher(Launcher):
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+def _forming(job: Any) -> bool:
+    return FORMING_ANNOTATION in (job.metadata.annotations or {})
+
+
+def _annotated_retarget(job: Any) -> tuple[int, str]:
+    """(workers, reason) of a retarget written on ``job`` by another process; (0, "") when none is."""
+    annotations = job.metadata.annotations or {}
+    wanted = str(annotations.get(RETARGET_ANNOTATION, ""))
+    return (int(wanted), str(annotations.get(RETARGET_REASON_ANNOTATION, "retarget"))) if wanted.isdigit() else (0, "")
 
 
 def _stepped(log: str) -> bool:

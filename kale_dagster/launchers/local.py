@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from kale_dagster.errors import KaleConfigError, require_extra
-from kale_dagster.launchers.base import Launcher, RescaleRecord, Retargeted
+from kale_dagster.launchers.base import GroupLauncher, RescaleRecord, Retargeted
 from kale_dagster.rules import check, setting
 from kale_dagster.stream.broker import free_loopback_port
 from kale_dagster.stream.source import KafkaSource
@@ -224,7 +224,7 @@ class WorkerProcess:
         return self.proc.poll() is None
 
 
-class LocalLauncher(Launcher):
+class LocalLauncher(GroupLauncher):
     """Run and rescale a group of trainer workers on this machine.
 
     ``max_workers`` is the largest group there will be: standbys a scale-up to
@@ -234,7 +234,9 @@ class LocalLauncher(Launcher):
     every group fresh processes, as torchrun restarts them.
     """
 
-    retargets = True
+    @property
+    def supports_retarget(self) -> bool:  # a group still forming is killed before its first step
+        return True
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from kale_dagster.launchers.base import LauncherConfig, LauncherStatus, RescaleRecord
+from kale_dagster.launchers.base import Launcher, LauncherConfig, LauncherStatus, RescaleRecord
 from kale_dagster.model.limits import MAX_WORKERS
 from kale_dagster.rules import check, setting
 from kale_dagster.stream.group import REBALANCING, describe_group, worker_count
@@ -23,7 +23,7 @@ from kale_dagster.trainer.api import TrainerSpec
 
 
 class _Rebalances:
-    """The rebalances seen of one group by this process (the code server keeps it across sensor ticks): each
+    """The rebalances seen of one group by this launcher (the code server keeps it across sensor ticks): each
     one's length, from the first reading that saw it rebalancing to the first that saw it stable again."""
 
     def __init__(self):
@@ -38,17 +38,13 @@ class _Rebalances:
             self.since = None
 
 
-_SEEN: dict[tuple[str, str], _Rebalances] = {}
-_SEEN_LOCK = threading.Lock()
-
-
-class ObservedGroup:
+class ObservedGroup(Launcher):
     """The status of a consumer group Kale watches; it never restarts it."""
 
     def __init__(self, source: KafkaSource, declared_workers: int | None, clock=time.monotonic):
         self.source, self.declared_workers, self.clock = source, declared_workers, clock
-        with _SEEN_LOCK:
-            self._seen = _SEEN.setdefault((source.bootstrap_servers, source.group_id), _Rebalances())
+        self._seen = _Rebalances()
+        self._seen_lock = threading.Lock()  # sensor ticks of one code server may overlap
 
     def status(self) -> LauncherStatus:
         view = describe_group(self.source.client_config(), self.source.group_id, self.source.topics)
@@ -56,24 +52,16 @@ class ObservedGroup:
         if workers is None:  # never read as 0 workers: the controller holds, saying why
             raise RuntimeError(f"cannot tell how many workers consumer group {self.source.group_id!r} runs: {how}")
         rebalancing = view is not None and view.state in REBALANCING
-        self._seen.saw(rebalancing, self.clock())
-        return LauncherStatus(
-            workers=workers, rescaling=rebalancing, downtimes_s=tuple(self._seen.lengths), observed_from=how
-        )
-
-    @property
-    def workers(self) -> int:
-        return self.status().workers
+        with self._seen_lock:
+            self._seen.saw(rebalancing, self.clock())
+            lengths = tuple(self._seen.lengths)
+        return LauncherStatus(workers=workers, rescaling=rebalancing, downtimes_s=lengths, observed_from=how)
 
     def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None:
         raise RuntimeError(
             f"consumer group {self.source.group_id!r} is observed, not run, by Kale: it is never rescaled "
             "(declare the pipeline advisory, or a launcher that restarts the workload)"
         )
-
-    def retarget(self, m: int, reason: str = "retarget") -> bool:
-        """Never: the group is observed, not run."""
-        return False
 
 
 @dataclass(frozen=True)

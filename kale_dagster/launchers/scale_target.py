@@ -3,8 +3,8 @@
 Any resource with a ``/scale`` subresource: a Deployment, a StatefulSet, or a custom resource whose CRD declares
 one.  Kale reads ``status.replicas`` as the workers that run and patches ``spec.replicas``; the workload's own
 controller restarts the pods, and the rescale's downtime runs until the scale status shows the new size.  A
-retarget while it waits (a burst met by the restart) patches the spec again, to the larger size, and the wait
-follows it.
+retarget while the workload has not reached its spec (a burst met by the restart) patches the spec again, to the
+larger size, from whichever process decided it; the rescale's wait follows the spec.
 
 A custom resource with an ``elasticPolicy`` (Kubeflow's PyTorchJob, whose scale subresource sets its Worker
 replicas) is only sized within that policy's minReplicas and maxReplicas: a target outside them fails the rescale
@@ -18,14 +18,20 @@ shows it.  The verbs this needs are in docs/kubernetes/rbac.yaml.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from kale_dagster.launchers.base import LauncherConfig, LauncherStatus, RescaleFailed, RescaleRecord, retarget_note
+from kale_dagster.launchers.base import (
+    Launcher,
+    LauncherConfig,
+    LauncherStatus,
+    RescaleFailed,
+    RescaleRecord,
+    retarget_note,
+)
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
@@ -79,8 +85,6 @@ class ScaleTargetConfig(LauncherConfig):
     def rescale_timeout_s(self) -> float:  # the patch, the wait, and a margin
         return self.ready_timeout_s + 120.0
 
-    retargets = True
-
     def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> ScaleTarget:
         return ScaleTarget(pipeline, self)
 
@@ -88,7 +92,7 @@ class ScaleTargetConfig(LauncherConfig):
         return f"{self.workload_kind} {self.namespace}/{self.name}"
 
 
-class ScaleTarget:
+class ScaleTarget(Launcher):
     """Reads and patches one workload's scale subresource; what the rescale job and the controller call.
 
     ``custom_api``, ``autoscaling_api`` and ``core_api`` are the kubernetes client's ``CustomObjectsApi``,
@@ -121,9 +125,6 @@ class ScaleTarget:
         self.pipeline, self.config = pipeline, config
         self.custom_api, self.autoscaling_api, self.core_api = custom_api, autoscaling_api, core_api
         self.sleeper, self.clock, self.poll_s = sleeper, clock, poll_s
-        self._aim: int | None = None  # while a rescale waits: the size it waits for
-        self._aim_lock = threading.Lock()  # the wait's last read and a retarget's patch do not interleave
-        self._started, self._retargets = 0.0, []
         group, _, version = config.api_version.rpartition("/")
         self._path = dict(
             group=group, version=version, namespace=config.namespace, plural=config.resource, name=config.name
@@ -142,14 +143,13 @@ class ScaleTarget:
         return LauncherStatus(
             workers=wanted,
             rescaling=running != wanted,
-            retargetable=True,
             measures=False,
             observed_from=f"the scale status of {self.config.describe()}",
         )
 
     @property
-    def workers(self) -> int:
-        return self.status().workers
+    def supports_retarget(self) -> bool:
+        return True
 
     def _autoscaler(self) -> str | None:
         """The HorizontalPodAutoscaler that already scales this workload, if one does."""
@@ -172,50 +172,44 @@ class ScaleTarget:
                 "scale through one): two controllers on one scale target undo each other; remove it, or run this "
                 "pipeline in advisory mode"
             )
-        self._started, self._retargets = self.clock(), []
+        started, retargets = self.clock(), []
         self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": m}})
         self._event(before, m, reason)
-        self._aim = m
-        try:
-            while True:
-                running = self._replicas()[1]
-                with self._aim_lock:
-                    m = self._aim
-                    if running == m:
-                        break
-                if self.clock() - self._started > self.config.ready_timeout_s:
-                    raise RescaleFailed(
-                        f"{self.config.describe()} did not reach {m} replicas within {self.config.ready_timeout_s:g} "
-                        f"s (its scale status shows {running}); its spec asks for {m}",
-                        restored=None,
-                    )
-                self.sleeper(self.poll_s)
-        finally:
-            with self._aim_lock:
-                self._aim = None
-        took = self.clock() - self._started
+        while True:
+            wanted, running = self._replicas()
+            if wanted != m:  # a retarget raised the spec, from this process or the sensor's
+                retargets.append(retarget_note(wanted, self.clock() - started, "a later decision (its Event says why)"))
+                m = wanted
+            if running == m:
+                break
+            if self.clock() - started > self.config.ready_timeout_s:
+                raise RescaleFailed(
+                    f"{self.config.describe()} did not reach {m} replicas within {self.config.ready_timeout_s:g} "
+                    f"s (its scale status shows {running}); its spec asks for {m}",
+                    restored=None,
+                )
+            self.sleeper(self.poll_s)
+        took = self.clock() - started
         return RescaleRecord(
             time=time.time(),
             from_workers=before,
             to_workers=m,
             downtime_s=took,
-            reason="; ".join([reason, *self._retargets]),
+            reason="; ".join([reason, *retargets]),
             phases={"scale": round(took, 3)},
         )
 
     def retarget(self, m: int, reason: str = "retarget") -> bool:
-        """While a rescale waits for the workload, patch it to ``m`` replicas, more than it waits for; the wait
-        follows.  False when none waits (in this process) or ``m`` is not larger."""
-        with self._aim_lock:
-            aim = self._aim
-            if aim is None or m <= aim:
-                return False
-            self._check_elastic_bounds(m)
-            self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": m}})
-            self._event(aim, m, reason)
-            self._retargets.append(retarget_note(m, self.clock() - self._started, reason))
-            self._aim = m
-            return True
+        """While the workload has not reached its spec (a rescale waits on it), patch the spec to ``m`` replicas,
+        more than it asks for; the rescale's wait follows the spec.  False when the workload runs at its spec or
+        ``m`` is not larger."""
+        wanted, running = self._replicas()
+        if running == wanted or m <= wanted:
+            return False
+        self._check_elastic_bounds(m)
+        self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": m}})
+        self._event(wanted, m, reason)
+        return True
 
     def _check_elastic_bounds(self, m: int) -> None:
         if self._path["group"] == "apps":

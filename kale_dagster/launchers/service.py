@@ -44,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from kale_dagster.errors import KaleConfigError
-from kale_dagster.launchers.base import LauncherConfig, LauncherStatus, RescaleRecord
+from kale_dagster.launchers.base import Launcher, LauncherConfig, LauncherStatus, RescaleRecord
 from kale_dagster.launchers.local import LocalLauncher
 from kale_dagster.model.limits import MAX_WORKERS
 from kale_dagster.rules import check, setting
@@ -328,8 +328,10 @@ def check_loopback_url(url: str) -> str:
     return url.rstrip("/")
 
 
-class LocalTrainerClient:
-    """``workers``, ``rescale`` and ``retarget`` of a LocalLauncher, over its LauncherService's HTTP API.
+class LocalTrainerClient(Launcher):
+    """The launcher of a pipeline whose workers run under the local trainer service: ``status``, ``rescale`` and
+    ``retarget`` of its LocalLauncher, over the service's HTTP API (so a retarget reaches the restart under way
+    from any process).
 
     The token is read at every call, so a restarted service (with a new token) is followed.  With ``trainer``
     (what the pipeline declares), a rescale of a service that runs another trainer is refused: the pipeline
@@ -371,10 +373,6 @@ class LocalTrainerClient:
                 f"no trainer service at {self.url} ({exc.reason}); start it with `kale demo` or `kale trainer serve`"
             ) from exc
 
-    @property
-    def workers(self) -> int:
-        return self.status().workers
-
     def status(self) -> LauncherStatus:
         return LauncherStatus.from_dict(self._call("GET", "/status"))
 
@@ -391,6 +389,10 @@ class LocalTrainerClient:
             return None
         return RescaleRecord(**answer)
 
+    @property
+    def supports_retarget(self) -> bool:
+        return True
+
     def retarget(self, m: int, reason: str = "retarget") -> bool:
         return bool(self._call("POST", "/retarget", {"workers": m, "reason": reason})["accepted"])
 
@@ -403,8 +405,6 @@ class LocalLauncherConfig(LauncherConfig):
 
     trainer_url: str = setting(DEFAULT_URL, description="the local trainer service's URL (a loopback address)")
     token_file: str | None = setting(None, description="where the service wrote its token; default: for its port")
-
-    retargets = True
 
     def __post_init__(self):
         check(self, lambda: loopback_url_problem(self.trainer_url))

@@ -58,11 +58,17 @@ import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from kale_dagster.control.controller import Controller, ControlSettings, StreamReading, arrivals_over_forecast
+from kale_dagster.control.controller import (
+    ControlInput,
+    Controller,
+    ControlSettings,
+    StreamReading,
+    arrivals_over_forecast,
+)
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import smape, smape_terms
-from kale_dagster.launchers.base import Launcher, LauncherStatus
+from kale_dagster.launchers.base import GroupLauncher, LauncherStatus
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import FIT_WINDOW_S, ThroughputModel, estimate_throughput
@@ -162,7 +168,7 @@ class _Measurements:
             self.restarts.pop()
         self.restarts.append(self.config.limits.restart_s * jitter)
         if not self.config.oracle:
-            self._downtimes = tuple(self.restarts[-Launcher.recent_restarts :])
+            self._downtimes = tuple(self.restarts[-GroupLauncher.recent_restarts :])
         return self.restarts[-1]
 
     def downtimes(self) -> tuple[float, ...]:
@@ -513,19 +519,21 @@ class _Run:
         status = LauncherStatus(
             self.pending[1] if self.pending is not None else self.workers,  # the allocation: a rescale's target
             rescaling=restarting,
-            retargetable=config.retargets,
             measures=True,
             busy_share=None if starting else busy_share,
             downtimes_s=self.learned.downtimes(),
         )
         step = self.controller.step(
-            reading,
-            status,
-            self.planning_model,
-            forecast=self.forecast,
-            forecast_error=self.forecasts.recent_error(minute) if self.forecasts else None,
-            forecast_ratio=self.forecasts.recent_ratio(minute) if self.forecasts else None,
-            rescale_in_flight=self.pending is not None,
+            ControlInput(
+                reading,
+                status,
+                self.planning_model,
+                forecast=self.forecast,
+                forecast_error=self.forecasts.recent_error(minute) if self.forecasts else None,
+                forecast_ratio=self.forecasts.recent_ratio(minute) if self.forecasts else None,
+                rescale_in_flight=self.pending is not None,
+                retargetable=config.retargets,
+            )
         )
         if self.sync_ticks is None:
             policy = self.controller.policy_in_use
