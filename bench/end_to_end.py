@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from kale_dagster.control.controller import Controller, ControlSettings
-from kale_dagster.definitions.control import RescaleConfig
+from kale_dagster.definitions.decision import RescaleConfig
 from kale_dagster.definitions.resources import KafkaStreamResource
 from kale_dagster.demo import GROUP, PIPELINE, TOPIC
 from kale_dagster.demo.definitions import DemoLocation

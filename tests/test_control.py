@@ -28,7 +28,7 @@ from kale_dagster.control.controller import (
     restart_estimate,
 )
 from kale_dagster.control.tick import ControlCursor, reading_from
-from kale_dagster.definitions.control import RescaleConfig
+from kale_dagster.definitions.decision import RescaleConfig
 from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
@@ -393,7 +393,7 @@ def test_a_failed_rescale_is_retried_later_and_the_decision_says_so(controlled):
     failed = (
         env["defs"]
         .resolve_job_def("ctl_rescale")
-        .execute_in_process(instance=env["instance"], tags=rescale.tags, raise_on_error=False)
+        .execute_in_process(instance=env["instance"], run_config=rescale.run_config, raise_on_error=False)
     )
     assert not failed.success
     third = sensor_tick(env, second.cursor)
@@ -407,6 +407,25 @@ def test_a_failed_rescale_is_retried_later_and_the_decision_says_so(controlled):
         f"the launcher did not answer (the local trainer service at {env['service'].url}"
     )
     assert not [r for r in fourth.run_requests if r.job_name == "ctl_rescale"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "controlled",
+    [{"policy": "static", "policy_options": {"workers": 3}, "advisory": True, "record_every_minutes": 20}],
+    indirect=True,
+)
+def test_a_changed_decision_is_recorded_at_once_and_an_unchanged_one_waits_for_its_cadence(controlled):
+    env = controlled
+    produce_events(env["servers"], 40)
+    first = sensor_tick(env)  # no rate yet: a hold at the 2 that run, recorded as the first decision
+    time.sleep(0.5)
+    second = sensor_tick(env, first.cursor)  # 3 advised: a change, recorded though 20 minutes have not passed
+    time.sleep(0.5)
+    third = sensor_tick(env, second.cursor)  # 3 advised again: nothing changed, nothing recorded
+    assert decision_of(first)["held"] and decision_of(second)["action"] == "advisory: nothing applied"
+    assert decision_of(second)["workers"] == 3 and not third.asset_events
+    assert third.cursor is not None and "recorded_at" in third.cursor
 
 
 def test_clock_converts_between_wall_and_pipeline_time():

@@ -147,7 +147,7 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
             return [r for r in runs if r.dagster_run.tags.get("dagster/sensor_name") == "demo_stream_metrics"]
 
         runs = wait_for(rescaled_by_the_sensor, 360, "a rescale run requested by the metrics sensor to succeed")
-        from kale_dagster.definitions.control import RescaleConfig
+        from kale_dagster.definitions.decision import RescaleConfig
 
         assert RescaleConfig.of(runs[0].dagster_run.run_config).workers
         forecast = wait_for(

@@ -488,7 +488,7 @@ def test_a_rescale_run_whose_process_died_is_failed_and_retried_not_waited_for(c
     left alone it would hold back every later rescale ("one at a time")."""
     from dagster import DagsterEvent, DagsterEventType, DagsterRunStatus
 
-    from kale_dagster.definitions.control import RescaleConfig
+    from kale_dagster.definitions.decision import RescaleConfig
 
     env = controlled
     instance = env["instance"]
@@ -525,7 +525,7 @@ def test_a_10x_arrival_burst_is_met_by_the_emergency_path_within_one_tick(contro
     from dataclasses import replace
 
     from kale_dagster import ThroughputModel, build_definitions
-    from kale_dagster.definitions.control import RescaleConfig
+    from kale_dagster.definitions.decision import RescaleConfig
 
     # One worker takes 1 sample per pipeline second: the steady ~40 records per ~1 s tick (1.3/s at 30x) keep two busy.
     p = replace(controlled["p"], policy="kale", policy_options={}, throughput_prior=ThroughputModel.linear(1.0))

@@ -519,7 +519,7 @@ def test_the_shipped_role_grants_exactly_what_the_launcher_calls():
         launcher = _launcher(cluster)
         launcher.start(2)
         sensors = _launcher(cluster)
-        launcher.sleeper = lambda *_: sensors.retarget(5)
+        launcher.sleeper = lambda *_, sensors=sensors: sensors.retarget(5)
         try:
             launcher.rescale(4)
         except RescaleFailed:

@@ -61,6 +61,26 @@ def test_rebalancing_is_a_restart_in_progress():
     assert view == GroupView("PreparingRebalance", "", 1, None, 0)
 
 
+def test_the_pipelines_launcher_measures_rebalances_across_ticks_and_shares_them_with_no_other(monkeypatch):
+    """Built once per pipeline per process: the rebalance seen at one tick and the stable group at a later one make
+    one measured restart; a second pipeline watching the same group has a launcher, and a memory, of its own."""
+    views = iter([("Stable",), ("PreparingRebalance",), ("CompletingRebalance",), ("Stable",), ("Stable",)])
+    monkeypatch.setattr(
+        "kale_dagster.launchers.observed.describe_group",
+        lambda config, group, topics: GroupView(*next(views), "consumer", 3, 3, 0),
+    )
+    p = OnlineTrainingPipeline(name="theirs", source=SOURCE, advisory=True, launcher=ObservedGroupConfig())
+    other = OnlineTrainingPipeline(name="also_theirs", source=SOURCE, advisory=True, launcher=ObservedGroupConfig())
+    now = iter([0.0, 10.0, 40.0, 70.0])
+    launcher = p.launcher_instance
+    assert launcher is p.launcher_instance and launcher is not other.launcher_instance
+    launcher.clock = lambda: next(now)  # type: ignore[attr-defined]
+    seen = [launcher.status() for _ in range(4)]
+    assert [s.rescaling for s in seen] == [False, True, True, False]
+    assert seen[-1].downtimes_s == (60.0,)  # from the first reading that saw the rebalance to the first stable one
+    assert other.launcher_instance.status().downtimes_s == ()  # no module-level memory shared across pipelines
+
+
 def test_an_observed_group_is_only_advised_on():
     with pytest.raises(KaleConfigError, match="advisory: an observed consumer group is never rescaled"):
         OnlineTrainingPipeline(name="theirs", source=SOURCE, launcher=ObservedGroupConfig())

@@ -10,7 +10,7 @@ import pytest
 from dagster import AssetKey, DagsterRunStatus, instance_for_test
 
 from kale_dagster import build_definitions
-from kale_dagster.definitions.control import RETARGET_KEY, RescaleConfig
+from kale_dagster.definitions.decision import RETARGET_KEY, RescaleConfig
 from kale_dagster.launchers.base import GroupLauncher
 from kale_dagster.launchers.service import LauncherService, LocalTrainerClient
 from support import decision_of, local_trainer_pipeline, produce_events, sensor_tick

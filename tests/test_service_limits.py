@@ -3,6 +3,7 @@ clear status, never a hang, a traceback or a thread per connection without end."
 
 from __future__ import annotations
 
+import select
 import socket
 import subprocess
 import sys
@@ -12,7 +13,12 @@ import pytest
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.service import MAX_BODY_BYTES, MAX_CONNECTIONS, LauncherService
+from support import wait_for as _wait_for
 from test_local_service import RecordingLauncher
+
+
+def wait_for(predicate, timeout: float, what: str):
+    return _wait_for(predicate, timeout, what, poll_s=0.05)
 
 
 @pytest.fixture()
@@ -60,12 +66,19 @@ def test_a_client_that_stops_mid_request_is_let_go(service):
 def test_connections_are_bounded_and_the_service_answers_after_them(service):
     idle = [socket.create_connection(("127.0.0.1", service.port), timeout=5) for _ in range(MAX_CONNECTIONS + 8)]
     try:
-        time.sleep(0.5)
-        assert service.server._slots._value == 0  # every slot held by an idle client: no thread beyond them
+        wait_for(lambda: service.server._slots._value == 0, 10, "every slot held by an idle client")
+
+        def closed_unanswered() -> list:
+            readable, _, _ = select.select(idle, [], [], 0.1)
+            return [sock for sock in readable if sock.recv(1, socket.MSG_PEEK) == b""]
+
+        # The 8 past the limit are closed at once, unanswered: no thread of their own waits on them.
+        wait_for(lambda: len(closed_unanswered()) >= 8, 10, "the connections past the limit closed")
+        assert len(closed_unanswered()) == 8
     finally:
         for sock in idle:
             sock.close()
-    time.sleep(0.5)
+    wait_for(lambda: service.server._slots._value == MAX_CONNECTIONS, 20, "the idle clients' slots released")
     assert (
         _raw(service, "GET /status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n").split()[1]
         == "200"

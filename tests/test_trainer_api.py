@@ -158,6 +158,12 @@ def test_kale_trainer_serve_refuses_a_trainer_that_does_not_resolve_in_one_line(
     assert not (tmp_path / "logs").exists()  # no worker was started
 
 
+def _rank_inputs(rank: int) -> torch.Tensor:
+    x = torch.full((3, 2), float(rank * 10))  # the ranks see very different data
+    x[:, 1] += torch.arange(3.0)
+    return x
+
+
 def _step_two_ranks(rank: int, store_path: str, out: str) -> None:
     """One rank of a two-rank gloo group: one train step of the BatchNorm trainer on this rank's own data."""
     import argparse
@@ -171,8 +177,7 @@ def _step_two_ranks(rank: int, store_path: str, out: str) -> None:
     worker = Worker(argparse.Namespace(trainer="user_trainers:batchnorm", pipeline="bn", trainer_options="{}"))
     worker.rank, worker.world = rank, 2
     worker.trainer = worker._build_trainer()
-    x = torch.full((3, 2), float(rank * 10))  # the ranks see very different data
-    x[:, 1] += torch.arange(3.0)
+    x = _rank_inputs(rank)
     batch = Samples([(x[i], torch.tensor(float(rank))) for i in range(3)], np.zeros(3, dtype=ORIGIN))
     worker.train_step(batch, global_n=6, step=0)
     torch.save(worker.trainer.model.state_dict(), f"{out}.{rank}")
@@ -200,5 +205,17 @@ def test_every_rank_keeps_one_model_buffers_included(tmp_path):
     for name in first:
         assert torch.equal(first[name], second[name]), name
     assert first["1.num_batches_tracked"].item() == 1
-    # rank 0's inputs sit near 0 and rank 1's near 10: the shared running mean moved by the mean of both.
-    assert not torch.equal(first["1.running_mean"], torch.zeros(4))
+    # rank 0's inputs sit near 0 and rank 1's near 10: the shared running statistics are the mean of what each
+    # rank's forward pass alone would have kept (a sum, or either rank's own, differs).
+    import user_trainers
+
+    alone = []
+    for rank in (0, 1):
+        model = user_trainers.batchnorm(None).model  # the same initial weights (seed 0) as each rank's
+        model.train()
+        model(_rank_inputs(rank))
+        alone.append({k: v.clone() for k, v in model[1].state_dict().items()})
+    assert not torch.allclose(alone[0]["running_mean"], alone[1]["running_mean"])
+    for stat in ("running_mean", "running_var"):
+        expected = (alone[0][stat] + alone[1][stat]) / 2
+        assert torch.allclose(first[f"1.{stat}"], expected, atol=1e-6), (stat, first[f"1.{stat}"], expected)

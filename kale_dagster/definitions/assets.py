@@ -33,7 +33,8 @@ from dagster import (
 
 from kale_dagster.control.controller import StreamReading
 from kale_dagster.control.tick import reading_from
-from kale_dagster.definitions.control import PipelineControl, allocation_metadata
+from kale_dagster.definitions.control import PipelineControl
+from kale_dagster.definitions.decision import allocation_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.forecast import make_forecaster
 from kale_dagster.forecast.base import Forecast

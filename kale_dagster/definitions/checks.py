@@ -3,7 +3,7 @@
 from dagster import AssetCheckResult, AssetChecksDefinition, AssetCheckSeverity, AssetKey, asset_check
 
 from kale_dagster.definitions.assets import STALE_METRICS_S
-from kale_dagster.definitions.control import LAG_CHECK, lag_within_slo, latest_metadata
+from kale_dagster.definitions.decision import LAG_CHECK, lag_within_slo, latest_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.forecast.naive import DAY_S
 

@@ -33,7 +33,7 @@ from dagster import (
     op,
 )
 
-from kale_dagster.definitions.control import RescaleConfig, latest_metadata, rescale_op_name
+from kale_dagster.definitions.decision import RescaleConfig, latest_metadata, rescale_op_name
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.launchers.base import RescaleFailed, RescaleRecord
 
