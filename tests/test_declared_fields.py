@@ -14,7 +14,6 @@ from kale_dagster import KaleConfigError, Limits
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.launchers.command import CommandHookConfig
 from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig
-from kale_dagster.launchers.local import TrainerSettings
 from kale_dagster.launchers.scale_target import ScaleTargetConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 from kale_dagster.policies.hpa import HPAPolicy
@@ -25,6 +24,7 @@ from kale_dagster.sim.backtest import BacktestSettings
 from kale_dagster.sim.simulate import SimConfig
 from kale_dagster.stream.producer import ReplaySettings
 from kale_dagster.stream.source import KafkaSource
+from kale_dagster.trainer.settings import TrainerSettings
 
 SOURCE = KafkaSource("127.0.0.1:9092", ("samples",), "ctr")
 

@@ -31,7 +31,8 @@ from kubernetes.client.rest import ApiException
 
 from kale_dagster import KafkaSource, KaleConfigError
 from kale_dagster.launchers import RescaleFailed
-from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesLauncherConfig, pods_state, render
+from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesLauncherConfig, render
+from kale_dagster.launchers.pods import pods_state
 from kale_dagster.model.limits import Limits
 
 K8S_VERSION = kubernetes_validate.utils.latest_version()

@@ -212,8 +212,8 @@ def test_source_and_resource_validate_alike(kwargs, field):
 
 
 def test_workers_get_the_sources_security_settings_through_the_environment(monkeypatch):
-    from kale_dagster.launchers.local import TrainerSettings
     from kale_dagster.stream.source import KafkaSource
+    from kale_dagster.trainer.settings import TrainerSettings
 
     source = KafkaSource(
         "k:9093",

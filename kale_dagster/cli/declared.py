@@ -19,27 +19,34 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_flags(parser: Parser, cls: type) -> None:
-    """One flag per ruled field of the dataclass ``cls``."""
+def add_flags(parser: Parser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """One flag per ruled field of the dataclass ``cls`` (but those in ``skip``)."""
     kinds = field_types(cls)
     for f in dataclasses.fields(cls):
         rule = rule_of(f)
-        if rule is None:
+        if rule is None or f.name in skip:
             continue
         kind = kinds[f.name][0] or str
         unit = f" ({rule.unit})" if rule.unit else ""
         bounds = {"ge": rule.ge, "gt": rule.gt, "le": rule.le, "lt": rule.lt}
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         parser.add_argument(
             flag(f.name),
             dest=f.name,
             type=kind,
-            default=f.default,
+            required=required,
+            default=None if required else f.default,
             help=f"{rule.description}{unit}",
+            **({"choices": list(rule.choices)} if isinstance(rule.choices, tuple) else {}),
             **{k: v for k, v in bounds.items() if v is not None},
         )
 
 
 def from_flags(cls: Any, args: argparse.Namespace, **overrides: Any) -> Any:
     """``cls`` built from the flags ``add_flags`` declared; an error names each bad flag."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if rule_of(f) is not None}
+    values = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if rule_of(f) is not None and hasattr(args, f.name)
+    }
     return renamed(flag, cls, **{**values, **overrides})

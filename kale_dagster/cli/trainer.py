@@ -7,6 +7,7 @@ import json
 import signal
 import threading
 
+from kale_dagster.cli.declared import add_flags, from_flags
 from kale_dagster.errors import CommandError, require_extra
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
@@ -32,7 +33,6 @@ def register(subparsers, summary: str) -> None:
     serve.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
     serve.add_argument("--topic", required=True, help="the topic the workers train from")
     serve.add_argument("--group-id", required=True, help="the consumer group whose committed offsets they resume from")
-    serve.add_argument("--checkpoint-dir", required=True, help="where checkpoints are written (shared by every worker)")
     serve.add_argument("--workers", type=int, ge=1, le=MAX_WORKERS, default=1)
     serve.add_argument(
         "--max-workers",
@@ -51,21 +51,8 @@ def register(subparsers, summary: str) -> None:
     serve.add_argument(
         "--trainer-options", type=_json_object, default={}, help="JSON object passed to the factory as its options"
     )
-    serve.add_argument("--pipeline", default="", help="the pipeline's name, as the factory's context tells it")
-    serve.add_argument("--batch-size", type=int, ge=1, le=1_000_000, default=256)
-    serve.add_argument(
-        "--emulate-gpu-rate",
-        type=float,
-        ge=0,
-        le=1e9,
-        default=0.0,
-        help="EMULATION: cap each worker at this many samples/s",
-    )
-    serve.add_argument(
-        "--trained-log",
-        help="directory for per-worker logs of every trained (partition, offset, sample seq): "
-        "end-to-end accounting for tests and benchmarks",
-    )
+    # Every worker setting, with its rule: the flags the workers themselves take (``TrainerSettings``).
+    add_flags(serve, TrainerSettings)
     serve.add_argument("--port", type=int, ge=0, le=65535, default=8765)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind; loopback only (127.0.0.1 or localhost)")
     serve.add_argument(
@@ -100,15 +87,7 @@ def run_serve(args) -> int:
     if problem is not None:  # before any port is taken or worker spawned
         raise CommandError(f"--trainer: {problem.problem}")
     source = KafkaSource(args.bootstrap_servers, (args.topic,), args.group_id)
-    settings = TrainerSettings(
-        source,
-        args.checkpoint_dir,
-        batch_size=args.batch_size,
-        emulate_gpu_rate=args.emulate_gpu_rate,
-        trained_log=args.trained_log,
-        trainer=trainer,
-        pipeline=args.pipeline,
-    )
+    settings = from_flags(TrainerSettings, args, source=source, trainer=trainer)
     # The port and the token file before any worker: a busy port or a wrong --token-file is one line, with nothing
     # spawned to clean up.
     service = LauncherService(port=args.port, host=args.host, token_file=args.token_file)

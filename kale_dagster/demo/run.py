@@ -38,7 +38,7 @@ import pandas as pd
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.demo import GROUP, PIPELINE, TOPIC
 from kale_dagster.demo.definitions import DemoLocation
-from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
+from kale_dagster.launchers.local import LocalLauncher
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
@@ -49,6 +49,7 @@ from kale_dagster.stream.broker import start_broker
 from kale_dagster.stream.history import MetricsHistory
 from kale_dagster.stream.producer import ReplaySettings, ensure_topic, replay_in_background
 from kale_dagster.stream.source import KafkaSource
+from kale_dagster.trainer.settings import TrainerSettings
 
 
 @dataclass(frozen=True)

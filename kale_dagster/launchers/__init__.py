@@ -17,10 +17,11 @@ A pipeline declares one ``LauncherConfig``; its rescale job builds the launcher 
 from kale_dagster.launchers.base import Launcher, LauncherConfig, RescaleFailed, RescaleRecord
 from kale_dagster.launchers.command import CommandHookConfig
 from kale_dagster.launchers.kubernetes import KubernetesLauncher, KubernetesLauncherConfig
-from kale_dagster.launchers.local import LocalLauncher, TrainerSettings
+from kale_dagster.launchers.local import LocalLauncher
 from kale_dagster.launchers.observed import ObservedGroupConfig
 from kale_dagster.launchers.scale_target import ScaleTargetConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
+from kale_dagster.trainer.settings import TrainerSettings
 
 __all__ = [
     "CommandHookConfig",

@@ -46,25 +46,20 @@ from typing import Any, cast
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import GroupLauncher, LauncherConfig, RescaleFailed, Retargeted
+from kale_dagster.launchers.pods import pods_state, stepped
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
-from kale_dagster.trainer.protocol import WorkerEvent, parse_event
+from kale_dagster.trainer.settings import TrainerSettings
 
 APP_LABEL = "app.kubernetes.io/name"
 PIPELINE_LABEL = "kale.dev/pipeline"
 WORKERS_LABEL = "kale.dev/workers"
+CHECKPOINT_MOUNT = "/checkpoints"
 #: A retarget decided in another process than the restart's (the sensor's): annotations on the Job being formed
 #: (``kale.dev/forming`` until its pods' first step), which the restart reads at each poll of its waits.
 FORMING_ANNOTATION = "kale.dev/forming"
 RETARGET_ANNOTATION, RETARGET_REASON_ANNOTATION = "kale.dev/retarget-to", "kale.dev/retarget-reason"
-IMAGE_PULL_FAILURES = {
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "ErrImageNeverPull",
-    "CreateContainerConfigError",
-}
 
 
 @dataclass(frozen=True)
@@ -158,15 +153,7 @@ def render(
         "--max-restarts=0",
         "-m",
         "kale_dagster.trainer.worker",
-        "--bootstrap-servers",
-        source.bootstrap_servers,
-        "--topic",
-        source.topic,
-        "--group-id",
-        source.group_id,
-        "--checkpoint-dir",
-        "/checkpoints",
-        *(trainer or TrainerSpec()).argv(pipeline),
+        *TrainerSettings(source, CHECKPOINT_MOUNT, trainer=trainer or TrainerSpec(), pipeline=pipeline).argv(),
         *config.trainer_args,
     ]
     job_config = DagsterK8sJobConfig(
@@ -175,7 +162,7 @@ def render(
         image_pull_secrets=[{"name": s} for s in config.image_pull_secrets],
         service_account_name=config.service_account,
         env_secrets=[config.kafka_secret] if config.kafka_secret else [],
-        volume_mounts=[{"name": "checkpoints", "mountPath": "/checkpoints"}],
+        volume_mounts=[{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
         volumes=[{"name": "checkpoints", "persistentVolumeClaim": {"claimName": config.checkpoint_pvc}}],
         labels=labels,
     )
@@ -228,22 +215,6 @@ def render(
         },
     }
     return [service, job_dict]
-
-
-def pods_state(pods: list) -> tuple[str, str]:
-    """("ready" | "pending" | "failed", why) for a Job's pods (V1Pod objects)."""
-    if not pods:
-        return "pending", "no pods yet"
-    for pod in pods:
-        status = pod.status
-        if status.phase == "Failed":
-            return "failed", f"pod {pod.metadata.name} failed: {status.reason or ''} {status.message or ''}".strip()
-        for cs in status.container_statuses or []:
-            waiting = cs.state.waiting if cs.state else None
-            if waiting is not None and waiting.reason in IMAGE_PULL_FAILURES:
-                return "failed", f"pod {pod.metadata.name}: {waiting.reason}: {waiting.message or ''}".strip()
-    ready = sum(1 for p in pods if any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or [])))
-    return ("ready", f"{ready} pods ready") if ready == len(pods) else ("pending", f"{ready}/{len(pods)} pods ready")
 
 
 class KubernetesLauncher(GroupLauncher):
@@ -397,9 +368,7 @@ class KubernetesLauncher(GroupLauncher):
         if "ReadWriteMany" not in modes:
             raise RescaleFailed(
                 f"the checkpoint PersistentVolumeClaim {name!r} is {'/'.join(modes) or 'without access modes'}; "
-                "workers "
-                "on "
-                "several nodes share it, so it must be ReadWriteMany (e.g. NFS, CephFS, EFS, Filestore)",
+                "workers on several nodes share it, so it must be ReadWriteMany (e.g. NFS, CephFS, EFS, Filestore)",
                 None,
             )
         self._volume_checked = True
@@ -471,9 +440,7 @@ class KubernetesLauncher(GroupLauncher):
         deadline = self._clock() + self.config.ready_timeout_s
         pending = {pod.metadata.name for pod in self.client.get_pods_in_job(name, self.config.namespace)}
         while pending:
-            pending = {
-                pod for pod in pending if not _stepped(self.client.retrieve_pod_logs(pod, self.config.namespace))
-            }
+            pending = {pod for pod in pending if not stepped(self.client.retrieve_pod_logs(pod, self.config.namespace))}
             if not pending:
                 return
             if self._clock() > deadline:
@@ -516,7 +483,3 @@ def _annotated_retarget(job: Any) -> tuple[int, str]:
     annotations = job.metadata.annotations or {}
     wanted = str(annotations.get(RETARGET_ANNOTATION, ""))
     return (int(wanted), str(annotations.get(RETARGET_REASON_ANNOTATION, "retarget"))) if wanted.isdigit() else (0, "")
-
-
-def _stepped(log: str) -> bool:
-    return any((parsed := parse_event(line)) is not None and parsed[0] is WorkerEvent.STEP for line in log.splitlines())

@@ -32,88 +32,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kale_dagster.errors import KaleConfigError, require_extra
 from kale_dagster.launchers.base import GroupLauncher, RescaleRecord, Retargeted
-from kale_dagster.rules import check, setting
 from kale_dagster.stream.broker import free_loopback_port
-from kale_dagster.stream.source import KafkaSource
-from kale_dagster.trainer.api import TrainerSpec
 from kale_dagster.trainer.protocol import (
-    COLLECTIVE_TIMEOUT_S,
     TRAINER_FAILED,
     GroupAssignment,
     WorkerEvent,
     parse_event,
 )
-
-
-@dataclass(frozen=True)
-class TrainerSettings:
-    """What every worker of a pipeline is started with; the stream comes from the pipeline's source."""
-
-    source: KafkaSource
-    checkpoint_dir: str
-    batch_size: int = setting(256, ge=1, description="samples per worker step")
-    emulate_gpu_rate: float = setting(0.0, ge=0, description="EMULATION of one GPU's samples/s; 0: off")
-    emulate_restore_s: float = setting(
-        0.0, ge=0, unit="s", description="EMULATION of a large model's restore at every (re)start; 0: off"
-    )
-    checkpoint_every_s: float = setting(5.0, gt=0, unit="s", description="how often a checkpoint is written")
-    metrics_every_s: float = setting(2.0, gt=0, unit="s", description="the workers' metrics window")
-    balance: str = setting("rates", choices=("rates", "round-robin"), description="how partitions are spread")
-    order_lead_s: float = setting(
-        0.5, ge=0, unit="s", description="how far (record time) a partition may run ahead of the rank's oldest backlog"
-    )
-    trained_log: str | None = None
-    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S
-    trainer: TrainerSpec = setting(default_factory=TrainerSpec, description="the trainer factory the workers run")
-    pipeline: str = setting("", description="the pipeline's name, for the factory's context")
-
-    def __post_init__(self):
-        _ = self.source.topic  # the kale trainer consumes one topic: fail here, naming the field
-        check(self)
-
-    def argv(self) -> list[str]:
-        src = self.source
-        args = [
-            "--bootstrap-servers",
-            src.bootstrap_servers,
-            "--topic",
-            src.topic,
-            "--group-id",
-            src.group_id,
-            "--checkpoint-dir",
-            self.checkpoint_dir,
-            "--batch-size",
-            str(self.batch_size),
-            "--emulate-gpu-rate",
-            str(self.emulate_gpu_rate),
-            "--emulate-restore-s",
-            str(self.emulate_restore_s),
-            "--checkpoint-every-s",
-            str(self.checkpoint_every_s),
-            "--metrics-every-s",
-            str(self.metrics_every_s),
-            "--balance",
-            self.balance,
-            "--order-lead-s",
-            str(self.order_lead_s),
-            "--collective-timeout-s",
-            str(self.collective_timeout_s),
-        ]
-        if self.trained_log:
-            args += ["--trained-log", self.trained_log]
-        return args + self.trainer.argv(self.pipeline)
-
-    def env(self) -> dict[str, str]:
-        """The workers' environment: this process's, plus the source's Kafka security settings."""
-        return dict(os.environ, PYTHONUNBUFFERED="1", **self.source.worker_env(include_password=True))
-
+from kale_dagster.trainer.settings import TrainerSettings
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?")
 

@@ -488,6 +488,28 @@ class _Run:
     def _sync(self, now: float, minute: int, k: int, restarting: bool) -> bool:
         """The controller decides from what telemetry and the launcher report; a rescale is scheduled (or
         started at once, without an act latency).  Returns whether the workers are restarting now."""
+        config = self.config
+        step = self.controller.step(self._control_input(now, minute, restarting))
+        if self.sync_ticks is None:
+            policy = self.controller.policy_in_use
+            assert policy is not None  # the step built it
+            self.sync_ticks = max(int(round(policy.sync_period_s / TICK_S)), 1)
+        target = max(min(step.decision.workers, config.limits.max_workers), 0)
+        if minute == 0 and k == 0 and config.initial_workers is None:
+            self.workers = target  # the job starts at the policy's first answer, no restart
+        elif step.rescale_to is not None and target != self.workers:
+            # Acted on after act_latency_s (at once by default): the running group works until then.  A retarget of
+            # a rescale still pending changes its target, not when it starts.
+            at = self.pending[0] if self.pending is not None else now + config.act_latency_s
+            self.pending = (at, target, step.decision.policy, step.decision.reason)
+            if config.act_latency_s == 0:
+                self._apply(*self.pending, minute)
+                self.pending = None
+                restarting = self.restart_until > now
+        return restarting
+
+    def _control_input(self, now: float, minute: int, restarting: bool) -> ControlInput:
+        """What telemetry and the launcher report at this sync, as the controller takes it."""
         config, minute_rows = self.config, self.rows
         if self.rates_read != minute:  # telemetry's windowed rates move once a minute
             self.measured = self.measured_at[minute]
@@ -523,35 +545,16 @@ class _Run:
             busy_share=None if starting else busy_share,
             downtimes_s=self.learned.downtimes(),
         )
-        step = self.controller.step(
-            ControlInput(
-                reading,
-                status,
-                self.planning_model,
-                forecast=self.forecast,
-                forecast_error=self.forecasts.recent_error(minute) if self.forecasts else None,
-                forecast_ratio=self.forecasts.recent_ratio(minute) if self.forecasts else None,
-                rescale_in_flight=self.pending is not None,
-                retargetable=config.retargets,
-            )
+        return ControlInput(
+            reading,
+            status,
+            self.planning_model,
+            forecast=self.forecast,
+            forecast_error=self.forecasts.recent_error(minute) if self.forecasts else None,
+            forecast_ratio=self.forecasts.recent_ratio(minute) if self.forecasts else None,
+            rescale_in_flight=self.pending is not None,
+            retargetable=config.retargets,
         )
-        if self.sync_ticks is None:
-            policy = self.controller.policy_in_use
-            assert policy is not None  # the step built it
-            self.sync_ticks = max(int(round(policy.sync_period_s / TICK_S)), 1)
-        target = max(min(step.decision.workers, config.limits.max_workers), 0)
-        if minute == 0 and k == 0 and config.initial_workers is None:
-            self.workers = target  # the job starts at the policy's first answer, no restart
-        elif step.rescale_to is not None and target != self.workers:
-            # Acted on after act_latency_s (at once by default): the running group works until then.  A retarget of
-            # a rescale still pending changes its target, not when it starts.
-            at = self.pending[0] if self.pending is not None else now + config.act_latency_s
-            self.pending = (at, target, step.decision.policy, step.decision.reason)
-            if config.act_latency_s == 0:
-                self._apply(*self.pending, minute)
-                self.pending = None
-                restarting = self.restart_until > now
-        return restarting
 
     def _advance(self, now: float, minute: int, restarting: bool) -> float:
         """The world moves on by one tick: arrivals, consumption at the group's capacity, commits.  Returns

@@ -61,7 +61,6 @@ from kale_dagster.errors import KaleConfigError
 from kale_dagster.stream.record_time import usable_ms
 from kale_dagster.stream.source import WORKER_ENV, Secret
 from kale_dagster.trainer.api import (
-    DEFAULT_TRAINER,
     OnlineTrainer,
     Record,
     TrainerContext,
@@ -74,7 +73,6 @@ from kale_dagster.trainer.checkpoint import CheckpointWriteError, load_latest, s
 from kale_dagster.trainer.committer import OffsetCommitter
 from kale_dagster.trainer.ordering import ArrivalOrder
 from kale_dagster.trainer.protocol import (
-    COLLECTIVE_TIMEOUT_S,
     TRAINER_FAILED,
     GroupAssignment,
     StepStatus,
@@ -82,6 +80,7 @@ from kale_dagster.trainer.protocol import (
     event_line,
 )
 from kale_dagster.trainer.sample_queue import ORIGIN, SampleQueue, Samples
+from kale_dagster.trainer.settings import TrainerSettings, worker_parser
 
 # A partition that may deliver and does not for this long stops holding this rank's others back (ordering).
 ORDER_STALL_S = 2.0
@@ -727,51 +726,15 @@ class Worker:
         return step, trained_total
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="kale trainer worker")
-    parser.add_argument("--bootstrap-servers", required=True)
-    parser.add_argument("--topic", required=True)
-    parser.add_argument("--group-id", required=True)
-    parser.add_argument("--checkpoint-dir", required=True)
-    parser.add_argument("--trainer", default=DEFAULT_TRAINER, help="the trainer factory, module:attribute")
-    parser.add_argument("--trainer-options", default="{}", help="JSON object passed to the factory as options")
-    parser.add_argument("--pipeline", default="", help="the pipeline's name, for the factory's context")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--max-queue", type=int, default=2048)
-    parser.add_argument("--high-watermark", type=int, default=768)
-    parser.add_argument("--low-watermark", type=int, default=256)
-    parser.add_argument(
-        "--balance",
-        choices=["rates", "round-robin"],
-        default="rates",
-        help="rates: assign partitions by measured rate and forward overflow; round-robin: neither (baseline)",
-    )
-    parser.add_argument(
-        "--emulate-gpu-rate", type=float, default=0.0, help="EMULATION: cap samples/s per worker (0 = off)"
-    )
-    parser.add_argument(
-        "--emulate-restore-s",
-        type=float,
-        default=0.0,
-        help="EMULATION: extra seconds to restore a checkpoint (0 = off)",
-    )
-    parser.add_argument("--checkpoint-every-s", type=float, default=5.0)
-    parser.add_argument(
-        "--order-lead-s",
-        type=float,
-        default=0.5,
-        help="how far (record time) one of a rank's partitions may run ahead of its oldest backlog before it is paused",
-    )
-    parser.add_argument("--metrics-every-s", type=float, default=2.0)
-    parser.add_argument("--keep", type=int, default=3)
-    parser.add_argument("--collective-timeout-s", type=float, default=COLLECTIVE_TIMEOUT_S)
-    parser.add_argument(
-        "--trained-log",
-        default=None,
-        help="directory for per-rank logs of trained (partition, offset, sample seq) as int64 triples",
-    )
-    parser.add_argument("--standby", action="store_true", help="wait for rank/world on stdin (warm standby)")
-    return parser.parse_args(argv)
+def parse_args(argv=None) -> argparse.Namespace:
+    """The worker's flags (``trainer.settings``), checked by ``TrainerSettings``'s field rules."""
+    parser = worker_parser()
+    args = parser.parse_args(argv)
+    try:
+        TrainerSettings.from_args(args)
+    except (KaleConfigError, ValueError) as exc:
+        parser.error(str(exc))
+    return args
 
 
 def _leave_when_orphaned(parent: int, every_s: float = 1.0) -> None:

@@ -1,0 +1,137 @@
+"""What every worker of a pipeline is started with: one spec, ``TrainerSettings``, from which its flags are derived.
+
+The launchers write the flags (``TrainerSettings.argv``: the local launcher's processes, the Kubernetes Job's
+torchrun line), the worker reads them back (``worker_parser``, then ``TrainerSettings.from_args`` checks them
+with the same field rules), and ``kale trainer serve`` offers the same ones (``cli.declared.add_flags``).  A new
+setting is one field here, with its rule: nothing else spells its flag.
+
+The stream (``--bootstrap-servers``, ``--topic``, ``--group-id``) comes from the pipeline's ``KafkaSource`` and
+the trainer (``--trainer``, ``--trainer-options``) from its ``TrainerSpec``; their secrets never become flags
+(``KafkaSource.worker_env``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+from kale_dagster.errors import KaleConfigError
+from kale_dagster.rules import check, field_types, renamed, rule_of, setting
+from kale_dagster.stream.source import KafkaSource
+from kale_dagster.trainer.api import DEFAULT_TRAINER, TrainerSpec
+from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S
+
+
+def flag(name: str) -> str:
+    """A field's flag: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What every worker of a pipeline is started with; the stream comes from the pipeline's source and the
+    trainer from its ``TrainerSpec``.  Each ruled field is one flag of the worker."""
+
+    source: KafkaSource
+    checkpoint_dir: str = setting(description="where checkpoints are written (shared by every worker)")
+    batch_size: int = setting(256, ge=1, le=1_000_000, description="samples per worker step")
+    emulate_gpu_rate: float = setting(0.0, ge=0, le=1e9, description="EMULATION of one GPU's samples/s; 0: off")
+    emulate_restore_s: float = setting(
+        0.0, ge=0, le=86_400, unit="s", description="EMULATION of a large model's restore at every (re)start; 0: off"
+    )
+    checkpoint_every_s: float = setting(5.0, gt=0, le=86_400, unit="s", description="how often a checkpoint is written")
+    keep: int = setting(3, ge=1, le=1000, description="checkpoints kept (older ones are pruned)")
+    metrics_every_s: float = setting(2.0, gt=0, le=3600, unit="s", description="the workers' metrics window")
+    balance: str = setting(
+        "rates",
+        choices=("rates", "round-robin"),
+        description="rates: partitions by measured rate, overflow forwarded; round-robin: neither (a baseline)",
+    )
+    order_lead_s: float = setting(
+        0.5,
+        ge=0,
+        le=3600,
+        unit="s",
+        description="how far (record time) a partition may run ahead of the rank's oldest backlog before it is paused",
+    )
+    max_queue: int = setting(2048, ge=1, le=10_000_000, description="samples a rank may hold queued")
+    high_watermark: int = setting(768, ge=1, le=10_000_000, description="queued samples at which fetching pauses")
+    low_watermark: int = setting(256, ge=0, le=10_000_000, description="queued samples at which fetching resumes")
+    collective_timeout_s: float = setting(
+        COLLECTIVE_TIMEOUT_S, gt=0, le=3600, unit="s", description="how long a collective waits for a hung rank"
+    )
+    trained_log: str | None = setting(
+        None,
+        description="a directory for per-rank logs of every trained (partition, offset, sample seq): end-to-end "
+        "accounting for tests and benchmarks",
+    )
+    trainer: TrainerSpec = dataclasses.field(default_factory=TrainerSpec)  # --trainer, --trainer-options
+    pipeline: str = setting("", description="the pipeline's name, as the trainer factory's context tells it")
+
+    def __post_init__(self):
+        _ = self.source.topic  # the kale trainer consumes one topic: fail here, naming the field
+        check(
+            self,
+            lambda: (
+                None
+                if self.low_watermark < self.high_watermark <= self.max_queue
+                else KaleConfigError("high_watermark", "must be above low_watermark and at most max_queue")
+            ),
+        )
+
+    def argv(self) -> list[str]:
+        """The worker's flags for these settings (no secret: those travel in ``KafkaSource.worker_env``)."""
+        src = self.source
+        args = ["--bootstrap-servers", src.bootstrap_servers, "--topic", src.topic, "--group-id", src.group_id]
+        for f in _flag_fields():
+            value = getattr(self, f.name)
+            if value is not None:
+                args += [flag(f.name), str(value)]
+        return args + self.trainer.argv(self.pipeline)
+
+    def env(self) -> dict[str, str]:
+        """The workers' environment: this process's, plus the source's Kafka security settings."""
+        return dict(os.environ, PYTHONUNBUFFERED="1", **self.source.worker_env(include_password=True))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TrainerSettings:
+        """The settings a worker's parsed flags say, checked by the same field rules (errors name the flags)."""
+        source = renamed(
+            flag, KafkaSource, bootstrap_servers=args.bootstrap_servers, topics=(args.topic,), group_id=args.group_id
+        )
+        trainer = renamed(flag, TrainerSpec, trainer=args.trainer, trainer_options=json.loads(args.trainer_options))
+        values = {f.name: getattr(args, f.name) for f in _flag_fields()}
+        return renamed(flag, cls, source=source, trainer=trainer, pipeline=args.pipeline, **values)
+
+
+def _flag_fields() -> list[dataclasses.Field]:
+    """The ruled fields, each one flag (``pipeline`` rides with the trainer's flags)."""
+    return [f for f in dataclasses.fields(TrainerSettings) if rule_of(f) is not None and f.name != "pipeline"]
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    """The worker's command line: every flag ``TrainerSettings.argv`` writes, and ``--standby``."""
+    parser = argparse.ArgumentParser(description="kale trainer worker")
+    parser.add_argument("--bootstrap-servers", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--group-id", required=True)
+    parser.add_argument("--trainer", default=DEFAULT_TRAINER, help="the trainer factory, module:attribute")
+    parser.add_argument("--trainer-options", default="{}", help="JSON object passed to the factory as options")
+    kinds = field_types(TrainerSettings)
+    for f in [*_flag_fields(), next(f for f in dataclasses.fields(TrainerSettings) if f.name == "pipeline")]:
+        rule = rule_of(f)
+        assert rule is not None
+        required = f.default is dataclasses.MISSING
+        parser.add_argument(
+            flag(f.name),
+            dest=f.name,
+            type=kinds[f.name][0] or str,
+            required=required,
+            default=None if required else f.default,
+            help=rule.description,
+        )
+    parser.add_argument("--standby", action="store_true", help="wait for rank/world on stdin (warm standby)")
+    return parser
