@@ -49,8 +49,11 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
+from enum import Enum
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -179,11 +182,34 @@ class MetricsWindow:
         }
 
 
+class WorkerState(Enum):
+    """Where a worker process is (TorchElastic's ``WorkerState``, for one rank)."""
+
+    STANDBY = "standby"  # warm, in no group: a stop ends the process at once
+    RESTORING = "restoring"  # in a group, restoring its checkpoint: no step yet
+    TRAINING = "training"  # stepped, or read an idle stream to its end: what a rescale waits for
+    STOPPING = "stopping"  # the group stops: the last checkpoint and commit
+
+
+@dataclass
+class GroupProgress:
+    """One group's training, as one rank keeps it from its restore to its last checkpoint."""
+
+    consumer: Any
+    accept: AcceptState
+    step: int
+    trained_total: int
+    queue: SampleQueue = field(default_factory=SampleQueue)
+    last_checkpoint: float = field(default_factory=time.monotonic)
+    window: MetricsWindow = field(default_factory=MetricsWindow)
+
+
 class Worker:
     def __init__(self, args):
         self.args = args
         self.stop_requested = False
-        self.serving = False
+        self.state = WorkerState.STANDBY
+        self.rank, self.world = 0, 1  # this rank's place in its group, set at every join
         self.device = (
             torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             if torch.cuda.is_available()
@@ -197,7 +223,8 @@ class Worker:
         self.factory = load_factory(args.trainer)
         self.trainer: OnlineTrainer | None = None  # built at every join, for that rank and group
         self.started_at = time.monotonic()
-        self.trained_log = None
+        self.trained_log: BinaryIO | None = None  # with --trained-log, this rank's log of every trained sample
+        self.newest_trained: dict[int, int] = {}  # per partition, the newest offset this rank trained in this group
         self.committer = None  # rank 0's OffsetCommitter for the current group, once it has checkpointed
         self.samples_per_record = 1  # as last seen: turns the queue's room into a record count
         self.poison_records = 0  # records skipped since the process started (not whole, valid samples)
@@ -224,13 +251,13 @@ class Worker:
 
     def serve(self, group: GroupAssignment) -> int:
         """Join a group, train until stopped, leave it.  A standby can serve again."""
-        self.stop_requested, self.serving = False, True
+        self.stop_requested, self.state = False, WorkerState.RESTORING
         self.started_at = time.monotonic()  # rates in the checkpoint count from the join
         self.join(group)
         try:
             return self.run()
         finally:
-            self.serving = False
+            self.state = WorkerState.STANDBY
             dist.destroy_process_group()
             # The next group gets a fresh trainer, loaded from the checkpoint this one just wrote.
             self.trainer = None
@@ -435,95 +462,117 @@ class Worker:
     # --- training ------------------------------------------------------------------
 
     def run(self) -> int:
+        """Train this rank's partitions, one collective round per step, until a rank asks to stop; then the last
+        checkpoint and commit.  Stages: restore (``_start``), rounds (``_round``), stop (``_finish``)."""
+        g = self._start()
+        try:
+            while self._round(g):
+                pass
+            self._finish(g)
+            return 0
+        finally:
+            if self.trained_log is not None:
+                self.trained_log.close()
+                self.trained_log = None
+            g.consumer.close()
+
+    def _start(self) -> GroupProgress:
+        """Restore the latest checkpoint and open this rank's partitions at the committed offsets."""
         args = self.args
+        self.state = WorkerState.RESTORING
         state = self.restore()
         if args.emulate_restore_s:
             # EMULATION: loading a large model's checkpoint and re-forming its job
             # (the paper's restart is about 10 minutes for 1B parameters).
             time.sleep(args.emulate_restore_s)
-        step = int(state.get("step", 0))
-        trained_total = int(state.get("trained_total", 0))
         consumer, mine = self.open_consumer(state)
-        queue = SampleQueue()
-        accept = AcceptState(high=args.high_watermark, low=args.low_watermark)
-        emit(WorkerEvent.STARTED, rank=self.rank, world=self.world, step=step, partitions=mine, resumed=bool(state))
-        self.newest_trained: dict[int, int] = {}  # per partition, the newest offset this rank trained in this group
-        trained_log = self.trained_log = (
-            open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab") if args.trained_log else None
+        g = GroupProgress(
+            consumer,
+            AcceptState(high=args.high_watermark, low=args.low_watermark),
+            step=int(state.get("step", 0)),
+            trained_total=int(state.get("trained_total", 0)),
         )
-        last_ckpt = time.monotonic()
-        window = MetricsWindow()
-        first_step_done = False
-        try:
-            while True:
-                self.fill(consumer, queue)
-                due = time.monotonic() - last_ckpt >= args.checkpoint_every_s
-                mine_now = StepStatus(len(queue.own), len(queue), accept.update(len(queue)), self.stop_requested, due)
-                table = self.gather_status(mine_now)
-                if any(r.stop for r in table):
-                    break
-                plan = (
-                    []
-                    if args.balance == "round-robin"
-                    else forwarding_plan(
-                        [r.own_queue for r in table],
-                        [r.total_queue for r in table],
-                        [r.accepting for r in table],
-                        args.high_watermark,
-                        seed=step,
-                    )
-                )
-                self.exchange(queue, plan)
-                counts = [
-                    min(
-                        args.batch_size,
-                        r.total_queue + sum(n for s, d, n in plan if d == i) - sum(n for s, d, n in plan if s == i),
-                    )
-                    for i, r in enumerate(table)
-                ]
-                global_n = sum(counts)
-                # Checkpoints are collective: all ranks take one at the same step.
-                checkpoint_now = any(r.checkpoint_due for r in table)
-                if global_n == 0:
-                    if not first_step_done and self.caught_up(consumer):
-                        # Nothing to train: the rank is ready, and an idle stream must not stall a rescale.
-                        first_step_done = True
-                        emit(WorkerEvent.STEP, rank=self.rank, step=step, first=True, caught_up=True)
-                        window = MetricsWindow()
-                    if first_step_done:
-                        window.wait()
-                        window = self.report(window, step)  # an idle group reports too: 0 samples/s, 0% busy
-                    if checkpoint_now:
-                        step, trained_total = self.checkpoint(step, trained_total, queue)
-                        last_ckpt = time.monotonic()
-                    time.sleep(0.01)
-                    continue
-                batch = queue.take(args.batch_size)
-                busy_s = self.train_batch(batch, global_n, step)
-                step += 1
-                trained_total += len(batch)
-                window.add(len(batch), busy_s, full=global_n == args.batch_size * self.world)
-                if not first_step_done:
-                    first_step_done = True
-                    emit(WorkerEvent.STEP, rank=self.rank, step=step, first=True)
-                    # Metrics count from the first step: start-up is not idle time (HPA
-                    # likewise ignores pods that are still initializing).
-                    window = MetricsWindow()
-                window = self.report(window, step)
-                if checkpoint_now:
-                    step, trained_total = self.checkpoint(step, trained_total, queue)
-                    last_ckpt = time.monotonic()
-            step, trained_total = self.checkpoint(step, trained_total, queue)
-            if self.committer is not None:
-                # The group's last offsets reach Kafka before the next group commits newer ones.
-                self.committer.close(timeout_s=self.args.collective_timeout_s)
-                self.committer = None
-            emit(WorkerEvent.STOPPED, rank=self.rank, step=step)
-            return 0
-        finally:
-            if trained_log is not None:
-                trained_log.close()
-            consumer.close()
+        emit(WorkerEvent.STARTED, rank=self.rank, world=self.world, step=g.step, partitions=mine, resumed=bool(state))
+        self.newest_trained = {}
+        if args.trained_log:
+            self.trained_log = open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab")
+        return g
+
+    def _round(self, g: GroupProgress) -> bool:
+        """One collective round: fetch, agree on who holds what, forward overflow, then a step (or an idle wait)
+        and a checkpoint when one is due on any rank.  False once a rank asks the group to stop."""
+        args, queue = self.args, g.queue
+        self.fill(g.consumer, queue)
+        due = time.monotonic() - g.last_checkpoint >= args.checkpoint_every_s
+        mine = StepStatus(len(queue.own), len(queue), g.accept.update(len(queue)), self.stop_requested, due)
+        table = self.gather_status(mine)
+        if any(r.stop for r in table):
+            return False
+        plan = [] if args.balance == "round-robin" else self._forwarding(table, g.step)
+        self.exchange(queue, plan)
+        counts = [
+            min(
+                args.batch_size,
+                r.total_queue + sum(n for _, d, n in plan if d == i) - sum(n for s, _, n in plan if s == i),
+            )
+            for i, r in enumerate(table)
+        ]
+        global_n = sum(counts)
+        if global_n:
+            self._step(g, global_n)
+        else:
+            self._idle(g)
+        if any(r.checkpoint_due for r in table):  # checkpoints are collective: all ranks take one at the same step
+            g.step, g.trained_total = self.checkpoint(g.step, g.trained_total, queue)
+            g.last_checkpoint = time.monotonic()
+        if not global_n:
+            time.sleep(0.01)
+        return True
+
+    def _forwarding(self, table: list[StepStatus], step: int) -> list[tuple[int, int, int]]:
+        """Which rank forwards how many queued samples to which, so that every rank has a batch to train."""
+        own, total, accepting = (
+            [r.own_queue for r in table],
+            [r.total_queue for r in table],
+            [r.accepting for r in table],
+        )
+        return forwarding_plan(own, total, accepting, self.args.high_watermark, seed=step)
+
+    def _step(self, g: GroupProgress, global_n: int) -> None:
+        """Train this rank's share of a step of ``global_n`` samples; the first one is what a rescale waits for."""
+        batch = g.queue.take(self.args.batch_size)
+        busy_s = self.train_batch(batch, global_n, g.step)
+        g.step += 1
+        g.trained_total += len(batch)
+        g.window.add(len(batch), busy_s, full=global_n == self.args.batch_size * self.world)
+        if self.state is WorkerState.RESTORING:
+            self.state = WorkerState.TRAINING
+            emit(WorkerEvent.STEP, rank=self.rank, step=g.step, first=True)
+            # Metrics count from the first step: start-up is not idle time (HPA likewise ignores pods that are
+            # still initializing).
+            g.window = MetricsWindow()
+        g.window = self.report(g.window, g.step)
+
+    def _idle(self, g: GroupProgress) -> None:
+        """Nothing to train anywhere: a rank that has read its partitions to the end is ready (an idle stream must
+        not stall a rescale), and an idle group reports too: 0 samples/s, 0% busy."""
+        if self.state is WorkerState.RESTORING and self.caught_up(g.consumer):
+            self.state = WorkerState.TRAINING
+            emit(WorkerEvent.STEP, rank=self.rank, step=g.step, first=True, caught_up=True)
+            g.window = MetricsWindow()
+        if self.state is WorkerState.TRAINING:
+            g.window.wait()
+            g.window = self.report(g.window, g.step)
+
+    def _finish(self, g: GroupProgress) -> None:
+        """The group stops: one last checkpoint, and its offsets reach Kafka before the next group commits newer
+        ones."""
+        self.state = WorkerState.STOPPING
+        g.step, g.trained_total = self.checkpoint(g.step, g.trained_total, g.queue)
+        if self.committer is not None:
+            self.committer.close(timeout_s=self.args.collective_timeout_s)
+            self.committer = None
+        emit(WorkerEvent.STOPPED, rank=self.rank, step=g.step)
 
     def report(self, window: MetricsWindow, step: int) -> MetricsWindow:
         """Emit the window's metrics once it spans ``metrics_every_s``; the window to count in next."""
@@ -762,7 +811,7 @@ def main(argv=None) -> int:
         return _failed(str(exc))
 
     def on_stop(*_):
-        if not worker.serving:
+        if worker.state is WorkerState.STANDBY:
             sys.exit(0)  # a standby has nothing to save
         worker.stop_requested = True
 
