@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -61,20 +61,17 @@ import torch.distributed as dist
 from torch.utils.data import default_collate
 
 from kale_dagster.errors import KaleConfigError
-from kale_dagster.stream.record_time import usable_ms
-from kale_dagster.stream.source import WORKER_ENV, Secret
 from kale_dagster.trainer.api import (
     OnlineTrainer,
-    Record,
     TrainerContext,
     TrainerFailure,
     check_trainer,
     load_factory,
 )
-from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding_plan, round_robin
+from kale_dagster.trainer.balance import AcceptState, forwarding_plan
 from kale_dagster.trainer.checkpoint import CheckpointWriteError, load_latest, save_atomic
 from kale_dagster.trainer.committer import OffsetCommitter
-from kale_dagster.trainer.ordering import ArrivalOrder
+from kale_dagster.trainer.intake import PartitionIntake, kafka_config
 from kale_dagster.trainer.protocol import (
     TRAINER_FAILED,
     GroupAssignment,
@@ -82,42 +79,8 @@ from kale_dagster.trainer.protocol import (
     WorkerEvent,
     event_line,
 )
-from kale_dagster.trainer.sample_queue import ORIGIN, SampleQueue, Samples
+from kale_dagster.trainer.sample_queue import SampleQueue, Samples
 from kale_dagster.trainer.settings import TrainerSettings, worker_parser
-
-# A partition that may deliver and does not for this long stops holding this rank's others back (ordering).
-ORDER_STALL_S = 2.0
-
-
-def kafka_config(servers: str) -> dict:
-    """kafka-python settings: servers from the command line, security from the environment.
-
-    On Kubernetes the environment comes from the pipeline's Secret (envFrom),
-    so credentials never appear in a manifest or on a command line.
-    """
-    config: dict[str, object] = {"bootstrap_servers": servers.split(",")}
-    for env, key in WORKER_ENV.items():
-        if os.environ.get(env):
-            config[key] = os.environ[env]
-    if "sasl_plain_password" in config:  # kafka-python logs its configuration at DEBUG
-        config["sasl_plain_password"] = Secret(os.environ["KAFKA_SASL_PASSWORD"])
-    return config
-
-
-def _unblock_resumed_partitions(consumer) -> None:
-    """Work around kafka-python 3.0.12: records parked while their partition was paused come back on resume only
-    when no partition's records are in line, and it tests that with ``is None`` while a drained partition's
-    records stay in line (empty, not None).  Until then the resumed partition is neither handed out nor fetched
-    again, and the rank stops training it.  An emptied line is cleared so the next poll restores the parked data."""
-    fetcher = getattr(consumer, "_fetcher", None)
-    in_line = getattr(fetcher, "_next_partition_records", None)
-    if (
-        fetcher is not None
-        and in_line is not None
-        and not in_line
-        and getattr(fetcher, "_paused_partition_records", None)
-    ):
-        fetcher._next_partition_records = None
 
 
 def _to_device(batch, device: torch.device):
@@ -195,7 +158,7 @@ class WorkerState(Enum):
 class GroupProgress:
     """One group's training, as one rank keeps it from its restore to its last checkpoint."""
 
-    consumer: Any
+    intake: PartitionIntake
     accept: AcceptState
     step: int
     trained_total: int
@@ -229,6 +192,9 @@ class Worker:
         self.samples_per_record = 1  # as last seen: turns the queue's room into a record count
         self.poison_records = 0  # records skipped since the process started (not whole, valid samples)
         self.checkpoint_error = ""  # why the last checkpoint could not be written (rank 0), empty once one is
+
+    def _count_poison(self, records: int) -> None:
+        self.poison_records += records
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -298,134 +264,6 @@ class Worker:
 
     # --- data ----------------------------------------------------------------------
 
-    def open_consumer(self, state: dict):
-        from kafka import KafkaConsumer
-        from kafka.structs import TopicPartition
-
-        consumer = KafkaConsumer(
-            **kafka_config(self.args.bootstrap_servers),
-            enable_auto_commit=False,
-            group_id=None,
-            max_partition_fetch_bytes=1 << 20,
-            fetch_max_wait_ms=50,
-        )
-        partitions = sorted(consumer.partitions_for_topic(self.args.topic) or [])
-        if not partitions:
-            raise RuntimeError(f"topic {self.args.topic!r} has no partitions")
-        rates = state.get("partition_rates") or {p: 1.0 for p in partitions}
-        rates = {p: float(rates.get(p, 1.0)) for p in partitions}
-        plan = (
-            assign_by_rate(rates, self.world) if self.args.balance == "rates" else round_robin(partitions, self.world)
-        )
-        mine = [TopicPartition(self.args.topic, p) for p in plan[self.rank]]
-        if mine:  # more workers than partitions: this one trains forwarded samples only
-            consumer.assign(mine)
-        offsets = state.get("offsets", {})
-        committed = self._committed(mine) if not offsets else {}
-        for tp in mine:
-            pos = offsets.get(tp.partition, committed.get(tp.partition))
-            if pos is None:
-                consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, pos)
-        self.next_pos = {tp.partition: consumer.position(tp) for tp in mine}
-        self.start_pos = dict(self.next_pos)
-        self.assigned = {tp.partition: tp for tp in mine}
-        self.order = ArrivalOrder(lead_ms=int(self.args.order_lead_s * 1000), stall_s=ORDER_STALL_S)
-        return consumer, [tp.partition for tp in mine]
-
-    def _committed(self, tps) -> dict[int, int]:
-        from kafka import KafkaConsumer
-
-        c = KafkaConsumer(
-            **kafka_config(self.args.bootstrap_servers), group_id=self.args.group_id, enable_auto_commit=False
-        )
-        try:
-            return {tp.partition: off for tp in tps if (off := c.committed(tp)) is not None}
-        finally:
-            c.close()
-
-    def fill(self, consumer, queue: SampleQueue) -> None:
-        room = self.args.max_queue - len(queue.own)
-        if room <= 0 or not self.next_pos:
-            return
-        # kafka-python drives its network I/O inside poll(): with a batch queued
-        # a zero timeout just collects what has arrived; a starving worker waits
-        # 5 ms, enough for a fetch to complete without stalling the collective.
-        wait_ms = 0 if len(queue) >= self.args.batch_size else 5
-        while room > 0:
-            # A batch's worth at a time: the partitions that run ahead are paused before the rest of the room fills.
-            want = max(min(room, self.args.batch_size) // self.samples_per_record, 1)
-            _unblock_resumed_partitions(consumer)
-            polled = consumer.poll(timeout_ms=wait_ms, max_records=want)
-            wait_ms, got, newest = 0, 0, {}
-            for tp, records in polled.items():
-                if not records:
-                    continue
-                got += len(records)
-                newest[tp.partition] = usable_ms(records[-1].timestamp, time.time())
-                self._queue_records(tp.partition, records, queue)
-            self._keep_arrival_order(consumer, newest)
-            if got < want:
-                return  # nothing more fetched for the partitions that may deliver
-            room = self.args.max_queue - len(queue.own)
-
-    def _queue_records(self, partition: int, records: list, queue: SampleQueue) -> None:
-        """Decode with the user's ``decode``; a record it refuses (``ValueError``) is skipped and counted, never
-        retried: its offset is passed like any other."""
-        assert self.trainer is not None, "built at join"
-        decode, now = self.trainer.decode, time.time()
-        items: list = []
-        origin: list[tuple[int, int, int]] = []
-        refused: list[tuple[int, str]] = []
-        most = 0
-        for r in records:
-            record = Record(r.value, r.key, usable_ms(r.timestamp, now), partition, r.offset)
-            try:
-                samples = list(decode(record))
-            except ValueError as exc:
-                refused.append((r.offset, str(exc)))
-                continue
-            except Exception as exc:  # a bug in decode, not a bad record: skipping would lose good records
-                raise TrainerFailure(
-                    f"{self.args.trainer}: decode raised {type(exc).__name__}: {exc} on partition {partition} offset "
-                    f"{r.offset} (raise ValueError for a record to skip)"
-                ) from exc
-            items.extend(samples)
-            # Every sample of a packed record carries the record's offset: a checkpoint resumes at that record.
-            origin.extend((partition, r.offset, i) for i in range(len(samples)))
-            most = max(most, len(samples))
-        if refused:
-            self.poison_records += len(refused)
-            offset, why = refused[0]
-            print(
-                f"skipped {len(refused)} record(s) that {self.args.trainer}'s decode refused in partition "
-                f"{partition}, first at offset {offset}: {why}"[:1000],
-                file=sys.stderr,
-                flush=True,
-            )
-        queue.add_own(Samples(items, np.array(origin, dtype=ORIGIN)))
-        self.samples_per_record = most or self.samples_per_record
-        self.next_pos[partition] = records[-1].offset + 1
-
-    def _keep_arrival_order(self, consumer, newest: dict[int, int | None]) -> None:
-        """Pause the partitions that run ahead of this rank's oldest backlog, resume the others (``ordering``)."""
-        backlogged = [
-            p for p, tp in self.assigned.items() if (hw := consumer.highwater(tp)) is None or self.next_pos[p] < hw
-        ]
-        paused = self.order.held
-        held = self.order.polled(newest, backlogged, time.monotonic())
-        if held != paused:
-            consumer.resume(*(self.assigned[p] for p in paused - held))
-            consumer.pause(*(self.assigned[p] for p in held - paused))
-
-    def caught_up(self, consumer) -> bool:
-        """Every partition of this rank has reported its high watermark and been read up to it."""
-        return all(
-            (hw := consumer.highwater(tp)) is not None and self.next_pos[tp.partition] >= hw
-            for tp in consumer.assignment()
-        )
-
     def exchange(self, queue: SampleQueue, plan: list[tuple[int, int, int]]) -> None:
         """Carry out this rank's part of the forwarding plan with point-to-point transfers.
 
@@ -474,7 +312,8 @@ class Worker:
             if self.trained_log is not None:
                 self.trained_log.close()
                 self.trained_log = None
-            g.consumer.close()
+            self.samples_per_record = g.intake.samples_per_record
+            g.intake.close()
 
     def _start(self) -> GroupProgress:
         """Restore the latest checkpoint and open this rank's partitions at the committed offsets."""
@@ -485,9 +324,12 @@ class Worker:
             # EMULATION: loading a large model's checkpoint and re-forming its job
             # (the paper's restart is about 10 minutes for 1B parameters).
             time.sleep(args.emulate_restore_s)
-        consumer, mine = self.open_consumer(state)
+        assert self.trainer is not None, "built at join"
+        intake = PartitionIntake(self.args, self.rank, self.world, self.trainer.decode, self._count_poison, state)
+        intake.samples_per_record = self.samples_per_record
+        mine = intake.partitions
         g = GroupProgress(
-            consumer,
+            intake,
             AcceptState(high=args.high_watermark, low=args.low_watermark),
             step=int(state.get("step", 0)),
             trained_total=int(state.get("trained_total", 0)),
@@ -502,7 +344,7 @@ class Worker:
         """One collective round: fetch, agree on who holds what, forward overflow, then a step (or an idle wait)
         and a checkpoint when one is due on any rank.  False once a rank asks the group to stop."""
         args, queue = self.args, g.queue
-        self.fill(g.consumer, queue)
+        g.intake.fill(queue)
         due = time.monotonic() - g.last_checkpoint >= args.checkpoint_every_s
         mine = StepStatus(len(queue.own), len(queue), g.accept.update(len(queue)), self.stop_requested, due)
         table = self.gather_status(mine)
@@ -523,7 +365,7 @@ class Worker:
         else:
             self._idle(g)
         if any(r.checkpoint_due for r in table):  # checkpoints are collective: all ranks take one at the same step
-            g.step, g.trained_total = self.checkpoint(g.step, g.trained_total, queue)
+            self.checkpoint(g)
             g.last_checkpoint = time.monotonic()
         if not global_n:
             time.sleep(0.01)
@@ -556,7 +398,7 @@ class Worker:
     def _idle(self, g: GroupProgress) -> None:
         """Nothing to train anywhere: a rank that has read its partitions to the end is ready (an idle stream must
         not stall a rescale), and an idle group reports too: 0 samples/s, 0% busy."""
-        if self.state is WorkerState.RESTORING and self.caught_up(g.consumer):
+        if self.state is WorkerState.RESTORING and g.intake.caught_up():
             self.state = WorkerState.TRAINING
             emit(WorkerEvent.STEP, rank=self.rank, step=g.step, first=True, caught_up=True)
             g.window = MetricsWindow()
@@ -568,7 +410,7 @@ class Worker:
         """The group stops: one last checkpoint, and its offsets reach Kafka before the next group commits newer
         ones."""
         self.state = WorkerState.STOPPING
-        g.step, g.trained_total = self.checkpoint(g.step, g.trained_total, g.queue)
+        self.checkpoint(g)
         if self.committer is not None:
             self.committer.close(timeout_s=self.args.collective_timeout_s)
             self.committer = None
@@ -718,18 +560,20 @@ class Worker:
         if trainer.scheduler is not None:
             trainer.scheduler.step()
 
-    def checkpoint(self, step: int, trained_total: int, queue: SampleQueue) -> tuple[int, int]:
+    def checkpoint(self, g: GroupProgress) -> None:
+        """One collective checkpoint: what is queued below the newest trained offsets is trained first (``settle``),
+        then rank 0 writes the state and commits the offsets it covers."""
         trainer = self.trainer
         assert trainer is not None, "built at join"
-        step, trained_total = self.settle(queue, step, trained_total)
+        step, trained_total = g.step, g.trained_total = self.settle(g.queue, g.step, g.trained_total)
         if self.trained_log is not None:
             # What a checkpoint covers must be on disk in the accounting log too.
             self.trained_log.flush()
             os.fsync(self.trained_log.fileno())
         mine = {
-            "next": self.next_pos,
-            "start": self.start_pos,
-            "min_queued": queue.min_offsets(),
+            "next": g.intake.next_pos,
+            "start": g.intake.start_pos,
+            "min_queued": g.queue.min_offsets(),
             "elapsed": time.monotonic() - self.started_at,
         }
         everyone: list = [None] * self.world
@@ -772,7 +616,6 @@ class Worker:
                 self.committer.submit(offsets)  # after the save, never ahead of it; off the step, never stalling it
                 emit(WorkerEvent.CHECKPOINT, step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
         dist.barrier()
-        return step, trained_total
 
 
 def parse_args(argv=None) -> argparse.Namespace:

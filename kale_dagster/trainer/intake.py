@@ -1,0 +1,194 @@
+"""One rank's partitions for one group: read from Kafka into its sample queue, in arrival order, decoded by the
+user's trainer, and where each partition's next record is (what a checkpoint resumes at).
+
+The rank's partitions are assigned by measured rate (``balance``), opened at the checkpoint's offsets (or the
+group's committed ones, before the first checkpoint), and paused while they run ahead of the rank's oldest
+backlog (``ordering``).  A record the user's ``decode`` refuses (``ValueError``) is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from kale_dagster.stream.record_time import usable_ms
+from kale_dagster.stream.source import WORKER_ENV, Secret
+from kale_dagster.trainer.api import Record, TrainerFailure
+from kale_dagster.trainer.balance import assign_by_rate, round_robin
+from kale_dagster.trainer.ordering import ArrivalOrder
+from kale_dagster.trainer.sample_queue import ORIGIN, SampleQueue, Samples
+
+# A partition that may deliver and does not for this long stops holding this rank's others back (ordering).
+ORDER_STALL_S = 2.0
+
+
+def kafka_config(servers: str) -> dict:
+    """kafka-python settings: servers from the command line, security from the environment.
+
+    On Kubernetes the environment comes from the pipeline's Secret (envFrom),
+    so credentials never appear in a manifest or on a command line.
+    """
+    config: dict[str, object] = {"bootstrap_servers": servers.split(",")}
+    for env, key in WORKER_ENV.items():
+        if os.environ.get(env):
+            config[key] = os.environ[env]
+    if "sasl_plain_password" in config:  # kafka-python logs its configuration at DEBUG
+        config["sasl_plain_password"] = Secret(os.environ["KAFKA_SASL_PASSWORD"])
+    return config
+
+
+def _unblock_resumed_partitions(consumer) -> None:
+    """Work around kafka-python 3.0.12: records parked while their partition was paused come back on resume only
+    when no partition's records are in line, and it tests that with ``is None`` while a drained partition's
+    records stay in line (empty, not None).  Until then the resumed partition is neither handed out nor fetched
+    again, and the rank stops training it.  An emptied line is cleared so the next poll restores the parked data."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    in_line = getattr(fetcher, "_next_partition_records", None)
+    if (
+        fetcher is not None
+        and in_line is not None
+        and not in_line
+        and getattr(fetcher, "_paused_partition_records", None)
+    ):
+        fetcher._next_partition_records = None
+
+
+class PartitionIntake:
+    """A rank's partitions for one group (see the module docstring)."""
+
+    def __init__(self, args, rank: int, world: int, decode: Callable, on_poison: Callable[[int], None], state: dict):
+        from kafka import KafkaConsumer
+        from kafka.structs import TopicPartition
+
+        self.args, self.decode, self.on_poison = args, decode, on_poison
+        self.samples_per_record = 1  # as last seen: turns the queue's room into a record count
+        consumer = self.consumer = KafkaConsumer(
+            **kafka_config(self.args.bootstrap_servers),
+            enable_auto_commit=False,
+            group_id=None,
+            max_partition_fetch_bytes=1 << 20,
+            fetch_max_wait_ms=50,
+        )
+        partitions = sorted(consumer.partitions_for_topic(self.args.topic) or [])
+        if not partitions:
+            raise RuntimeError(f"topic {self.args.topic!r} has no partitions")
+        rates = state.get("partition_rates") or {p: 1.0 for p in partitions}
+        rates = {p: float(rates.get(p, 1.0)) for p in partitions}
+        plan = assign_by_rate(rates, world) if self.args.balance == "rates" else round_robin(partitions, world)
+        mine = [TopicPartition(self.args.topic, p) for p in plan[rank]]
+        if mine:  # more workers than partitions: this one trains forwarded samples only
+            consumer.assign(mine)
+        offsets = state.get("offsets", {})
+        committed = self._committed(mine) if not offsets else {}
+        for tp in mine:
+            pos = offsets.get(tp.partition, committed.get(tp.partition))
+            if pos is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, pos)
+        self.next_pos: dict[int, int] = {tp.partition: consumer.position(tp) or 0 for tp in mine}  # seeked: never None
+        self.start_pos = dict(self.next_pos)
+        self.assigned = {tp.partition: tp for tp in mine}
+        self.order = ArrivalOrder(lead_ms=int(self.args.order_lead_s * 1000), stall_s=ORDER_STALL_S)
+        self.partitions = [tp.partition for tp in mine]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def _committed(self, tps) -> dict[int, int]:
+        from kafka import KafkaConsumer
+
+        c = KafkaConsumer(
+            **kafka_config(self.args.bootstrap_servers), group_id=self.args.group_id, enable_auto_commit=False
+        )
+        try:
+            return {tp.partition: off for tp in tps if (off := c.committed(tp)) is not None}
+        finally:
+            c.close()
+
+    def fill(self, queue: SampleQueue) -> None:
+        """Queue what has arrived, as much as the queue has room for, the partitions kept in arrival order."""
+        consumer = self.consumer
+        room = self.args.max_queue - len(queue.own)
+        if room <= 0 or not self.next_pos:
+            return
+        # kafka-python drives its network I/O inside poll(): with a batch queued
+        # a zero timeout just collects what has arrived; a starving worker waits
+        # 5 ms, enough for a fetch to complete without stalling the collective.
+        wait_ms = 0 if len(queue) >= self.args.batch_size else 5
+        while room > 0:
+            # A batch's worth at a time: the partitions that run ahead are paused before the rest of the room fills.
+            want = max(min(room, self.args.batch_size) // self.samples_per_record, 1)
+            _unblock_resumed_partitions(consumer)
+            polled = consumer.poll(timeout_ms=wait_ms, max_records=want)
+            wait_ms, got, newest = 0, 0, {}
+            for tp, records in polled.items():
+                if not records:
+                    continue
+                got += len(records)
+                newest[tp.partition] = usable_ms(records[-1].timestamp, time.time())
+                self._queue_records(tp.partition, records, queue)
+            self._keep_arrival_order(consumer, newest)
+            if got < want:
+                return  # nothing more fetched for the partitions that may deliver
+            room = self.args.max_queue - len(queue.own)
+
+    def _queue_records(self, partition: int, records: list, queue: SampleQueue) -> None:
+        """Decode with the user's ``decode``; a record it refuses (``ValueError``) is skipped and counted, never
+        retried: its offset is passed like any other."""
+        decode, now = self.decode, time.time()
+        items: list = []
+        origin: list[tuple[int, int, int]] = []
+        refused: list[tuple[int, str]] = []
+        most = 0
+        for r in records:
+            record = Record(r.value, r.key, usable_ms(r.timestamp, now), partition, r.offset)
+            try:
+                samples = list(decode(record))
+            except ValueError as exc:
+                refused.append((r.offset, str(exc)))
+                continue
+            except Exception as exc:  # a bug in decode, not a bad record: skipping would lose good records
+                raise TrainerFailure(
+                    f"{self.args.trainer}: decode raised {type(exc).__name__}: {exc} on partition {partition} offset "
+                    f"{r.offset} (raise ValueError for a record to skip)"
+                ) from exc
+            items.extend(samples)
+            # Every sample of a packed record carries the record's offset: a checkpoint resumes at that record.
+            origin.extend((partition, r.offset, i) for i in range(len(samples)))
+            most = max(most, len(samples))
+        if refused:
+            self.on_poison(len(refused))
+            offset, why = refused[0]
+            print(
+                f"skipped {len(refused)} record(s) that {self.args.trainer}'s decode refused in partition "
+                f"{partition}, first at offset {offset}: {why}"[:1000],
+                file=sys.stderr,
+                flush=True,
+            )
+        queue.add_own(Samples(items, np.array(origin, dtype=ORIGIN)))
+        self.samples_per_record = most or self.samples_per_record
+        self.next_pos[partition] = records[-1].offset + 1
+
+    def _keep_arrival_order(self, consumer, newest: dict[int, int | None]) -> None:
+        """Pause the partitions that run ahead of this rank's oldest backlog, resume the others (``ordering``)."""
+        backlogged = [
+            p for p, tp in self.assigned.items() if (hw := consumer.highwater(tp)) is None or self.next_pos[p] < hw
+        ]
+        paused = self.order.held
+        held = self.order.polled(newest, backlogged, time.monotonic())
+        if held != paused:
+            consumer.resume(*(self.assigned[p] for p in paused - held))
+            consumer.pause(*(self.assigned[p] for p in held - paused))
+
+    def caught_up(self) -> bool:
+        """Every partition of this rank has reported its high watermark and been read up to it."""
+        consumer = self.consumer
+        return all(
+            (hw := consumer.highwater(tp)) is not None and self.next_pos[tp.partition] >= hw
+            for tp in consumer.assignment()
+        )
