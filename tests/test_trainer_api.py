@@ -170,7 +170,7 @@ def _step_two_ranks(rank: int, store_path: str, out: str) -> None:
 
     import torch.distributed as dist
 
-    from kale_dagster.trainer.worker import Worker
+    from kale_dagster.trainer.harness import Worker
 
     sys.path.insert(0, str(Path(__file__).parent))
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)

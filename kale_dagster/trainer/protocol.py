@@ -14,6 +14,9 @@ Standard library only: the worker imports this before torch.
 from __future__ import annotations
 
 import json
+import os
+import sys
+import time
 from dataclasses import asdict, dataclass
 from enum import Enum
 
@@ -90,3 +93,45 @@ class StepStatus:
     def from_row(cls, row) -> StepStatus:
         own, total, accepting, stop, due = (int(x) for x in row)
         return cls(own, total, bool(accepting), bool(stop), bool(due))
+
+
+def emit(event: WorkerEvent, **fields) -> None:
+    """Write one event to the launcher (the worker's standard output)."""
+    try:
+        print(event_line(event, **fields), flush=True)
+    except BrokenPipeError:
+        # The launcher that read these is gone: events go nowhere from now on, and the worker stops
+        # gracefully (``_leave_when_orphaned``) instead of dying mid-step on a write.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+class MetricsWindow:
+    """What one rank did since the window opened: the basis of its metrics event."""
+
+    def __init__(self):
+        self.start, self.samples, self.steps, self.idle_steps, self.busy_s = time.monotonic(), 0, 0, 0, 0.0
+        self.waited = False
+
+    def add(self, samples: int, busy_s: float, full: bool) -> None:
+        self.samples += samples
+        self.steps += 1
+        self.idle_steps += samples == 0
+        self.busy_s += busy_s
+        self.waited |= not full
+
+    def wait(self) -> None:
+        """The group found nothing to train."""
+        self.waited = True
+
+    def fields(self) -> dict:
+        elapsed = time.monotonic() - self.start
+        # busy_share is what GPU utilization reports (HPA's metric); idle_share
+        # counts steps this rank sat out while others trained (imbalance).
+        # saturated: no step of the window waited for data, so samples_per_s is
+        # the group's capacity, F(w), not the arrival rate (the paper's profiling).
+        return {
+            "samples_per_s": self.samples / elapsed,
+            "idle_share": self.idle_steps / max(self.steps, 1),
+            "busy_share": min(self.busy_s / elapsed, 1.0),
+            "saturated": self.steps > 0 and not self.waited,
+        }
