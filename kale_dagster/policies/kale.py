@@ -89,7 +89,7 @@ class KaleConfig:
     guard.
     """
 
-    plan_step_s: float = setting(600.0, gt=0, unit="s", description="the plan's step")
+    plan_step_s: float = setting(Objective.plan_step_s, gt=0, unit="s", description="the plan's step")
     rho: int = setting(1, ge=1, description="the stabilizer's smallest change, in workers")
     tau_s: float = setting(600.0, ge=0, unit="s", description="the shortest time between two rescales")
     forecast_quantile: float | None = setting(
@@ -107,8 +107,10 @@ class KaleConfig:
     # multiple of that reading (off by default: measured in docs/results.md, it trades one bursty trace for another).
     burst_scale: float = setting(1.0, ge=1, description="the burst path plans for this multiple of the burst's rate")
     scale_in_lag_guard_s: float | None = setting(None, gt=0, unit="s", description="no scale-in above this lag")
-    lag_weight: float = setting(8.0, ge=0, description="GPU-minutes one lag-minute costs")
-    violation_weight: float = setting(100.0, ge=0, description="GPU-minutes one minute above the SLO costs")
+    lag_weight: float = setting(Objective.lag_weight, ge=0, description="GPU-minutes one lag-minute costs")
+    violation_weight: float = setting(
+        Objective.violation_weight, ge=0, description="GPU-minutes one minute above the SLO costs"
+    )
     projection_tick_s: float = setting(300.0, gt=0, unit="s", description="the backlog projection's step")
     sync_period_s: float = setting(60.0, gt=0, unit="s", description="how often the policy is asked")
     stabilizer: Mode = setting("kale", choices=MODES, description='"paper": Algorithm 1 exactly as published')

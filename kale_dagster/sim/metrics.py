@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from kale_dagster.model.schedule import Objective
+
 
 @dataclass(frozen=True)
 class PaperMetrics:
@@ -56,7 +58,12 @@ def score_readings(
     )
 
 
-def cost_parts(metrics: dict, minutes: float, lag_weight: float = 8.0, violation_weight: float = 100.0) -> dict:
+def cost_parts(
+    metrics: dict,
+    minutes: float,
+    lag_weight: float = Objective.lag_weight,
+    violation_weight: float = Objective.violation_weight,
+) -> dict:
     """Kale's own cost over ``minutes`` scored minutes, by part, in GPU-minutes: the GPU-minutes, ``lag_weight``
     x lag-minutes, ``violation_weight`` x minutes above the SLO (the defaults are Kale's)."""
     return {
@@ -66,7 +73,12 @@ def cost_parts(metrics: dict, minutes: float, lag_weight: float = 8.0, violation
     }
 
 
-def objective(metrics: dict, minutes: float, lag_weight: float = 8.0, violation_weight: float = 100.0) -> float:
+def objective(
+    metrics: dict,
+    minutes: float,
+    lag_weight: float = Objective.lag_weight,
+    violation_weight: float = Objective.violation_weight,
+) -> float:
     """Kale's own cost: the sum of ``cost_parts``."""
     return sum(cost_parts(metrics, minutes, lag_weight, violation_weight).values())
 

@@ -3,8 +3,8 @@
 A user writes a factory of an :class:`OnlineTrainer` (``kale_dagster.trainer.api``) and names it on the
 pipeline; a worker process (``kale_dagster.trainer.worker``, started with the flags ``settings.TrainerSettings``
 derives) runs it in the harness (``harness``): consumption (``intake``), balancing, data-parallel steps
-(``collective``), atomic checkpoints, offset commits and the rescale protocol.  ``ctr`` is the built-in demo trainer, ``metrics``
-the progressive-validation metrics, ``lightning`` an adapter for a LightningModule.
+(``collective``), atomic checkpoints, offset commits and the rescale protocol.  ``ctr`` is the built-in demo
+trainer, ``metrics`` the progressive-validation metrics, ``lightning`` an adapter for a LightningModule.
 """
 
 from kale_dagster.trainer.api import (
