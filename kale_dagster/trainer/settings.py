@@ -73,14 +73,23 @@ class TrainerSettings:
 
     def __post_init__(self):
         _ = self.source.topic  # the kale trainer consumes one topic: fail here, naming the field
-        check(
-            self,
-            lambda: (
-                None
-                if self.low_watermark < self.high_watermark <= self.max_queue
-                else KaleConfigError("high_watermark", "must be above low_watermark and at most max_queue")
-            ),
-        )
+        check(self, self._watermark_problems)
+
+    def _watermark_problems(self) -> list[KaleConfigError]:
+        """Each field of a pair out of order is named: either may be the one to fix."""
+        low, high, most = self.low_watermark, self.high_watermark, self.max_queue
+        problems = []
+        if not low < high:
+            problems += [
+                KaleConfigError("low_watermark", f"must be below high_watermark ({high}), got {low}"),
+                KaleConfigError("high_watermark", f"must be above low_watermark ({low}), got {high}"),
+            ]
+        if not high <= most:
+            problems += [
+                KaleConfigError("high_watermark", f"must be at most max_queue ({most}), got {high}"),
+                KaleConfigError("max_queue", f"must be at least high_watermark ({high}), got {most}"),
+            ]
+        return problems
 
     def argv(self) -> list[str]:
         """The worker's flags for these settings (no secret: those travel in ``KafkaSource.worker_env``)."""
