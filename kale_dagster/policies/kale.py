@@ -108,9 +108,7 @@ class KaleConfig:
     burst_scale: float = setting(1.0, ge=1, description="the burst path plans for this multiple of the burst's rate")
     scale_in_lag_guard_s: float | None = setting(None, gt=0, unit="s", description="no scale-in above this lag")
     lag_weight: float = setting(Objective.lag_weight, ge=0, description="GPU-minutes one lag-minute costs")
-    violation_weight: float = setting(
-        Objective.violation_weight, ge=0, description="GPU-minutes one minute above the SLO costs"
-    )
+    violation_weight: float = setting(Objective.violation_weight, ge=0, description="GPU-minutes an SLO minute costs")
     projection_tick_s: float = setting(300.0, gt=0, unit="s", description="the backlog projection's step")
     sync_period_s: float = setting(60.0, gt=0, unit="s", description="how often the policy is asked")
     stabilizer: Mode = setting("kale", choices=MODES, description='"paper": Algorithm 1 exactly as published')
