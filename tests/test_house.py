@@ -10,8 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE_LINES, FUNCTION_LINES = 500, 60
-#: Still over the limits, at most this size (to split: the Kale policy's two planners, the Prophet forecaster).
-MODULES_OVER = {"kale_dagster/policies/kale.py": 705, "kale_dagster/forecast/prophet.py": 514}
+#: Still over the limits, at most this size (to split: the Kale policy into its two planners).
+MODULES_OVER = {"kale_dagster/policies/kale.py": 705}
 FUNCTIONS_OVER = {
     "kale_dagster/launchers/service.py:__init__": 125,
     "sensors/stream_metrics.py:build_stream_metrics_sensor": 120,

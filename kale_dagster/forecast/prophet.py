@@ -44,6 +44,7 @@ import pandas as pd
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast.base import Forecast
+from kale_dagster.forecast.correction import ResidualCorrection
 from kale_dagster.forecast.naive import (
     DAY_S,
     WEEK_S,
@@ -54,6 +55,9 @@ from kale_dagster.forecast.naive import (
     window_means,
 )
 
+#: The name fitted forecasters pickled in a metrics history before the correction had its own module refer to.
+_Correction = ResidualCorrection
+
 # Candidate blends of (Prophet, seasonal median, recent level): shares in quarters.
 _SIMPLEX = [np.array([a, b, 4 - a - b]) / 4 for a in range(5) for b in range(5 - a)]
 _RECENT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 144, 288)  # windows the recent level may average
@@ -63,7 +67,6 @@ _CYCLES_S = (3600.0, 2 * 3600.0, 3 * 3600.0, 4 * 3600.0, 6 * 3600.0, 8 * 3600.0,
 # A cycle's median spans its latest 4 repetitions: one odd repetition cannot move it, and a job that stops is
 # forgotten after 3 (the calendar's 8 took 5).  Held-out days cannot choose the span: none of them saw a job stop.
 _CYCLE_REPEATS = 4
-_WINDOWS_S = (0, 600, 1800, 3600, 7200, 14_400)  # residual averaging windows; 0 = the latest step
 
 
 def _weekend(ds: pd.Series) -> pd.Series:
@@ -82,51 +85,6 @@ def _quiet_prophet_logs() -> None:
     cmdstanpy.setLevel(logging.WARNING)
     logging.getLogger("prophet").setLevel(logging.WARNING)
     logging.getLogger("prophet.plot").setLevel(logging.CRITICAL)
-
-
-class _Correction:
-    """Direct multi-horizon linear correction of a base model's log errors."""
-
-    def __init__(self, step_s: float, horizon: int):
-        windows = sorted({max(1, int(round(w / step_s))) for w in _WINDOWS_S})
-        self.windows = windows
-        self.horizon = horizon
-        self.coef: np.ndarray | None = None
-        self.on = True
-
-    def features(self, resid: np.ndarray, lasts: np.ndarray) -> np.ndarray:
-        filled = np.nan_to_num(resid)
-        csum = np.concatenate([[0.0], np.cumsum(filled)])
-        cols = [(csum[lasts + 1] - csum[np.maximum(lasts + 1 - w, 0)]) / w for w in self.windows]
-        return np.column_stack(cols + [np.ones(len(lasts))])
-
-    def fit(self, resid: np.ndarray, lasts: np.ndarray) -> _Correction:
-        x = self.features(resid, lasts)
-        y = np.stack([resid[np.minimum(lasts + h, len(resid) - 1)] for h in range(1, self.horizon + 1)], axis=1)
-        y[lasts[:, None] + np.arange(1, self.horizon + 1)[None, :] >= len(resid)] = np.nan
-        # One ridge regression per step ahead, each on the origins whose target and features are known: all steps'
-        # normal equations at once, as weighted sums (weight 1 where known, 0 where not).
-        k = x.shape[1]
-        known = (np.isfinite(y) & np.all(np.isfinite(x), axis=1)[:, None]).astype(float)
-        x, y = np.nan_to_num(x), np.nan_to_num(y)
-        gram = (known.T @ (x[:, :, None] * x[:, None, :]).reshape(len(x), k * k)).reshape(self.horizon, k, k)
-        moments = (x.T @ (known * y)).T  # (step, feature)
-        enough = known.sum(axis=0) > k
-        self.coef = np.zeros((k, self.horizon))
-        if enough.any():
-            solved = np.linalg.solve(gram[enough] + 1e-3 * np.eye(k), moments[enough][:, :, None])[:, :, 0]
-            self.coef[:, enough] = solved.T
-        return self
-
-    def off(self) -> _Correction:
-        """No correction, the base as it is: where the held-out days say the correction adds more noise than it
-        removes (a base already right at every phase, learned from few origins)."""
-        self.coef = np.zeros((len(self.windows) + 1, self.horizon))
-        self.on = False
-        return self
-
-    def predict(self, resid: np.ndarray, lasts: np.ndarray) -> np.ndarray:
-        return self.features(resid, lasts) @ self.coef
 
 
 class ProphetForecaster(_FittedSeries):
@@ -181,8 +139,8 @@ class ProphetForecaster(_FittedSeries):
         self._weekend_level = False  # whether Prophet was fitted with a weekend level (under two weeks of history)
         self._calendar = (0, 0, 0)  # the calendar's seasonal median: (period, first, count) in steps
         self._season = (0, 0, 0)  # the seasonal base chosen (the calendar, or a job's cycle)
-        self._corr_p = _Correction(1.0, 1)  # Prophet's residual correction
-        self._corr_n = _Correction(1.0, 1)  # the seasonal base's
+        self._corr_p = ResidualCorrection(1.0, 1)  # Prophet's residual correction
+        self._corr_n = ResidualCorrection(1.0, 1)  # the seasonal base's
         self.recent_k, self.recent_mean = 1, "geometric"  # the recent level's window (buckets) and mean
         self.blend_weights = np.zeros((0, 3))  # per step: Prophet, the seasonal base, the recent level
         self.holdout_smape: float | None = None
@@ -337,7 +295,7 @@ class ProphetForecaster(_FittedSeries):
         candidates = self._season_candidates(n)
         self._calendar = candidates[0]
         lasts, train, held = self._held_out(n)
-        self._corr_p = _Correction(self.step_s, self.horizon).fit(resid_p, train)
+        self._corr_p = ResidualCorrection(self.step_s, self.horizon).fit(resid_p, train)
         positions = np.minimum(held.origins[:, None] + held.steps[None, :], n - 1)
         pred_p = self._base_prophet[positions] + self._corr_p.predict(resid_p, held.origins)
         resid_n, pred_n, refit_n = self._choose_seasonal_base(candidates, n, train, held, pred_p)
@@ -387,8 +345,8 @@ class ProphetForecaster(_FittedSeries):
             # A cycle's median is hours old at the target, so its correction may only add noise: judged both ways.
             # The calendar's is a day or a week old, and its correction (the level since then) is what the blend is
             # built on.
-            options = (_Correction(self.step_s, self.horizon).fit(resid, own),)
-            options += () if calendar else (_Correction(self.step_s, self.horizon).off(),)
+            options = (ResidualCorrection(self.step_s, self.horizon).fit(resid, own),)
+            options += () if calendar else (ResidualCorrection(self.step_s, self.horizon).off(),)
             for corr in options:
                 pred = naive[test[:, None] + steps[None, :]] + corr.predict(resid, test)
                 pred = np.where(np.isnan(pred), pred_p, pred)
@@ -425,7 +383,7 @@ class ProphetForecaster(_FittedSeries):
         return np.einsum("sb,bos->os", best_w, branches)
 
     def _windows_len(self) -> int:
-        return max(_Correction(self.step_s, 1).windows)
+        return max(ResidualCorrection(self.step_s, 1).windows)
 
     # --- prediction -----------------------------------------------------------
 
