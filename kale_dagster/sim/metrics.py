@@ -73,14 +73,9 @@ def cost_parts(
     }
 
 
-def objective(
-    metrics: dict,
-    minutes: float,
-    lag_weight: float = Objective.lag_weight,
-    violation_weight: float = Objective.violation_weight,
-) -> float:
-    """Kale's own cost: the sum of ``cost_parts``."""
-    return sum(cost_parts(metrics, minutes, lag_weight, violation_weight).values())
+def objective(metrics: dict, minutes: float) -> float:
+    """Kale's own cost, at its weights: the sum of ``cost_parts``."""
+    return sum(cost_parts(metrics, minutes).values())
 
 
 def excess_cost(kale: dict, perfect: dict, optimum: dict, minutes: float) -> dict:
