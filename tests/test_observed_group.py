@@ -10,7 +10,8 @@ import pytest
 
 from kale_dagster import KafkaSource, KaleConfigError, Limits, OnlineTrainingPipeline, ThroughputModel
 from kale_dagster.launchers import ObservedGroupConfig
-from kale_dagster.stream.group import GroupView, view_of, worker_count
+from kale_dagster.stream.group import GroupView, describe_group, view_of, worker_count
+from support import wait_for
 
 SOURCE = KafkaSource("127.0.0.1:9092", ("samples",), "their-trainer")
 
@@ -143,7 +144,13 @@ def test_an_advisory_pipeline_decides_at_every_reading_on_a_group_it_did_not_sta
     ]
     decisions: dict[str, list[dict]] = {p.name: [] for p in watched}
     try:
-        time.sleep(8)  # the group forms (the embedded broker's JoinGroup waits half the session timeout)
+        # The group forms (the embedded broker's JoinGroup waits half the session timeout): both consumers are
+        # members of a stable group.
+        def formed() -> bool:
+            view = describe_group(watched[0].source.client_config(), "their-trainer", ("samples",))
+            return view is not None and view.state == "Stable" and view.members == 2
+
+        wait_for(formed, 60, "the consumer group formed", poll_s=0.5)
         with instance_for_test() as instance:
             for p in watched:
                 repo = build_definitions(p).get_repository_def()
