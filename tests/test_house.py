@@ -15,7 +15,6 @@ MODULES_OVER = {"kale_dagster/policies/kale.py": 705}
 FUNCTIONS_OVER = {
     "kale_dagster/launchers/service.py:__init__": 125,
     "sensors/stream_metrics.py:build_stream_metrics_sensor": 120,
-    "kale_dagster/launchers/kubernetes.py:render": 88,
     "sensors/stream_metrics.py:_sensor": 83,
     "kale_dagster/cli/backtest.py:run": 70,
     "kale_dagster/policies/kale.py:_choose": 65,

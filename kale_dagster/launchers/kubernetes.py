@@ -16,10 +16,9 @@ The Job is built with dagster-k8s (``construct_dagster_k8s_job`` from a
 Checkpoints live on a PersistentVolumeClaim mounted at ``/checkpoints``
 (an object store works through a CSI driver that exposes it as a volume).
 
-The stream (servers, topic, group) comes from the pipeline's
-``KafkaSource``; its non-secret security settings are plain environment
-variables of the pods, the password a key of the Secret
-(``KAFKA_SASL_PASSWORD``, see ``stream.source.WORKER_ENV``).
+The stream (servers, topic, group) comes from the pipeline's ``KafkaSource``; its non-secret security settings
+are plain environment variables of the pods, the password a key of the Secret (``KAFKA_SASL_PASSWORD``, see
+``stream.source.WORKER_ENV``).
 
 Rescale: delete the running Job with foreground propagation (pods get
 SIGTERM and ``terminationGracePeriodSeconds`` to finish the step and
@@ -136,26 +135,13 @@ def render(
     trainer: TrainerSpec | None = None,
 ) -> list[dict]:
     """The Service and Job manifests for ``workers`` pods, as plain dicts (for review, GitOps, validation)."""
-    from dagster_k8s.job import DagsterK8sJobConfig, UserDefinedDagsterK8sConfig, construct_dagster_k8s_job
+    from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job
     from kubernetes.client import ApiClient
 
     if workers < 1:
         raise KaleConfigError("workers", f"must be >= 1, got {workers}")
-    svc = service_name(pipeline)
     name = job_name(pipeline, workers, generation)
     labels = {APP_LABEL: "kale-trainer", PIPELINE_LABEL: pipeline}
-    torchrun = [
-        f"--nnodes={workers}",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={name}-0.{svc}.{config.namespace}.svc.cluster.local:{config.rdzv_port}",
-        f"--rdzv-id={name}",
-        "--max-restarts=0",
-        "-m",
-        "kale_dagster.trainer.worker",
-        *TrainerSettings(source, CHECKPOINT_MOUNT, trainer=trainer or TrainerSpec(), pipeline=pipeline).argv(),
-        *config.trainer_args,
-    ]
     job_config = DagsterK8sJobConfig(
         job_image=config.image,
         image_pull_policy=config.image_pull_policy,
@@ -166,12 +152,45 @@ def render(
         volumes=[{"name": "checkpoints", "persistentVolumeClaim": {"claimName": config.checkpoint_pvc}}],
         labels=labels,
     )
+    args = _torchrun_args(pipeline, config, source, workers, name, trainer or TrainerSpec())
+    user_config = _user_config(pipeline, config, source, workers, labels)
+    job = construct_dagster_k8s_job(job_config, args, name, user_defined_k8s_config=user_config, labels=labels)
+    job_dict: dict[str, Any] = cast(dict, ApiClient().sanitize_for_serialization(job))  # a Job serialises to a dict
+    job_dict.setdefault("apiVersion", "batch/v1")
+    job_dict.setdefault("kind", "Job")
+    job_dict["metadata"]["namespace"] = config.namespace
+    return [_headless_service(pipeline, config, labels), job_dict]
+
+
+def _torchrun_args(
+    pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource, workers: int, name: str, trainer: TrainerSpec
+) -> list[str]:
+    """torchrun's arguments: one process per pod, rendezvous at pod 0, then the worker with its settings' flags."""
+    svc = service_name(pipeline)
+    return [
+        f"--nnodes={workers}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={name}-0.{svc}.{config.namespace}.svc.cluster.local:{config.rdzv_port}",
+        f"--rdzv-id={name}",
+        "--max-restarts=0",
+        "-m",
+        "kale_dagster.trainer.worker",
+        *TrainerSettings(source, CHECKPOINT_MOUNT, trainer=trainer, pipeline=pipeline).argv(),
+        *config.trainer_args,
+    ]
+
+
+def _user_config(pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource, workers: int, labels: dict):
+    """What dagster-k8s's Job gets beyond its defaults: the container, the pod and the Indexed Job's spec."""
+    from dagster_k8s.job import UserDefinedDagsterK8sConfig
+
     limits: dict[str, Any] = {"cpu": config.cpu, "memory": config.memory}
     if config.gpus_per_worker:
         limits["nvidia.com/gpu"] = str(config.gpus_per_worker)
     # Workers never call the API server, so they get no token to lose.
     pod_spec: dict[str, Any] = {
-        "subdomain": svc,
+        "subdomain": service_name(pipeline),
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": config.termination_grace_period_s,
         "automountServiceAccountToken": False,
@@ -180,7 +199,7 @@ def render(
         pod_spec["nodeSelector"] = dict(config.node_selector)
     if config.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in config.tolerations]
-    user_config = UserDefinedDagsterK8sConfig(
+    return UserDefinedDagsterK8sConfig(
         container_config={
             "command": ["torchrun"],
             "env": [{"name": k, "value": v} for k, v in sorted(source.worker_env(include_password=False).items())],
@@ -198,15 +217,14 @@ def render(
         },
         job_metadata={"labels": {**labels, WORKERS_LABEL: str(workers)}},
     )
-    job = construct_dagster_k8s_job(job_config, torchrun, name, user_defined_k8s_config=user_config, labels=labels)
-    job_dict: dict[str, Any] = cast(dict, ApiClient().sanitize_for_serialization(job))  # a Job serialises to a dict
-    job_dict.setdefault("apiVersion", "batch/v1")
-    job_dict.setdefault("kind", "Job")
-    job_dict["metadata"]["namespace"] = config.namespace
-    service = {
+
+
+def _headless_service(pipeline: str, config: KubernetesLauncherConfig, labels: dict) -> dict:
+    """The headless Service that gives every worker pod a stable DNS name, for torchrun's rendezvous."""
+    return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": svc, "namespace": config.namespace, "labels": dict(labels)},
+        "metadata": {"name": service_name(pipeline), "namespace": config.namespace, "labels": dict(labels)},
         "spec": {
             "clusterIP": "None",
             "selector": dict(labels),
@@ -214,7 +232,6 @@ def render(
             "ports": [{"name": "rdzv", "port": config.rdzv_port, "targetPort": config.rdzv_port}],
         },
     }
-    return [service, job_dict]
 
 
 class KubernetesLauncher(GroupLauncher):
@@ -339,8 +356,7 @@ class KubernetesLauncher(GroupLauncher):
                     ) from exc
             raise RescaleFailed(
                 f"could not start {workers} workers in namespace {self.config.namespace!r} ({why}); restored "
-                f"{previous} "
-                "workers",
+                f"{previous} workers",
                 restored,
             ) from exc
         return {name: round(b - a, 3) for name, a, b in zip(("stop", "pods_ready", "first_step"), marks, marks[1:])}
@@ -359,8 +375,7 @@ class KubernetesLauncher(GroupLauncher):
         except ApiException as exc:
             raise RescaleFailed(
                 f"cannot read the checkpoint PersistentVolumeClaim {name!r} in namespace {ns!r} (API error "
-                f"{exc.status} "
-                f"{exc.reason}); create it ReadWriteMany, and grant get on persistentvolumeclaims "
+                f"{exc.status} {exc.reason}); create it ReadWriteMany, and grant get on persistentvolumeclaims "
                 "(docs/kubernetes/rbac.yaml)",
                 None,
             ) from exc
