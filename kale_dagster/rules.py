@@ -186,6 +186,11 @@ def ordered(obj: Any, low: str, high: str) -> KaleConfigError | None:
     return need(lo <= hi, low, f"must be <= {high} ({hi}), got {lo}")
 
 
+def flag(name: str) -> str:
+    """A field's command-line flag: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
 def renamed(rename: Callable[[str], str], build: Callable[..., Any], /, **kwargs) -> Any:
     """``build(**kwargs)``, each configuration error's field renamed by ``rename`` (where the user wrote it)."""
     try:

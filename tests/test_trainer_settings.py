@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from kale_dagster.rules import rule_of
+from kale_dagster.rules import flag, rule_of
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
-from kale_dagster.trainer.settings import TrainerSettings, flag, worker_parser
+from kale_dagster.trainer.settings import TrainerSettings, worker_parser
 from kale_dagster.trainer.worker import parse_args
 
 SOURCE = KafkaSource("127.0.0.1:9092", ("samples",), "ctr")

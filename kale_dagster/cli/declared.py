@@ -12,19 +12,15 @@ import dataclasses
 from typing import Any
 
 from kale_dagster.cli import Parser
-from kale_dagster.rules import field_types, renamed, rule_of
+from kale_dagster.rules import field_types, flag, renamed, rule_of
 
 
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def add_flags(parser: Parser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """One flag per ruled field of the dataclass ``cls`` (but those in ``skip``)."""
+def add_flags(parser: Parser, cls: type) -> None:
+    """One flag per ruled field of the dataclass ``cls``."""
     kinds = field_types(cls)
     for f in dataclasses.fields(cls):
         rule = rule_of(f)
-        if rule is None or f.name in skip:
+        if rule is None:
             continue
         kind = kinds[f.name][0] or str
         unit = f" ({rule.unit})" if rule.unit else ""
@@ -44,9 +40,5 @@ def add_flags(parser: Parser, cls: type, skip: tuple[str, ...] = ()) -> None:
 
 def from_flags(cls: Any, args: argparse.Namespace, **overrides: Any) -> Any:
     """``cls`` built from the flags ``add_flags`` declared; an error names each bad flag."""
-    values = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(cls)
-        if rule_of(f) is not None and hasattr(args, f.name)
-    }
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if rule_of(f) is not None}
     return renamed(flag, cls, **{**values, **overrides})

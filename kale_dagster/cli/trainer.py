@@ -12,7 +12,7 @@ from kale_dagster.errors import CommandError, require_extra
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
 from kale_dagster.launchers.service import LauncherService
 from kale_dagster.model.limits import MAX_WORKERS, Limits
-from kale_dagster.rules import renamed
+from kale_dagster.rules import flag, renamed
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import DEFAULT_TRAINER, TrainerSpec, trainer_path_problem
 
@@ -77,12 +77,7 @@ def run_serve(args) -> int:
     require_extra("torch", "trainer", "kale trainer serve")
     if args.workers > args.max_workers:
         raise CommandError(f"--workers {args.workers} is more than --max-workers {args.max_workers}")
-    trainer = renamed(
-        lambda field: f"--{field.replace('_', '-')}",
-        TrainerSpec,
-        trainer=args.trainer,
-        trainer_options=args.trainer_options,
-    )
+    trainer = renamed(flag, TrainerSpec, trainer=args.trainer, trainer_options=args.trainer_options)
     problem = trainer_path_problem(trainer.trainer)
     if problem is not None:  # before any port is taken or worker spawned
         raise CommandError(f"--trainer: {problem.problem}")

@@ -19,15 +19,10 @@ import os
 from dataclasses import dataclass
 
 from kale_dagster.errors import KaleConfigError
-from kale_dagster.rules import check, field_types, renamed, rule_of, setting
+from kale_dagster.rules import check, field_types, flag, renamed, rule_of, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import DEFAULT_TRAINER, TrainerSpec
 from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S
-
-
-def flag(name: str) -> str:
-    """A field's flag: ``batch_size`` -> ``--batch-size``."""
-    return "--" + name.replace("_", "-")
 
 
 @dataclass(frozen=True)
