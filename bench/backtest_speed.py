@@ -28,7 +28,8 @@ import pandas as pd
 
 from kale_dagster.forecast.history import prepare_history
 from kale_dagster.policies import POLICIES
-from kale_dagster.sim.backtest import KALE_VARIANTS, Backtest, BacktestSettings, Run, compare
+from kale_dagster.sim.backtest import Backtest, BacktestSettings, Run
+from kale_dagster.sim.comparison import KALE_VARIANTS, compare
 from kale_dagster.sim.trace import synth_trace
 
 
@@ -55,7 +56,7 @@ def main() -> int:
     parser.add_argument("--skip-grid", action="store_true", help="leave out the reports with the sweeps (minutes)")
     args = parser.parse_args()
     days = len(backtest().rates) / 1440
-    names = list(POLICIES)
+    names = POLICIES.compared()
     wall, report = timed(lambda bt: compare(bt, names, sweeps=False, variants=()), args.repeats)
     runs = len(names) + 1  # and the oracle's replay
     print(

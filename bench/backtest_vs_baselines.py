@@ -28,7 +28,8 @@ import pandas as pd
 
 from kale_dagster.forecast.history import prepare_history, read_trace_csv
 from kale_dagster.policies import POLICIES
-from kale_dagster.sim.backtest import KALE_VARIANTS, VARIANT_LABELS, Backtest, BacktestSettings, compare
+from kale_dagster.sim.backtest import Backtest, BacktestSettings
+from kale_dagster.sim.comparison import KALE_VARIANTS, VARIANT_LABELS, compare
 from kale_dagster.sim.trace import synth_trace
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -52,11 +53,13 @@ def _row(label: str, m: dict) -> str:
 def run(label: str, history: pd.DataFrame, warmup_days: float, variants=tuple(KALE_VARIANTS)) -> dict:
     started = time.perf_counter()
     bt = Backtest(history, BacktestSettings(warmup_days=warmup_days))
-    report = compare(bt, list(POLICIES), variants=variants)
+    report = compare(bt, POLICIES.compared(), variants=variants)
     elapsed = time.perf_counter() - started
     del report["timelines"]
     days = len(bt.rates) / 1440
-    runs = len(POLICIES) + len(report["kale_variants"]) + sum(len(rows) for rows in report["sweeps"].values())
+    runs = (
+        len(POLICIES.compared()) + len(report["kale_variants"]) + sum(len(rows) for rows in report["sweeps"].values())
+    )
     report["wall_s"] = elapsed
     print(f"\n== {label}: {days:.1f} days, {warmup_days:g} warm-up; {runs} runs in {elapsed:.0f} s ==")
     print(

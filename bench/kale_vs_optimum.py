@@ -132,7 +132,7 @@ class CostCache:
 def baseline_runs(base: Backtest) -> dict[str, Run]:
     """Every baseline's (every policy but Kale's) default and swept settings, as the backtest's report runs them."""
     runs = {}
-    for name in POLICIES:
+    for name in POLICIES.compared():
         if name != "kale":
             runs[f"{name} (default)"] = Run(name)
             runs.update({f"{name} {label}": Run(name, options) for label, options in POLICIES[name].sweep(base.sizing)})

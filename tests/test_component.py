@@ -130,8 +130,8 @@ BAD_YAML = [
         "unknown policy",
         {"name": "ctr", "source": SOURCE, "policy": "kael"},
         "policy",
-        "'kael' is not one of ['kale', 'hpa', 'keda', 'static']",
-        "Input should be 'kale', 'hpa', 'keda' or 'static'",
+        "'kael' is not one of ['kale', 'kale_stabilizer', 'hpa', 'keda', 'static']",
+        "Input should be 'kale', 'kale_stabilizer', 'hpa', 'keda' or 'static'",
     ),
     (
         "unknown forecaster",
@@ -286,7 +286,7 @@ def test_the_scaffolded_yaml_loads_and_lists_the_choices(tmp_path):
         )
     )
     text = (target / "defs.yaml").read_text()
-    assert "one of: kale, hpa, keda, static" in text and "sasl_password_env" in text
+    assert "one of: kale, kale_stabilizer, hpa, keda, static" in text and "sasl_password_env" in text
     doc = yaml.safe_load(text)
     assert doc["type"] == "kale_dagster.OnlineTrainingPipelineComponent"
     pipeline = load(doc["attributes"])

@@ -209,10 +209,10 @@ def test_hpa_state_survives_a_rebuilt_policy():
 
 
 def test_a_policy_that_plans_with_estimates_is_rebuilt_when_they_change_and_keeps_its_memory():
-    kale = _controller(policy="kale", policy_options={})
+    kale = _controller(policy="kale_stabilizer", policy_options={})
     at_declared = _step(kale, READING, LauncherStatus(workers=2), MODEL)
     first = kale.policy_in_use
-    first.last_change_time = 123.0  # what Kale remembers
+    first.last_change_time = 123.0  # what the stabilizer planner remembers
     _step(kale, READING, LauncherStatus(workers=2), MODEL)
     assert kale.policy_in_use is first  # nothing new learned: the same object decides
     _step(kale, READING, LauncherStatus(workers=2, downtimes_s=(300.0,)), ThroughputModel.linear(120.0))

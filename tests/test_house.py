@@ -10,15 +10,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE_LINES, FUNCTION_LINES = 500, 60
-#: Still over the limits, at most this size (to split: the Kale policy into its two planners).
-MODULES_OVER = {"kale_dagster/policies/kale.py": 705}
+#: Still over the limits, at most this size.
+MODULES_OVER: dict[str, int] = {}
 FUNCTIONS_OVER = {
     "kale_dagster/launchers/service.py:__init__": 125,
     "sensors/stream_metrics.py:build_stream_metrics_sensor": 120,
     "sensors/stream_metrics.py:_sensor": 83,
     "kale_dagster/cli/backtest.py:run": 70,
-    "kale_dagster/policies/kale.py:_choose": 65,
-    "kale_dagster/sim/backtest.py:compare": 63,
     "kale_dagster/sim/backtest.py:run_many": 62,
     "kale_dagster/definitions/decision.py:allocation_metadata": 61,
 }

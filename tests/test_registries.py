@@ -74,14 +74,15 @@ def test_pipeline_accepts_registered_policies_only(toy):
     source = KafkaSource("127.0.0.1:9092", ("t",), "g")
     assert OnlineTrainingPipeline(name="p", source=source, policy="toy").policy == "toy"
     POLICIES.unregister("toy")
-    with pytest.raises(KaleConfigError, match="unknown 'toy'; choose one of kale, hpa, keda, static") as err:
+    with pytest.raises(KaleConfigError, match="unknown 'toy'; choose one of kale, kale_stabilizer, hpa, keda, static") as err:
         OnlineTrainingPipeline(name="p", source=source, policy="toy")
     assert err.value.field == "policy"
     POLICIES.register(TOY)
 
 
 def test_backtest_runs_and_sweeps_a_registered_policy(toy):
-    from kale_dagster.sim.backtest import Backtest, BacktestSettings, compare
+    from kale_dagster.sim.backtest import Backtest, BacktestSettings
+    from kale_dagster.sim.comparison import compare
 
     bt = Backtest(_history(days=1), BacktestSettings(peak_workers=8, limits=Limits(max_workers=8)))
     result = bt.run("toy")

@@ -14,7 +14,8 @@ import pytest
 from kale_dagster import HPAPolicy, KaleConfigError, StaticPolicy, ThroughputModel
 from kale_dagster.model.backlog import FifoBacklog
 from kale_dagster.model.limits import Limits
-from kale_dagster.sim.backtest import Backtest, BacktestSettings, Run, dominating_baselines, minute_rates, scale_to_peak
+from kale_dagster.sim.backtest import Backtest, BacktestSettings, Run, minute_rates, scale_to_peak
+from kale_dagster.sim.comparison import dominating_baselines
 from kale_dagster.sim.simulate import SimConfig, simulate
 
 FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
@@ -464,7 +465,7 @@ def test_oracle_plans_with_the_truth_and_noise_is_seeded(stepper):
     ],
 )
 def test_pareto_frontier(rows, frontier):
-    from kale_dagster.sim.backtest import pareto_frontier
+    from kale_dagster.sim.comparison import pareto_frontier
 
     got = pareto_frontier([{"gpu_hours": g, "accumulated_lag_minutes": lag} for g, lag in rows])
     assert [(r["gpu_hours"], r["accumulated_lag_minutes"]) for r in got] == frontier
@@ -479,7 +480,7 @@ def test_pareto_frontier(rows, frontier):
     ],
 )
 def test_best_setting_at_kales_gpu_hours(rows, best):
-    from kale_dagster.sim.backtest import best_at_kales_gpu_hours
+    from kale_dagster.sim.comparison import best_at_kales_gpu_hours
 
     got = best_at_kales_gpu_hours(
         {"gpu_hours": 100, "accumulated_lag_minutes": 20},

@@ -8,7 +8,8 @@ from kale_dagster.cli.progress import ProgressBar
 from kale_dagster.forecast.history import read_trace_csv
 from kale_dagster.model.limits import Limits
 from kale_dagster.policies import POLICIES
-from kale_dagster.sim.backtest import KALE_VARIANTS, VARIANT_LABELS, Backtest, BacktestSettings, compare
+from kale_dagster.sim.backtest import Backtest, BacktestSettings
+from kale_dagster.sim.comparison import KALE_VARIANTS, VARIANT_LABELS, compare
 
 _COLUMNS = (
     ("accumulated_lag_minutes", "acc. lag (min)", "{:,.0f}"),
@@ -32,7 +33,7 @@ def register(subparsers, summary: str) -> None:
     )
     parser.add_argument("--trace", required=True, help="CSV timestamp,value (arrivals per interval)")
     parser.add_argument(
-        "--policies", default=",".join(POLICIES), help="comma-separated subset of " + ",".join(POLICIES)
+        "--policies", default=",".join(POLICIES.compared()), help="comma-separated subset of " + ",".join(POLICIES)
     )
     parser.add_argument(
         "--peak-workers", type=int, ge=1, le=1024, default=28, help="the trace is scaled so its peak needs this many"

@@ -265,7 +265,8 @@ def policy_backtest_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
             retargets=p.launcher_instance.supports_retarget,
         )
         bt = Backtest(history, settings)
-        runs = dict(zip(POLICIES, bt.run_many([Run(name) for name in POLICIES])[0]))
+        names = list(dict.fromkeys([*POLICIES.compared(), p.policy]))  # and the pipeline's own, a variant of Kale's
+        runs = dict(zip(names, bt.run_many([Run(name) for name in names])[0]))
         value = {name: r.metrics.to_json() for name, r in runs.items()}
         png = plot_backtest(
             {name: r.timeline for name, r in runs.items()}, p.limits.slo_minutes, plot_path(context, p, "backtest")

@@ -4,15 +4,23 @@
 module, with a ``SPEC`` at the bottom, and one line below.
 """
 
-from kale_dagster.policies import hpa, kale, keda, static
+from kale_dagster.policies import hpa, keda, static
 from kale_dagster.policies.hpa import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules
-from kale_dagster.policies.kale import KaleConfig, KalePolicy
+from kale_dagster.policies.kale import (
+    KaleConfig,
+    KalePolicy,
+    KaleStabilizerConfig,
+    KaleStabilizerPolicy,
+    receding,
+    stabilizer,
+)
 from kale_dagster.policies.keda import KafkaScalerMetadata, KedaKafkaPolicy
 from kale_dagster.policies.registry import PolicyRegistry, PolicySpec, Sizing
 from kale_dagster.policies.static import StaticPolicy
 
 POLICIES = PolicyRegistry(
-    kale.SPEC,
+    receding.SPEC,
+    stabilizer.SPEC,
     hpa.SPEC,
     keda.SPEC,
     static.SPEC,
@@ -27,6 +35,8 @@ __all__ = [
     "KafkaScalerMetadata",
     "KaleConfig",
     "KalePolicy",
+    "KaleStabilizerConfig",
+    "KaleStabilizerPolicy",
     "KedaKafkaPolicy",
     "PolicyRegistry",
     "PolicySpec",

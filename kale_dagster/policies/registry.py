@@ -66,7 +66,10 @@ class PolicySpec:
     only to those); ``uses_estimates`` whether it plans with the sizing's
     throughput model and restart time, so the controller rebuilds it when
     its estimates change (the others keep the settings they were built
-    with, as a user configured them).
+    with, as a user configured them); ``variant_of`` names the policy this
+    one is a variant of (another of Kale's planners): a pipeline may choose
+    it, a comparison runs it among that policy's variants, never as a
+    baseline.
     """
 
     name: str
@@ -75,6 +78,7 @@ class PolicySpec:
     sweep: Sweep = _no_sweep
     uses_forecast: bool = False
     uses_estimates: bool = False
+    variant_of: str | None = None
 
 
 class PolicyRegistry(Mapping[str, PolicySpec]):
@@ -110,6 +114,10 @@ class PolicyRegistry(Mapping[str, PolicySpec]):
 
     def __len__(self) -> int:
         return len(self._specs)
+
+    def compared(self) -> list[str]:
+        """The policies a comparison runs by default: Kale and the baselines, not Kale's variants."""
+        return [name for name, spec in self._specs.items() if spec.variant_of is None]
 
     def build(self, name: str, sizing: Sizing, **options) -> ScalingPolicy:
         return self[name].build(sizing, **options)
