@@ -81,7 +81,7 @@ class OnlineTrainingPipeline:
     limits: Limits = setting(default_factory=Limits, description="worker bounds, lag SLO, declared restart time")
     forecaster: str = setting("prophet", choices=lambda: FORECASTERS, description="the traffic forecaster")
     forecast_horizon_minutes: float = setting(120.0, gt=0, le=7 * 1440, unit="min", description="how far it looks")
-    # Six hours: refitting hourly forecast no better on the development set (docs/results.md) and wrote 0.87 MB
+    # Six hours: refitting hourly forecast no better on the development set (docs/experiments.md) and wrote 0.87 MB
     # of run events a day.
     forecast_refit_minutes: float = setting(360.0, gt=0, unit="min", description="how often it is refitted")
     backtest_cron: str = setting("0 3 * * *", description="when the policy backtest runs (cron)")
