@@ -43,7 +43,7 @@ from dagster import (
 from sqlalchemy.exc import DBAPIError as DatabaseError
 
 from kale_dagster.control.clock import PipelineClock
-from kale_dagster.control.tick import ControlCursor, Decider, reading_from
+from kale_dagster.control.tick import ControlCursor, Decider, TickOutcome, reading_from
 from kale_dagster.model.types import PartitionOffsets
 from kale_dagster.sensors.cursor import JsonCursor, is_number
 from kale_dagster.stream.history import MetricsHistory, describe_database_error
@@ -113,6 +113,144 @@ def snapshot_metadata(snap: StreamSnapshot, figures: dict) -> dict:
     }
 
 
+class SensorSkip(Exception):
+    """A tick that ends early, saying why (the cursor is kept)."""
+
+
+@dataclass(frozen=True)
+class MetricsTick:
+    """One tick of a pipeline's stream-metrics sensor, in stages: read the stream, read the recent history, decide
+    (with a ``control``), record the reading, and hand the events, run requests and cursor to Dagster."""
+
+    pipeline: str
+    history: MetricsHistory | Callable[[], MetricsHistory]
+    stream: KafkaStreamResource
+    key: AssetKey
+    clock: PipelineClock
+    tick_timeout_s: float
+    control: Decider | None
+    max_workers: int | None
+
+    def __call__(self, context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        cursor = StreamMetricsCursor.from_json(context.cursor)
+        try:
+            snap = self._read(cursor)
+            now, figures = self.clock.at(snap.time), pipeline_figures(snap, self.clock)
+            store, recent = self._recent(now)
+            meta, warned = self._observation(context, snap, figures, cursor.warned_partitions)
+            outcome, undecided = self._decide(context, cursor, snap, figures, now, recent)
+            quality = outcome.model_metric if outcome else None
+            if quality is not None:
+                meta[f"model_{quality[0]}"] = MetadataValue.float(round(quality[1], 4))
+            self._record(store, now, figures, outcome, quality)
+        except SensorSkip as skip:
+            return SkipReason(str(skip))
+        if undecided:
+            return SkipReason(
+                f"a database did not answer while deciding ({undecided}); the reading is recorded, nothing decided, "
+                "cursor kept"
+            )
+        # A reading is an event when its decision is (at every reading without a decider); the history keeps all.
+        observed = outcome is None or bool(outcome.events)
+        events = [
+            *([AssetObservation(asset_key=self.key, metadata=meta)] if observed else []),
+            *(outcome.events if outcome else ()),
+        ]
+        control_cursor = outcome.cursor.to_dict() if outcome else cursor.control
+        new_cursor = StreamMetricsCursor(snap.time, previous_from(snap).offsets, control_cursor, warned)
+        return SensorResult(
+            run_requests=list(outcome.run_requests) if outcome else [], asset_events=events, cursor=new_cursor.to_json()
+        )
+
+    def _read(self, cursor: StreamMetricsCursor) -> StreamSnapshot:
+        """The stream's snapshot, within the tick's budget."""
+        started = time.monotonic()
+        try:
+            snap = self.stream.snapshot(previous=cursor.previous(), fetch_timeout_s=max(self.tick_timeout_s / 2, 1.0))
+        except Exception as exc:  # broker down, auth failure, timeout: skip, keep the cursor
+            raise SensorSkip(
+                f"could not read the stream at {self.stream.bootstrap_servers} ({type(exc).__name__}: {exc}); cursor "
+                "kept, nothing recorded, nothing decided"
+            ) from None
+        if time.monotonic() - started > self.tick_timeout_s:
+            raise SensorSkip(
+                f"snapshot took {time.monotonic() - started:.1f} s, over the {self.tick_timeout_s:.0f} s tick budget; "
+                "nothing recorded"
+            )
+        return snap
+
+    def _recent(self, now: float) -> tuple[MetricsHistory, pd.DataFrame | None]:
+        """The metrics history, and with a decider the readings of its rate window."""
+        try:
+            store = self.history() if callable(self.history) else self.history
+            control = self.control
+            return store, store.stream(self.pipeline, start=now - control.rate_window_s) if control else None
+        except DatabaseError as exc:
+            raise _unanswered(exc) from None
+
+    def _observation(
+        self, context: SensorEvaluationContext, snap: StreamSnapshot, figures: dict, warned: bool
+    ) -> tuple[dict, bool]:
+        """The observation's metadata, and whether max_workers above the partitions has been warned about."""
+        meta = snapshot_metadata(snap, figures)
+        if self.max_workers is not None and len(snap.partitions) < self.max_workers:
+            meta["warning"] = MetadataValue.text(
+                f"max_workers {self.max_workers} exceeds the {len(snap.partitions)} partitions: workers without a "
+                "partition only train forwarded samples"
+            )
+            if not warned:
+                context.log.warning(meta["warning"].value)
+        return meta, warned or (self.max_workers is not None and len(snap.partitions) < self.max_workers)
+
+    def _decide(
+        self,
+        context: SensorEvaluationContext,
+        cursor: StreamMetricsCursor,
+        snap: StreamSnapshot,
+        figures: dict,
+        now: float,
+        recent: pd.DataFrame | None,
+    ) -> tuple[TickOutcome | None, str]:
+        """The controller's outcome on this reading (None without a decider), or why a database kept it from one."""
+        if self.control is None or recent is None:
+            return None, ""
+        partitions = tuple(PartitionOffsets(p.partition, p.end_offset, p.committed) for p in snap.partitions)
+        recorded = pd.concat([recent, pd.DataFrame([{**figures, "ts": now}])], ignore_index=True)
+        reading = reading_from(recorded, self.control.rate_window_s, partitions, snap.time_lag_complete)
+        try:
+            return self.control.tick(context.instance, reading, ControlCursor.from_dict(cursor.control)), ""
+        except DatabaseError as exc:  # the reading is still recorded; the decision waits for the database
+            return None, describe_database_error(exc)
+
+    def _record(
+        self,
+        store: MetricsHistory,
+        now: float,
+        figures: dict,
+        outcome: TickOutcome | None,
+        quality: tuple[str, float] | None,
+    ) -> None:
+        """One row per reading, with the workers the decision saw and the model's quality."""
+        try:
+            store.append_stream(
+                self.pipeline,
+                now,
+                figures,
+                workers=outcome.running_workers if outcome else None,
+                model_metric=quality,
+                decided=(outcome.step.decision.workers, outcome.step.decision.reason) if outcome else None,
+            )
+        except DatabaseError as exc:
+            raise _unanswered(exc) from None
+
+
+def _unanswered(exc: DatabaseError) -> SensorSkip:
+    return SensorSkip(
+        f"the metrics history did not answer ({describe_database_error(exc)}); cursor kept, nothing recorded, "
+        "nothing decided"
+    )
+
+
 def build_stream_metrics_sensor(
     *,
     name: str,
@@ -139,6 +277,7 @@ def build_stream_metrics_sensor(
     forwarded samples).
     """
     key = AssetKey.from_coercible(asset_key)
+    tick = MetricsTick(pipeline, history, stream, key, clock, tick_timeout_s, control, max_workers)
 
     @sensor(
         name=name,
@@ -149,87 +288,6 @@ def build_stream_metrics_sensor(
         f"{key.to_user_string()}" + ("; decides its allocation at every reading." if control is not None else "."),
     )
     def _sensor(context: SensorEvaluationContext):
-        cursor = StreamMetricsCursor.from_json(context.cursor)
-        started = time.monotonic()
-        try:
-            snap = stream.snapshot(previous=cursor.previous(), fetch_timeout_s=max(tick_timeout_s / 2, 1.0))
-        except Exception as exc:  # broker down, auth failure, timeout: skip, keep the cursor
-            return SkipReason(
-                f"could not read the stream at {stream.bootstrap_servers} ({type(exc).__name__}: {exc}); cursor kept, "
-                "nothing recorded, nothing decided"
-            )
-        if time.monotonic() - started > tick_timeout_s:
-            return SkipReason(
-                f"snapshot took {time.monotonic() - started:.1f} s, over the {tick_timeout_s:.0f} s tick budget; "
-                "nothing recorded"
-            )
-
-        def unanswered(exc: DatabaseError) -> SkipReason:
-            return SkipReason(
-                f"the metrics history did not answer ({describe_database_error(exc)}); cursor kept, nothing recorded, "
-                "nothing decided"
-            )
-
-        now = clock.at(snap.time)
-        figures = pipeline_figures(snap, clock)
-        try:
-            store = history() if callable(history) else history
-            recent = store.stream(pipeline, start=now - control.rate_window_s) if control is not None else None
-        except DatabaseError as exc:
-            return unanswered(exc)
-        observation_meta = snapshot_metadata(snap, figures)
-        warned = cursor.warned_partitions
-        if max_workers is not None and len(snap.partitions) < max_workers:
-            observation_meta["warning"] = MetadataValue.text(
-                f"max_workers {max_workers} exceeds the {len(snap.partitions)} partitions: workers without a partition "
-                "only train forwarded samples"
-            )
-            if not warned:
-                context.log.warning(observation_meta["warning"].value)
-                warned = True
-        outcome, undecided = None, ""
-        if control is not None and recent is not None:
-            now_row = pd.DataFrame([{**figures, "ts": now}])
-            partitions = tuple(PartitionOffsets(p.partition, p.end_offset, p.committed) for p in snap.partitions)
-            recorded = pd.concat([recent, now_row], ignore_index=True)
-            reading = reading_from(recorded, control.rate_window_s, partitions, snap.time_lag_complete)
-            try:
-                outcome = control.tick(
-                    context.instance,
-                    reading,
-                    ControlCursor.from_dict(cursor.control),
-                )
-            except DatabaseError as exc:  # the reading is still recorded; the decision waits for the database
-                undecided = describe_database_error(exc)
-        quality = outcome.model_metric if outcome else None
-        if quality is not None:
-            observation_meta[f"model_{quality[0]}"] = MetadataValue.float(round(quality[1], 4))
-        try:  # one row per reading, with the workers the decision saw and the model's quality
-            store.append_stream(
-                pipeline,
-                now,
-                figures,
-                workers=outcome.running_workers if outcome else None,
-                model_metric=quality,
-                decided=(outcome.step.decision.workers, outcome.step.decision.reason) if outcome else None,
-            )
-        except DatabaseError as exc:
-            return unanswered(exc)
-        if undecided:
-            return SkipReason(
-                f"a database did not answer while deciding ({undecided}); the reading is recorded, nothing decided, "
-                "cursor kept"
-            )
-        # A reading is an event when its decision is (at every reading without a decider); the history keeps all.
-        observed = outcome is None or bool(outcome.events)
-        events = [
-            *([AssetObservation(asset_key=key, metadata=observation_meta)] if observed else []),
-            *(outcome.events if outcome else ()),
-        ]
-        control_cursor = outcome.cursor.to_dict() if outcome else cursor.control
-        new_cursor = StreamMetricsCursor(snap.time, previous_from(snap).offsets, control_cursor, warned)
-        return SensorResult(
-            run_requests=list(outcome.run_requests) if outcome else [], asset_events=events, cursor=new_cursor.to_json()
-        )
+        return tick(context)
 
     return _sensor

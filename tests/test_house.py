@@ -13,9 +13,6 @@ MODULE_LINES, FUNCTION_LINES = 500, 60
 #: Still over the limits, at most this size.
 MODULES_OVER: dict[str, int] = {}
 FUNCTIONS_OVER = {
-    "kale_dagster/launchers/service.py:__init__": 125,
-    "sensors/stream_metrics.py:build_stream_metrics_sensor": 120,
-    "sensors/stream_metrics.py:_sensor": 83,
     "kale_dagster/cli/backtest.py:run": 70,
     "kale_dagster/sim/backtest.py:run_many": 62,
     "kale_dagster/definitions/decision.py:allocation_metadata": 61,

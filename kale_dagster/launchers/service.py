@@ -121,6 +121,7 @@ class _BoundedServer(ThreadingHTTPServer):
     mid-answer is no traceback."""
 
     daemon_threads = True
+    service: LauncherService  # what the requests are to
 
     def __init__(self, *args, **kwargs):
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -143,6 +144,104 @@ class _BoundedServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+class _Handler(BaseHTTPRequestHandler):
+    """One request to the service (``server.service``): its address and token checked first, then the status, a
+    rescale (one at a time) or a retarget (answered at once: the rescale under way takes it)."""
+
+    server: _BoundedServer
+    timeout = REQUEST_TIMEOUT_S  # a client that stops sending mid-request holds a thread this long at most
+
+    def log_message(self, *args):  # keep the terminal for the status line
+        pass
+
+    def _reply(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _refused(self) -> bool:
+        """Answer and return True unless the request names this service and holds its token."""
+        service = self.server.service
+        if self.headers.get("Host", "") not in service.hosts:
+            host = self.headers.get("Host", "")
+            self._reply(
+                403,
+                {
+                    "error": f"Host {host!r} is not this service's address ({', '.join(service.hosts)}); refused "
+                    "(DNS rebinding protection)"
+                },
+            )
+            return True
+        given = self.headers.get("Authorization", "")
+        if not (
+            given.startswith("Bearer ") and hmac.compare_digest(given[7:].strip().encode(), service.token.encode())
+        ):
+            self._reply(
+                401,
+                {"error": f"missing or wrong bearer token; it is in {service.token_file}, readable by its user only"},
+            )
+            return True
+        return False
+
+    def do_GET(self):
+        if self._refused():
+            return
+        if self.path != "/status":
+            return self._reply(404, {"error": f"unknown path {self.path}"})
+        launcher = self.server.service.launcher
+        settings = getattr(launcher, "settings", None)
+        runs = {"trainer": settings.trainer.trainer} if settings is not None else {}
+        self._reply(200, {**launcher.status().to_dict(), **runs, "records": [asdict(r) for r in launcher.records]})
+
+    def do_POST(self):
+        if self._refused():
+            return
+        asked = self._workers_asked()
+        if asked is None:
+            return
+        workers, reason = asked
+        service = self.server.service
+        if self.path == "/retarget":  # answered at once: the rescale under way takes it
+            return self._reply(200, {"accepted": service.launcher.retarget(workers, reason=reason)})
+        if not service.busy.acquire(blocking=False):
+            return self._reply(409, {"error": "another rescale is in progress"})
+        try:
+            record = service.launcher.rescale(workers, reason=reason)
+        except Exception as exc:  # reported to the caller, who fails its run with it
+            return self._reply(500, {"error": f"{type(exc).__name__}: {exc}", "workers": service.launcher.workers})
+        finally:
+            service.busy.release()
+        self._reply(200, {"changed": record is not None, **(asdict(record) if record else {"to_workers": workers})})
+
+    def _workers_asked(self) -> tuple[int, str] | None:
+        """The workers and reason a well-formed POST asks for; None once a malformed one is answered."""
+        if self.headers.get("Content-Type", "").split(";")[0].strip().lower() != "application/json":
+            return self._reply(415, {"error": "POST needs Content-Type: application/json"})
+        if self.path not in ("/rescale", "/retarget"):
+            return self._reply(404, {"error": f"unknown path {self.path}"})
+        length = self.headers.get("Content-Length")
+        if length is None:
+            return self._reply(411, {"error": "POST needs a Content-Length"})
+        if not length.strip().isdigit():
+            return self._reply(400, {"error": "Content-Length must be a whole number of bytes"})
+        if int(length) > MAX_BODY_BYTES:
+            return self._reply(413, {"error": f"the body may be at most {MAX_BODY_BYTES} bytes"})
+        try:
+            body = json.loads(self.rfile.read(int(length)) or b"{}")
+            workers = body["workers"]
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nesting past any use
+            return self._reply(400, {"error": 'expected JSON {"workers": <int>, "reason": "..."}'})
+        most = getattr(self.server.service.launcher, "max_workers", None) or MAX_WORKERS
+        if not isinstance(workers, int) or isinstance(workers, bool) or not 0 <= workers <= most:
+            return self._reply(
+                400, {"error": f"workers must be a whole number from 0 to {most}, got {workers!r}"[:300]}
+            )
+        return workers, str(body.get("reason", self.path[1:]))[:500]
+
+
 class LauncherService:
     """Serve a LocalLauncher on 127.0.0.1:``port`` in a background thread, to holders of its token.
 
@@ -163,113 +262,19 @@ class LauncherService:
                 "it restarts training on request, so it must not be reachable from other machines",
             )
         self._launcher = launcher
-        self._busy = threading.Lock()
-        service = self
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = REQUEST_TIMEOUT_S  # a client that stops sending mid-request holds a thread this long at most
-
-            def log_message(self, *args):  # keep the terminal for the status line
-                pass
-
-            def _reply(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _refused(self) -> bool:
-                """Answer and return True unless the request names this service and holds its token."""
-                if self.headers.get("Host", "") not in service.hosts:
-                    self._reply(
-                        403,
-                        {
-                            "error": f"Host {self.headers.get('Host', '')!r} is not this service's address "
-                            f"({', '.join(service.hosts)}); refused (DNS rebinding protection)"
-                        },
-                    )
-                    return True
-                given = self.headers.get("Authorization", "")
-                if not (
-                    given.startswith("Bearer ")
-                    and hmac.compare_digest(given[7:].strip().encode(), service._token.encode())
-                ):
-                    self._reply(
-                        401,
-                        {
-                            "error": f"missing or wrong bearer token; it is in {service.token_file}, readable by the "
-                            "service's user only"
-                        },
-                    )
-                    return True
-                return False
-
-            def do_GET(self):
-                if self._refused():
-                    return
-                if self.path != "/status":
-                    return self._reply(404, {"error": f"unknown path {self.path}"})
-                launcher = service.launcher
-                settings = getattr(launcher, "settings", None)
-                runs = {"trainer": settings.trainer.trainer} if settings is not None else {}
-                self._reply(
-                    200, {**launcher.status().to_dict(), **runs, "records": [asdict(r) for r in launcher.records]}
-                )
-
-            def do_POST(self):
-                if self._refused():
-                    return
-                if self.headers.get("Content-Type", "").split(";")[0].strip().lower() != "application/json":
-                    return self._reply(415, {"error": "POST needs Content-Type: application/json"})
-                if self.path not in ("/rescale", "/retarget"):
-                    return self._reply(404, {"error": f"unknown path {self.path}"})
-                length = self.headers.get("Content-Length")
-                if length is None:
-                    return self._reply(411, {"error": "POST needs a Content-Length"})
-                if not length.strip().isdigit():
-                    return self._reply(400, {"error": "Content-Length must be a whole number of bytes"})
-                if int(length) > MAX_BODY_BYTES:
-                    return self._reply(413, {"error": f"the body may be at most {MAX_BODY_BYTES} bytes"})
-                try:
-                    body = json.loads(self.rfile.read(int(length)) or b"{}")
-                    workers = body["workers"]
-                except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nesting past any use
-                    return self._reply(400, {"error": 'expected JSON {"workers": <int>, "reason": "..."}'})
-                most = getattr(service.launcher, "max_workers", None) or MAX_WORKERS
-                if not isinstance(workers, int) or isinstance(workers, bool) or not 0 <= workers <= most:
-                    return self._reply(
-                        400, {"error": f"workers must be a whole number from 0 to {most}, got {workers!r}"[:300]}
-                    )
-                reason = str(body.get("reason", self.path[1:]))[:500]
-                if self.path == "/retarget":  # answered at once: the rescale under way takes it
-                    return self._reply(200, {"accepted": service.launcher.retarget(workers, reason=reason)})
-                if not service._busy.acquire(blocking=False):
-                    return self._reply(409, {"error": "another rescale is in progress"})
-                try:
-                    record = service.launcher.rescale(workers, reason=reason)
-                except Exception as exc:  # reported to the caller, who fails its run with it
-                    return self._reply(
-                        500, {"error": f"{type(exc).__name__}: {exc}", "workers": service.launcher.workers}
-                    )
-                finally:
-                    service._busy.release()
-                self._reply(
-                    200, {"changed": record is not None, **(asdict(record) if record else {"to_workers": workers})}
-                )
-
+        self.busy = threading.Lock()  # one rescale at a time
         try:
-            self.server = _BoundedServer(("127.0.0.1", port), Handler)
+            self.server = _BoundedServer(("127.0.0.1", port), _Handler)
         except OSError as exc:
             raise KaleConfigError(
                 "port", f"cannot listen on 127.0.0.1:{port} ({exc.strerror}): stop what holds it or choose another"
             ) from None
+        self.server.service = self
         self.port = self.server.server_address[1]
         self.hosts = tuple(f"{h}:{self.port}" for h in LOOPBACK_HOSTS)
         self.token_file = Path(token_file) if token_file else default_token_file(self.port)
         try:
-            self._token = write_token(self.token_file)
+            self.token = write_token(self.token_file)
         except BaseException:
             self.server.server_close()
             raise
@@ -296,7 +301,7 @@ class LauncherService:
             self.server.shutdown()
         self.server.server_close()
         try:  # only the token this service wrote: the file may since have been replaced by hand
-            if self.token_file.read_text().strip() == self._token:
+            if self.token_file.read_text().strip() == self.token:
                 self.token_file.unlink()
         except OSError:
             pass
