@@ -98,6 +98,15 @@ def run(args) -> int:
     if args.json:
         print_json(report)
         return 0
+    _print_report(report)
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _print_report(report: dict) -> None:
+    """The report as tables: each policy at its defaults and Kale's variants, each baseline's frontier, the headline
+    and each one's cost over the optimum's."""
     rows = {**report["policies"], **{VARIANT_LABELS[k]: m for k, m in report["kale_variants"].items()}}
     if "optimum" in report:
         rows["offline optimum"] = report["optimum"]
@@ -135,9 +144,6 @@ def run(args) -> int:
             )
             + (f" (best baseline: {report['best_baseline_by_cost']})" if "best_baseline_by_cost" in report else "")
         )
-    if args.plot:
-        print(f"plot written to {args.plot}")
-    return 0
 
 
 def _times(ratio) -> str:

@@ -17,6 +17,7 @@ from kale_dagster.control.controller import ControlStep
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.launchers.base import LauncherStatus
+from kale_dagster.model.types import Observation
 
 #: A decision's metadata key for the larger group the rescale under way was asked to form instead.
 RETARGET_KEY = "retarget_to"
@@ -123,22 +124,7 @@ def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) ->
         "max_workers": p.limits.max_workers,
         "slo_minutes": p.limits.slo_minutes,
     }
-    if forecast is not None and len(forecast.point):  # the next hour's mean arrival rate, samples/s
-        hour = forecast.point[: max(int(round(3600 / forecast.step_s)), 1)]
-        metadata["forecast_next_hour"] = round(float(hour.mean()), 3)
-    obs = step.observation
-    if obs is not None:
-        metadata.update(
-            arrival_rate=obs.arrival_rate,
-            time_lag_s=obs.time_lag_s,
-            backlog=obs.backlog,
-            utilization=round(obs.utilization, 4),
-            restarting=obs.restarting,
-        )
-        if obs.latest_arrival_rate is not None:
-            metadata["latest_arrival_rate"] = obs.latest_arrival_rate
-        if obs.forecast_ratio is not None:
-            metadata["forecast_recent_ratio"] = round(obs.forecast_ratio, 4)
+    metadata.update(_what_it_saw(step.observation, forecast))
     if decision.forecast_error is not None:
         metadata["forecast_recent_smape"] = round(decision.forecast_error, 4)
     optional = {  # shown when there is something to say
@@ -156,4 +142,25 @@ def allocation_metadata(p: OnlineTrainingPipeline, decision: ControlDecision) ->
     quality = status.model_metric if status is not None else None
     if quality is not None:  # the trainer's progressive-validation metric
         metadata[f"model_{quality[0]}"] = round(quality[1], 4)
+    return metadata
+
+
+def _what_it_saw(obs: Observation | None, forecast: Forecast | None) -> dict:
+    """The observation's figures, and the forecast's next hour (its mean arrival rate, samples/s)."""
+    metadata: dict = {}
+    if forecast is not None and len(forecast.point):  # the next hour's mean arrival rate, samples/s
+        hour = forecast.point[: max(int(round(3600 / forecast.step_s)), 1)]
+        metadata["forecast_next_hour"] = round(float(hour.mean()), 3)
+    if obs is not None:
+        metadata.update(
+            arrival_rate=obs.arrival_rate,
+            time_lag_s=obs.time_lag_s,
+            backlog=obs.backlog,
+            utilization=round(obs.utilization, 4),
+            restarting=obs.restarting,
+        )
+        if obs.latest_arrival_rate is not None:
+            metadata["latest_arrival_rate"] = obs.latest_arrival_rate
+        if obs.forecast_ratio is not None:
+            metadata["forecast_recent_ratio"] = round(obs.forecast_ratio, 4)
     return metadata

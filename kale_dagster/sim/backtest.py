@@ -22,7 +22,7 @@ import multiprocessing
 import os
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -270,40 +270,48 @@ class Backtest:
         ready = deque(i for i, kind in enumerate(needs) if kind is None and POLICIES[runs[i].name].uses_forecast)
         ready += [-1] if optimum else []
         ready += [i for i, kind in enumerate(needs) if kind is None and not POLICIES[runs[i].name].uses_forecast]
-        futures: dict = {}
         # fork: the children share the prepared trace instead of pickling it per run.
         with ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("fork"), initializer=_adopt, initargs=(self,)
         ) as pool:
-            recording = {
-                kind: (
-                    self._feed(kind),
-                    [pool.submit(_record_adopted, kind, *period) for period in self._feed(kind).periods()],
-                )
-                for kind in {k for k in needs if k is not None}
-            }
-            in_flight = {part for _, parts in recording.values() for part in parts}
-            while ready or in_flight:
-                while ready and len(in_flight) < workers:
-                    i = ready.popleft()
-                    futures[i] = (
-                        pool.submit(_optimum_adopted)
-                        if i < 0
-                        else pool.submit(_run_adopted, runs[i], self._recorded(needs[i]))
-                    )
-                    in_flight.add(futures[i])
-                in_flight = wait(in_flight, return_when=FIRST_COMPLETED).not_done
-                for kind, (feed, parts) in list(recording.items()):
-                    if all(part.done() for part in parts):
-                        self._feeds[kind] = feed.replay([part.result() for part in parts])
-                        del recording[kind]
-                        ready.extendleft(reversed([i for i, k in enumerate(needs) if k == kind]))
+            futures = self._submit_as_ready(pool, workers, runs, needs, ready)
             results = [finish(futures[i].result()) for i in range(len(runs))]
             if not optimum:
                 return results, None
             best = finish(futures[-1].result())
             self._schedules.setdefault(OPTIMUM_LABELS, best[0])  # solved in a child: kept for this trace's other seeds
             return results, best
+
+    def _submit_as_ready(
+        self, pool: ProcessPoolExecutor, workers: int, runs: Sequence[Run], needs: list, ready: deque
+    ) -> dict[int, Future]:
+        """Record the forecasts the runs ``need`` (one refit period per task), then submit each run as it becomes
+        ``ready`` (its forecasts in; -1 is the optimum), no more at once than ``workers``; every run's future."""
+        futures: dict[int, Future] = {}
+        recording = {
+            kind: (
+                self._feed(kind),
+                [pool.submit(_record_adopted, kind, *period) for period in self._feed(kind).periods()],
+            )
+            for kind in {k for k in needs if k is not None}
+        }
+        in_flight = {part for _, parts in recording.values() for part in parts}
+        while ready or in_flight:
+            while ready and len(in_flight) < workers:
+                i = ready.popleft()
+                futures[i] = (
+                    pool.submit(_optimum_adopted)
+                    if i < 0
+                    else pool.submit(_run_adopted, runs[i], self._recorded(needs[i]))
+                )
+                in_flight.add(futures[i])
+            in_flight = wait(in_flight, return_when=FIRST_COMPLETED).not_done
+            for kind, (feed, parts) in list(recording.items()):
+                if all(part.done() for part in parts):
+                    self._feeds[kind] = feed.replay([part.result() for part in parts])
+                    del recording[kind]
+                    ready.extendleft(reversed([i for i, k in enumerate(needs) if k == kind]))
+        return futures
 
     def _recorded(self, kind: Foresight | None) -> ForecastFeed | None:
         """The forecasts recorded since the pool forked, for a run that needed them (None: it did not)."""
