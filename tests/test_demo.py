@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -222,7 +222,10 @@ def test_dagster_is_the_one_controller_and_the_ui_shows_it(demo):
 def test_demo_shows_dagsters_decisions_and_stops_cleanly_on_ctrl_c(demo):
     proc = demo["proc"]
     wait_for(lambda: (demo["home"] / "kale" / "demo.json").is_file(), 240, "the demo to start")
-    time.sleep(20)  # a few status lines
+    # A status line that shows a decision Dagster recorded ("none yet" until the first).
+    wait_for(
+        lambda: re.search(r"Dagster decided: \d", demo["out"].read_text()), 180, "Dagster's first decision", poll_s=0.5
+    )
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends
     proc.wait(timeout=120)
     out = demo["out"].read_text()

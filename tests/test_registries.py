@@ -74,7 +74,9 @@ def test_pipeline_accepts_registered_policies_only(toy):
     source = KafkaSource("127.0.0.1:9092", ("t",), "g")
     assert OnlineTrainingPipeline(name="p", source=source, policy="toy").policy == "toy"
     POLICIES.unregister("toy")
-    with pytest.raises(KaleConfigError, match="unknown 'toy'; choose one of kale, kale_stabilizer, hpa, keda, static") as err:
+    with pytest.raises(
+        KaleConfigError, match="unknown 'toy'; choose one of kale, kale_stabilizer, hpa, keda, static"
+    ) as err:
         OnlineTrainingPipeline(name="p", source=source, policy="toy")
     assert err.value.field == "policy"
     POLICIES.register(TOY)

@@ -20,7 +20,7 @@ from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding
 from kale_dagster.trainer.checkpoint import CheckpointWriteError, list_checkpoints, load_latest, save_atomic
 from kale_dagster.trainer.metrics import RollingAUC
 from kale_dagster.trainer.ordering import ArrivalOrder
-from support import committed_offsets, end_offsets, trained_samples, trained_seqs
+from support import committed_offsets, end_offsets, trained_samples, trained_seqs, wait_for
 
 
 def test_checkpoint_is_atomic_and_pruned(tmp_path):
@@ -192,7 +192,8 @@ def test_rolling_auc():
 
 def _train_through(kafka_broker, tmp_path, scenario, produce_s: float, restore_s: float = 0.0):
     """Replay ``produce_s`` seconds of samples (4 partitions, 3 samples per record, a hot partition) into a
-    trainer that ``scenario(launcher)`` rescales and crashes (each group restoring for ``restore_s``); once the
+    trainer that ``scenario(launcher, trained)`` rescales and crashes (``trained()``: the samples checkpointed so
+    far; each group restoring for ``restore_s``); once the
     group has caught up, the samples trained (from every worker's accounting log), the produced count, and the
     launcher's records.  Asserts that every produced sample was trained."""
     # Three samples per record (batches of 64 split records), so a checkpoint
@@ -212,7 +213,7 @@ def _train_through(kafka_broker, tmp_path, scenario, produce_s: float, restore_s
         kwargs=dict(stop=stop, max_wall_s=produce_s),
     )
     producer.start()
-    time.sleep(1.0)
+    wait_for(lambda: sum(end_offsets(servers, topic, partitions).values()), 30, "the first records", poll_s=0.1)
     settings = TrainerSettings(
         KafkaSource(servers, (topic,), "trainer"),
         str(tmp_path / "ckpt"),
@@ -226,7 +227,7 @@ def _train_through(kafka_broker, tmp_path, scenario, produce_s: float, restore_s
     launcher = LocalLauncher(settings, pool_size=3)
     try:
         launcher.start(2)
-        scenario(launcher)
+        scenario(launcher, lambda: len(trained_samples(logs)))
         producer.join()
         ends = end_offsets(servers, topic, partitions)
         deadline = time.monotonic() + 90
@@ -250,9 +251,21 @@ def _train_through(kafka_broker, tmp_path, scenario, produce_s: float, restore_s
     return trained, produced, launcher.records
 
 
-def _rescale_every(launcher, seconds: float, *targets: int) -> None:
+#: Samples a group trains and checkpoints before the next change (2 workers at 150/s: about two checkpoints' worth).
+TRAIN_BETWEEN = 600
+
+
+def _trains(trained, samples: int = TRAIN_BETWEEN) -> None:
+    """Wait until the running group has checkpointed ``samples`` more."""
+    start = trained()
+    wait_for(lambda: trained() >= start + samples, 60, f"{samples} more samples trained", poll_s=0.2)
+
+
+def _rescale_after_training(launcher, trained, *targets: int) -> None:
+    """Each rescale once the group before it has trained (a group of 0 trains nothing: the next comes at once)."""
     for target in targets:
-        time.sleep(seconds)
+        if launcher.workers > 0:
+            _trains(trained)
         launcher.rescale(target)
 
 
@@ -260,7 +273,10 @@ def _rescale_every(launcher, seconds: float, *targets: int) -> None:
 @pytest.mark.slow
 def test_planned_rescales_lose_nothing_and_repeat_nothing(kafka_broker, tmp_path):
     trained, produced, records = _train_through(
-        kafka_broker, tmp_path, lambda launcher: _rescale_every(launcher, 2.5, 3, 1, 0, 2), produce_s=14
+        kafka_broker,
+        tmp_path,
+        lambda launcher, trained: _rescale_after_training(launcher, trained, 3, 1, 0, 2),
+        produce_s=14,
     )
     assert len(records) == 5  # start and 4 rescales, one of them a stop to zero (min_workers: 0) and back
     assert [r.to_workers for r in records] == [2, 3, 1, 0, 2] and records[3].phases.keys() == {"stop"}
@@ -271,9 +287,9 @@ def test_planned_rescales_lose_nothing_and_repeat_nothing(kafka_broker, tmp_path
 @pytest.mark.integration
 @pytest.mark.slow
 def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
-    def rescales_and_a_crash(launcher):
-        _rescale_every(launcher, 2.5, 3, 1, 2)
-        time.sleep(2.0)
+    def rescales_and_a_crash(launcher, trained):
+        _rescale_after_training(launcher, trained, 3, 1, 2)
+        _trains(trained)
         launcher._group[1].signal(signal.SIGKILL)  # mid-step: no checkpoint, no goodbye
         deadline = time.monotonic() + 60
         record = None
@@ -281,7 +297,7 @@ def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
             time.sleep(0.2)
             record = launcher.supervise_once()
         assert record is not None and record.reason.startswith("crash-restart")
-        _rescale_every(launcher, 2.5, 3, 2)
+        _rescale_after_training(launcher, trained, 3, 2)
 
     trained, produced, records = _train_through(kafka_broker, tmp_path, rescales_and_a_crash, produce_s=30)
     assert len(records) == 7  # start, 5 rescales, 1 crash restart
@@ -299,15 +315,13 @@ def test_rescales_and_a_crash_lose_no_sample(kafka_broker, tmp_path):
 @pytest.mark.integration
 @pytest.mark.slow
 def test_a_retarget_gives_up_a_restoring_group_and_loses_and_repeats_nothing(kafka_broker, tmp_path):
-    def scale_in_met_by_a_burst(launcher):
-        time.sleep(2.5)
+    def scale_in_met_by_a_burst(launcher, trained):
+        _trains(trained)
         done = []
         rescale = threading.Thread(target=lambda: done.append(launcher.rescale(1, reason="scale in")))
         rescale.start()
         # The group of 1 has been formed and is restoring (3 s): it has trained nothing.
-        deadline = time.monotonic() + 30
-        while not (len(launcher._group) == 1 and launcher.status().rescaling) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: len(launcher._group) == 1 and launcher.status().rescaling, 30, "the group of 1", poll_s=0.05)
         (forming,) = launcher._group
         assert launcher.retarget(3, reason="burst")
         rescale.join(60)
@@ -316,7 +330,7 @@ def test_a_retarget_gives_up_a_restoring_group_and_loses_and_repeats_nothing(kaf
         # Killed, not waited for: its restore would hold the larger group back.
         assert forming.proc.returncode == -signal.SIGKILL
         print(f"retargeted after {record.phases['abandoned']:.1f} s of {record.downtime_s:.1f} s: {record.phases}")
-        time.sleep(2.5)
+        _trains(trained)
 
     trained, produced, records = _train_through(
         kafka_broker, tmp_path, scale_in_met_by_a_burst, produce_s=10, restore_s=3.0
@@ -477,7 +491,7 @@ def test_the_offset_committer_commits_the_newest_offsets_in_order_and_retries():
 
     committer = Flaky({}, "g", "t", retry_s=0.05)
     committer.submit({0: 10})
-    time.sleep(0.1)
+    wait_for(lambda: attempts, 5, "the first commit under way", poll_s=0.01)
     committer.submit({0: 20})  # replaces the pending one: only the newest matters
     committer.submit({0: 30})
     gate.set()
