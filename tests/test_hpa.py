@@ -1147,6 +1147,21 @@ def test_policy_without_behavior_takes_the_legacy_path():
     assert hpa.up_events == [] and hpa.down_events == []  # no behavior, no scale events
 
 
+@pytest.mark.parametrize(
+    "current, utilization, expected",
+    [
+        (2, 16.0, 6),  # wants 40: 4 Pods (6) beats 100 Percent (4) per 15 s, selectPolicy Max
+        (10, 3.2, 20),  # wants 40: 100 Percent (20) beats 4 Pods (14)
+        (10, 0.96, 12),  # wants 12: within both, no stabilization window on the way up
+    ],
+)
+def test_a_behavior_without_scale_up_gets_upstream_s_default_scale_up_rules(current, utilization, expected):
+    """upstream (GenerateHPAScaleUpRules): a direction ``behavior`` leaves out is 0 s of stabilization and
+    max(4 Pods, 100 Percent) per 15 s."""
+    hpa = HPAPolicy(target_utilization=80, max_replicas=64, behavior={"scaleDown": {"stabilizationWindowSeconds": 60}})
+    assert hpa.decide(_obs(0, current, utilization=utilization)).workers == expected
+
+
 def test_policy_with_behavior_records_the_initial_recommendation():
     """ours (recordInitialRecommendation): what runs at the first sync is a recommendation, so a scale-down
     waits a full window after the autoscaler starts."""
