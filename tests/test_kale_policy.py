@@ -72,6 +72,8 @@ def test_backlog_adds_drain_capacity():
     )
     assert est.plan == (6, 4, 4)
     assert drain_rate(1_200_000, 3500, 600, 600) == pytest.approx(2000 + 3500)
+    with pytest.raises(KaleConfigError, match="drain_window_s: must be > 0, got 0"):
+        drain_rate(1_200_000, 3500, 600, 0)  # a backlog drained at once: no rate does that
 
 
 def test_scales_up_ahead_of_a_forecast_rise():

@@ -40,6 +40,9 @@ def test_table(plan, step, rho, tau, expected):
         # ours raises every short level until none is left.
         ([3, 5, 4, 7, 7, 7], 1, 25, [3, 4, 4, 7, 7, 7], [3, 7, 7, 7, 7, 7]),
         ([5, 5, 3], 1, 60, [5, 5, 3], [5, 5, 3]),  # the last stretch runs past the horizon: not judged
+        # A level lasts while each step is within rho of its first (8, 9): 20 minutes, short, so the paper lowers
+        # it to its higher neighbour, 4; ours keeps a short peak.
+        ([4, 4, 8, 9, 4], 2, 25, [4, 4, 4, 4, 4], [4, 4, 9, 9, 4]),
     ],
 )
 def test_paper_mode_against_ours(plan, rho, tau, paper, ours):

@@ -74,6 +74,15 @@ def test_bad_models_name_the_field(kwargs, field):
 
 def test_round_trip_dict():
     assert ThroughputModel.from_dict(PAPER.to_dict()) == PAPER
+    fitted = ThroughputModel.fit([1, 2, 4, 8, 16], [900, 1700, 3100, 5200, 7600], form="async")
+    assert fitted.fit_mape is not None and fitted.holdout_mape is not None and fitted.samples == 5
+    assert ThroughputModel.from_dict(fitted.to_dict()) == fitted  # what it was fitted on, and how well, too
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0])
+def test_a_linear_model_needs_a_positive_rate(rate):
+    with pytest.raises(KaleConfigError, match="per_worker_rate: must be > 0"):
+        ThroughputModel.linear(rate)
 
 
 @settings(max_examples=60, deadline=None)
