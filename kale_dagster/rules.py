@@ -191,6 +191,22 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def flag_arguments(cls: type, f: dataclasses.Field) -> dict[str, Any]:
+    """What ``argparse``'s ``add_argument`` takes for the ruled field ``f`` of ``cls``, beside its ``flag``: where
+    the value goes, its type, whether it is required, its default and its help (the rule's description and unit)."""
+    rule = rule_of(f)
+    assert rule is not None, f"{cls.__name__}.{f.name} has no rule"
+    required = f.default is MISSING and f.default_factory is MISSING
+    unit = f" ({rule.unit})" if rule.unit else ""
+    return {
+        "dest": f.name,
+        "type": field_types(cls)[f.name][0] or str,
+        "required": required,
+        "default": None if required else f.default,
+        "help": f"{rule.description}{unit}",
+    }
+
+
 def renamed(rename: Callable[[str], str], build: Callable[..., Any], /, **kwargs) -> Any:
     """``build(**kwargs)``, each configuration error's field renamed by ``rename`` (where the user wrote it)."""
     try:

@@ -12,27 +12,19 @@ import dataclasses
 from typing import Any
 
 from kale_dagster.cli import Parser
-from kale_dagster.rules import field_types, flag, renamed, rule_of
+from kale_dagster.rules import flag, flag_arguments, renamed, rule_of
 
 
 def add_flags(parser: Parser, cls: type) -> None:
     """One flag per ruled field of the dataclass ``cls``."""
-    kinds = field_types(cls)
     for f in dataclasses.fields(cls):
         rule = rule_of(f)
         if rule is None:
             continue
-        kind = kinds[f.name][0] or str
-        unit = f" ({rule.unit})" if rule.unit else ""
         bounds = {"ge": rule.ge, "gt": rule.gt, "le": rule.le, "lt": rule.lt}
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         parser.add_argument(
             flag(f.name),
-            dest=f.name,
-            type=kind,
-            required=required,
-            default=None if required else f.default,
-            help=f"{rule.description}{unit}",
+            **flag_arguments(cls, f),
             **({"choices": list(rule.choices)} if isinstance(rule.choices, tuple) else {}),
             **{k: v for k, v in bounds.items() if v is not None},
         )

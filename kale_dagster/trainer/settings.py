@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 
 from kale_dagster.errors import KaleConfigError
-from kale_dagster.rules import check, field_types, flag, renamed, rule_of, setting
+from kale_dagster.rules import check, flag, flag_arguments, renamed, rule_of, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import DEFAULT_TRAINER, TrainerSpec
 from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S
@@ -124,18 +124,7 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--group-id", required=True)
     parser.add_argument("--trainer", default=DEFAULT_TRAINER, help="the trainer factory, module:attribute")
     parser.add_argument("--trainer-options", default="{}", help="JSON object passed to the factory as options")
-    kinds = field_types(TrainerSettings)
     for f in [*_flag_fields(), next(f for f in dataclasses.fields(TrainerSettings) if f.name == "pipeline")]:
-        rule = rule_of(f)
-        assert rule is not None
-        required = f.default is dataclasses.MISSING
-        parser.add_argument(
-            flag(f.name),
-            dest=f.name,
-            type=kinds[f.name][0] or str,
-            required=required,
-            default=None if required else f.default,
-            help=rule.description,
-        )
+        parser.add_argument(flag(f.name), **flag_arguments(TrainerSettings, f))
     parser.add_argument("--standby", action="store_true", help="wait for rank/world on stdin (warm standby)")
     return parser
