@@ -10,7 +10,11 @@ and prints the score per module and every survivor (``--diffs``: with its change
 part of CI.
 
     pip install mutmut==3.8.1
-    python bench/mutation.py [--max-children 2] [--only 'kale_dagster/model/*'] [--diffs FILE]
+    python bench/mutation.py [--max-children 2] [--only 'kale_dagster/model/*'] [--diffs FILE] [--keep DIR]
+
+With ``--keep DIR`` the run's folder stays, and running again with the same folder goes on where it stopped (mutmut
+keeps each mutant's result there); ``--report-only`` prints the score of what that folder has judged so far (a
+run stopped part way: the mutants not yet checked are left out of the score, and counted).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ TESTS = [
 KILLED = {"killed", "caught by type check"}
 
 
-def _config(only: list[str], children: int) -> str:
+def _config(only: list[str]) -> str:
     def toml_list(items: list[str]) -> str:
         return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
@@ -89,17 +93,21 @@ def main() -> int:
     parser.add_argument("--only", action="append", help="glob of the files to mutate (repeatable); default: all four")
     parser.add_argument("--diffs", type=Path, help="write each survivor's change to this file")
     parser.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a scratch folder)")
+    parser.add_argument("--report-only", action="store_true", help="with --keep: the score of what it has judged")
     args = parser.parse_args()
+    if args.report_only and args.keep is None:
+        parser.error("--report-only reads the folder of an earlier run: give it with --keep")
     if shutil.which("mutmut") is None:
         print("mutmut is not installed: pip install mutmut==3.8.1", file=sys.stderr)
         return 2
     work = args.keep or Path(tempfile.mkdtemp(prefix="kale-mutation-"))
-    work.mkdir(parents=True, exist_ok=True)
-    _copy(work)
-    with (work / "pyproject.toml").open("a") as f:
-        f.write(_config(args.only or MUTATED, args.max_children))
     started = time.perf_counter()
-    subprocess.run(["mutmut", "run", "--max-children", str(args.max_children)], cwd=work, check=True)
+    if not args.report_only:
+        work.mkdir(parents=True, exist_ok=True)
+        _copy(work)
+        with (work / "pyproject.toml").open("a") as f:
+            f.write(_config(args.only or MUTATED))
+        subprocess.run(["mutmut", "run", "--max-children", str(args.max_children)], cwd=work, check=True)
     wall = time.perf_counter() - started
     statuses = _statuses(work)
     per_module: dict[str, Counter] = defaultdict(Counter)
@@ -112,7 +120,11 @@ def main() -> int:
         judged = killed + counts["survived"] + counts["timeout"]
         return f"{killed / judged:6.1%} of {judged}" if judged else "   n/a"
 
-    print(f"\nmutation score (killed / killed + survived + timeouts), {wall / 60:.0f} min on {args.max_children} children")
+    print(
+        f"\nmutation score (killed / killed + survived + timeouts), {wall / 60:.0f} min on {args.max_children} children"
+    )
+    if total["not checked"]:
+        print(f"  {total['not checked']} of {len(statuses)} mutants not checked yet: left out of the score")
     for module in sorted(per_module):
         counts = per_module[module]
         rest = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()) if s not in KILLED)
