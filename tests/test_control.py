@@ -29,6 +29,7 @@ from kale_dagster.control.controller import (
 )
 from kale_dagster.control.tick import ControlCursor, reading_from
 from kale_dagster.definitions.decision import RescaleConfig
+from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
@@ -433,6 +434,25 @@ def test_clock_converts_between_wall_and_pipeline_time():
     assert clock.at(1010.0) == 5480.0 and clock.wall_at(5480.0) == 1010.0
     assert clock.duration(2.0) == 96.0 and clock.rate(96.0) == 2.0 and clock.wall_duration(600.0) == 12.5
     assert PipelineClock().at(123.0) == 123.0
+
+
+@pytest.mark.parametrize(
+    "settings, field",
+    [
+        (dict(time_scale=1000.0, wall_start=0.0), None),  # the fastest allowed
+        (dict(time_scale=1.0), None),  # wall time needs no start
+        (dict(time_scale=1000.5, wall_start=0.0), "time_scale"),
+        (dict(time_scale=0.5, wall_start=0.0), "time_scale"),
+        (dict(time_scale=2.0), "wall_start"),  # compressed time needs the wall time it started at
+    ],
+)
+def test_a_clock_is_wall_time_or_compressed_from_a_start(settings, field):
+    if field is None:
+        PipelineClock(**settings)
+        return
+    with pytest.raises(KaleConfigError) as err:
+        PipelineClock(**settings)
+    assert err.value.field == field
 
 
 def test_threading_lock_is_not_held_by_status():

@@ -203,3 +203,49 @@ def test_the_public_api_lists_every_lazy_export():
 
     assert set(kale_dagster.__all__) == {"InputDataError", "KaleConfigError", *kale_dagster._EXPORTS}
     assert all(getattr(kale_dagster, name) is not None for name in kale_dagster.__all__)
+
+
+@pytest.mark.parametrize(
+    "names, option, chosen, problem",
+    [
+        ("kale", "--policies", ["kale"], None),
+        (" hpa , kale,, ", "--policies", ["hpa", "kale"], None),  # spaces and empty items are no names
+        ("kale,kael,hap", "--policies", None, "--policies: unknown kael, hap; choose from kale, kale_stabilizer"),
+        (" , ", "--only", None, "--only: unknown (empty); choose from kale, kale_stabilizer"),
+    ],
+)
+def test_a_list_of_policy_names_is_checked_naming_the_option(names, option, chosen, problem):
+    if problem is None:
+        assert POLICIES.parse(names, option) == chosen
+        return
+    with pytest.raises(KaleConfigError) as err:
+        POLICIES.parse(names, option)
+    assert str(err.value).startswith(problem), str(err.value)
+
+
+def test_a_name_is_registered_once_and_unregistered_by_name():
+    from kale_dagster.policies import PolicyRegistry, static
+
+    registry = PolicyRegistry(static.SPEC)
+    assert list(registry) == ["static"] and len(registry) == 1 and "static" in registry
+    with pytest.raises(KaleConfigError, match="policy: a policy named 'static' is already registered"):
+        registry.register(static.SPEC)
+    registry.unregister("static")
+    registry.unregister("static")  # gone already: nothing to do
+    assert list(registry) == [] and "static" not in registry
+
+
+@pytest.mark.parametrize("workers, ok", [(0, True), (3, True), (-1, False)])
+def test_a_static_allocation_is_what_it_says(workers, ok):
+    from kale_dagster.policies import StaticPolicy
+
+    if not ok:
+        with pytest.raises(KaleConfigError, match="workers: must be >= 0, got -1"):
+            StaticPolicy(workers)
+        return
+    decision = StaticPolicy(workers).decide(Observation(0.0, 1, 100.0, 100.0, 0.0, 0.0, 0.5))
+    assert (decision.workers, decision.policy, decision.reason) == (
+        workers,
+        "static",
+        f"fixed allocation of {workers} workers",
+    )
