@@ -76,6 +76,41 @@ def test_backlog_adds_drain_capacity():
         drain_rate(1_200_000, 3500, 600, 0)  # a backlog drained at once: no rate does that
 
 
+#: 20 minutes at 3,500/s, 20 at 7,500/s, then 3,500/s again; the upper band 10% above the point.
+RISE = [3500.0] * 20 + [7500.0] * 20 + [3500.0] * 80
+
+
+@pytest.mark.parametrize(
+    "tau_s, rho, plan",
+    [
+        (600, 1, (6, 6, 11, 9, 4, 4)),  # every level lasts a 10-minute step: kept as estimated
+        (1800, 1, (6, 6, 11, 11, 4, 4)),  # the 10 minutes at 9 are under tau: held at 11 (our stabilizer)
+        (600, 3, (6, 6, 11, 11, 4, 4)),  # 11 -> 9 is a change under rho: held at 11
+    ],
+)
+def test_the_stabilizer_planner_s_decision_whole(tau_s, rho, plan):
+    """Everything a decision says, from one observation: the estimator's plan on the upper band with the backlog's
+    drain, stabilized with tau and rho, the restart-cost test's verdict, and the figures behind it."""
+    policy = KaleStabilizerPolicy(_sizing(LINEAR), KaleStabilizerConfig(tau_s=tau_s, rho=rho, plan_step_s=600))
+    d = policy.decide(_obs(workers=4, rate=3500, backlog=300_000, lag=120, forecast=_forecast(RISE, band=0.1)))
+    assert (d.workers, d.policy, d.plan[:6], d.plan_step_s) == (8, "kale_stabilizer", plan, 600)
+    assert d.reason == (
+        "4 -> 8 workers: 8 workers cost least over 2.0 h including a 10.0 min restart: 960 GPU-min and 120 lag-min "
+        "(max 12.0 min) vs 480 GPU-min and 1166 lag-min at 4; forecast peak 8,250/s in 20 min needs 11 workers "
+        "(expected 7,500/s, 8 workers); backlog 300,000 drains at +2,000/s"
+    )
+    # (3,500/s + 2,000/s of drain) x 1.1 on the band -> 6; 8,250/s + the drain -> 11; the point forecast -> 4, 8.
+    assert d.details["raw_plan"][:4] == [6, 6, 11, 9] and d.details["expected_plan"][:4] == [4, 4, 8, 8]
+    assert d.details["planned_rates"][2] == pytest.approx(8250) and d.details["expected_rates"][2] == 7500
+    assert policy.state() == {"last_change_time": 0.0}
+
+
+def test_the_stabilizer_planner_says_nothing_of_a_drain_without_a_backlog():
+    policy = KaleStabilizerPolicy(_sizing(LINEAR), KaleStabilizerConfig(plan_step_s=600))
+    d = policy.decide(_obs(workers=4, rate=3500, forecast=_forecast(RISE)))
+    assert "drains" not in d.reason and "forecast peak 7,500/s in 20 min needs 8 workers" in d.reason, d.reason
+
+
 def test_scales_up_ahead_of_a_forecast_rise():
     cfg = KaleStabilizerConfig(tau_s=600, plan_step_s=600)
     policy = KaleStabilizerPolicy(_sizing(LINEAR), cfg)
