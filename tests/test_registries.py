@@ -20,7 +20,7 @@ import pytest
 
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline
 from kale_dagster.model.limits import Limits
-from kale_dagster.model.types import Decision, Observation
+from kale_dagster.model.types import Decision, Observation, PartitionOffsets
 from kale_dagster.policies import POLICIES, PolicySpec
 from kale_dagster.sim.trace import synth_trace
 
@@ -249,3 +249,60 @@ def test_a_static_allocation_is_what_it_says(workers, ok):
         "static",
         f"fixed allocation of {workers} workers",
     )
+
+
+def _readings(n: int = 40) -> list[Observation]:
+    """A day's shape in ``n`` minutes, a burst in it, per-partition offsets for KEDA; the workers change at every
+    reading (the receding planner's plan is a cache kept while they hold, not state: rebuilt, it plans again)."""
+    rng = np.random.default_rng(7)
+    out, end, committed = [], np.zeros(4, int), np.zeros(4, int)
+    for i in range(n):
+        rate = 2000.0 * (1 + np.sin(i / 6)) + (9000.0 if i in (15, 16) else 0.0)
+        end += rng.poisson(rate * 15, 4)
+        committed = np.minimum(end, committed + rng.poisson(1500 * 15, 4))
+        backlog = float((end - committed).sum())
+        parts = tuple(PartitionOffsets(p, int(end[p]), int(committed[p])) for p in range(4))
+        out.append(
+            Observation(
+                time=60.0 * i,
+                workers=2 + i % 3,
+                arrival_rate=rate,
+                consumption_rate=1500.0,
+                backlog=backlog,
+                time_lag_s=backlog / max(rate, 1.0),
+                utilization=min(rate / 3000.0, 1.5),
+                partitions=parts,
+                latest_arrival_rate=rate,
+            )
+        )
+    return out
+
+
+#: An HPA with a behavior keeps scale events (the legacy path keeps none): rate limits that span readings.
+BEHAVIOR = {
+    "scaleUp": {"policies": [{"type": "Pods", "value": 2, "periodSeconds": 300}]},
+    "scaleDown": {"stabilizationWindowSeconds": 300, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}]},
+}
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [(name, {"behavior": BEHAVIOR} if name in ("hpa", "keda") else {}) for name in POLICIES],
+    ids=list(POLICIES),
+)
+def test_a_policy_restored_from_its_state_decides_as_the_one_that_kept_running(name, options):
+    """The controller rebuilds a policy in another process (a sensor tick) from ``state()``: after every reading,
+    the rebuilt one must decide the next as the one that kept running, and keep the same state."""
+    from kale_dagster.model.throughput import ThroughputModel
+    from kale_dagster.policies import Sizing
+
+    sizing = Sizing(Limits(max_workers=16), ThroughputModel.linear(1000.0), partitions=4)
+    running = POLICIES.build(name, sizing, **options)
+    readings = _readings()
+    running.decide(readings[0])
+    for after in readings[1:]:
+        rebuilt = POLICIES.build(name, sizing, **options)
+        rebuilt.load_state(json.loads(json.dumps(running.state())))  # as the cursor keeps it
+        assert rebuilt.state() == running.state()
+        ours, theirs = running.decide(after), rebuilt.decide(after)
+        assert (theirs.workers, theirs.reason) == (ours.workers, ours.reason), after.time
