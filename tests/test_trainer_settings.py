@@ -53,6 +53,9 @@ def test_every_ruled_setting_is_a_flag_of_the_worker():
         (["--batch-size", "0"], "--batch-size: must be >= 1"),
         (["--balance", "fastest"], "--balance"),
         (["--low-watermark", "900"], "--high-watermark: must be above low_watermark"),
+        # Never a local folder named "s3:" (the later flag wins in argparse).
+        (["--checkpoint-dir", "s3://bucket/ckpt"], "--checkpoint-dir: 's3://bucket/ckpt' must be a path"),
+        (["--checkpoint-dir", "gs://bucket"], "a URL (s3://, gs://, az://) is not a checkpoint location yet"),
     ],
 )
 def test_a_bad_worker_flag_is_one_error_naming_it(capsys, extra, says):

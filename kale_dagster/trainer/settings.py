@@ -31,7 +31,12 @@ class TrainerSettings:
     trainer from its ``TrainerSpec``.  Each ruled field is one flag of the worker."""
 
     source: KafkaSource
-    checkpoint_dir: str = setting(description="where checkpoints are written (shared by every worker)")
+    checkpoint_dir: str = setting(
+        description="where checkpoints are written (shared by every worker)",
+        # A URL taken as a path would write into a local folder named "s3:", lost with the pod.
+        pattern=r"(?![A-Za-z][A-Za-z0-9+.-]*://).+",
+        hint="must be a path (a shared volume): a URL (s3://, gs://, az://) is not a checkpoint location yet",
+    )
     batch_size: int = setting(256, ge=1, le=1_000_000, description="samples per worker step")
     emulate_gpu_rate: float = setting(0.0, ge=0, le=1e9, description="EMULATION of one GPU's samples/s; 0: off")
     emulate_restore_s: float = setting(
