@@ -446,6 +446,7 @@ def test_the_receding_planner_scales_a_forecast_that_fell_short(ratio, expected,
     [
         # Accurate: 12 hours ahead it sees the peak, so it holds 4 and restarts once, into 12.
         (0.05, 72, [4, 12]),
+        (0.1, 72, [4, 12]),  # at trusted_forecast_error: trusted
         # Not accurate enough (or not measured yet): 6 hours ahead, it plans a rise to 7 that the peak would undo.
         (0.3, 36, [4, 7]),
         (None, 36, [4, 7]),
@@ -457,7 +458,9 @@ def test_the_receding_planner_plans_further_on_a_forecast_that_proved_accurate(e
     d = KalePolicy(_sizing(LINEAR)).decide(obs)
     assert d.workers == 4 and len(d.plan) == steps
     assert [level for i, level in enumerate(d.plan) if i == 0 or level != d.plan[i - 1]] == levels
-    assert ("12 h ahead" in d.reason) == (error == 0.05), d.reason
+    trusted = error is not None and error <= 0.1
+    assert ("12 h ahead" in d.reason) == trusted, d.reason
+    assert d.reason.startswith("hold at 4: the plan over the forecast"), d.reason  # then the horizon, when trusted
 
 
 def test_the_receding_fallback_plans_over_the_plain_horizon_even_on_an_accurate_forecast():
@@ -552,11 +555,15 @@ def test_a_scale_in_is_judged_over_the_band_once_per_plan(monkeypatch, band, kep
     real = kale.plan_from_now
     monkeypatch.setattr(kale, "plan_from_now", lambda *a, **k: solved.append(1) or real(*a, **k))
     policy = KalePolicy(_sizing(LINEAR), KaleConfig(replan_s=600))
-    fc = _forecast([2500.0] * 400, band=band)
-    decided = [policy.decide(_obs(t=t, workers=8, rate=2500.0, forecast=fc)) for t in (0.0, 60.0, 540.0)]
+    start = 3600.0  # an hour into the forecast's day: times are not measured from zero
+    fc = _forecast([2500.0] * 400, start=start, band=band)
+    decided = [policy.decide(_obs(t=start + t, workers=8, rate=2500.0, forecast=fc)) for t in (0.0, 60.0, 540.0)]
     assert [d.workers for d in decided] == [kept] * 3 and len(solved) == 2  # the plan, then over the band: once
+    assert all((d.policy, d.plan_step_s, d.plan[0]) == ("kale", 600, kept) for d in decided)
     if kept == 8:  # every tick of the hold names the band, not a plan that "keeps" the workers
         assert all("scales in to 4, but not over it" in d.reason for d in decided), [d.reason for d in decided]
+        assert decided[0].reason.startswith("hold at 8: the plan over the forecast scales in to 4"), decided[0].reason
         assert "9 min ago; judged again when the plan is due" in decided[2].reason, decided[2].reason
-    narrow = policy.decide(_obs(t=600.0, workers=8, rate=2500.0, forecast=_forecast([2500.0] * 400)))
-    assert narrow.workers == 4 and len(solved) == 3
+        assert decided[1].plan[1:] == decided[0].plan[1:]  # the plan after its first step, as solved
+    narrow = policy.decide(_obs(t=start + 600.0, workers=8, rate=2500.0, forecast=_forecast([2500.0] * 400, start)))
+    assert narrow.workers == 4 and len(solved) == 3 and narrow.reason.startswith("8 -> 4 workers: plan over the")
