@@ -567,3 +567,72 @@ def test_a_scale_in_is_judged_over_the_band_once_per_plan(monkeypatch, band, kep
         assert decided[1].plan[1:] == decided[0].plan[1:]  # the plan after its first step, as solved
     narrow = policy.decide(_obs(t=start + 600.0, workers=8, rate=2500.0, forecast=_forecast([2500.0] * 400, start)))
     assert narrow.workers == 4 and len(solved) == 3 and narrow.reason.startswith("8 -> 4 workers: plan over the")
+
+
+# --- the stages both planners share (policies/kale/base.py) ------------------------------------------------------
+
+
+def _at(t, start, values, lag=0.0, error=None, latest=None, workers=4):
+    obs = _obs(t=t, workers=workers, lag=lag, forecast=_forecast(values, start=start) if values else None, error=error)
+    return Observation(**{**obs.__dict__, "latest_arrival_rate": latest})
+
+
+@pytest.mark.parametrize("policy", ["kale", "kale_stabilizer"])
+@pytest.mark.parametrize(
+    "obs, reason",
+    [
+        (_at(0, 0, None), "no forecast available"),
+        (_at(0, 0, [3500.0]), ""),  # a forecast of one step is a forecast
+        (_at(0, 0, [3500.0] * 120, lag=600.0), ""),  # at the threshold (half the 20-minute SLO): not above it
+        (_at(0, 0, [3500.0] * 120, lag=630.0), "lag 10.5 min above the fallback threshold 10 min"),
+        (_at(0, 0, [3500.0] * 120, error=0.5), ""),  # at max_forecast_error: not above it
+        (_at(0, 0, [3500.0] * 120, error=0.51), "recent forecast error (sMAPE 0.51) above 0.50"),
+    ],
+)
+def test_the_fallback_s_triggers_and_what_they_say(policy, obs, reason):
+    assert POLICIES.build(policy, _sizing(LINEAR))._fallback_reason(obs) == reason
+
+
+@pytest.mark.parametrize("policy", ["kale", "kale_stabilizer"])
+@pytest.mark.parametrize(
+    "obs, reason",
+    [
+        # 4 workers take 4,000/s; 2x the larger of that and the expected rate is a burst.
+        (_at(0, 0, [3500.0] * 120, latest=8000.0), ""),  # exactly 2x capacity: not above it
+        (
+            _at(0, 0, [3500.0] * 120, latest=8001.0),
+            "burst: 8,001/s over the last interval, above 2x both the 4 workers' capacity 4,000/s and the forecast "
+            "3,500/s",
+        ),
+        # An hour into a forecast that started 10 minutes in and rises for 20 minutes then: the expected rate is
+        # the forecast now (5,000/s), not its first step or a later one.
+        (_at(4200, 600, [1000.0] * 60 + [5000.0] * 20 + [1000.0] * 40, latest=9000.0), ""),
+        (_at(4200, 600, [1000.0] * 60 + [5000.0] * 20 + [1000.0] * 40, latest=10_001.0), "the forecast 5,000/s"),
+        # Past the forecast's end: its last step.
+        (_at(9000, 0, [1000.0] * 60 + [5000.0] * 60, latest=10_001.0), "the forecast 5,000/s"),
+        (_at(0, 0, None, latest=8001.0), "and the windowed rate 3,500/s"),  # no forecast: the windowed rate
+    ],
+)
+def test_a_burst_is_read_against_capacity_and_what_was_expected_now(policy, obs, reason):
+    said = POLICIES.build(policy, _sizing(LINEAR))._burst(obs)
+    assert (said == reason) if not reason or reason.startswith("burst:") else (reason in said), said
+
+
+@pytest.mark.parametrize("policy", ["kale", "kale_stabilizer"])
+def test_at_zero_workers_the_activation_threshold_is_inclusive(policy):
+    sizing = _sizing(LINEAR, min_workers=0, activation_lag=1000)
+    at = POLICIES.build(policy, sizing).decide(
+        _obs(workers=0, rate=10.0, backlog=1000, forecast=_forecast([10.0] * 60))
+    )
+    assert (at.workers, at.policy) == (0, policy) and at.reason.startswith("idle at 0 workers: 1,000 samples"), at
+    above = POLICIES.build(policy, sizing).decide(
+        _obs(workers=0, rate=10.0, backlog=1001, forecast=_forecast([10.0] * 60))
+    )
+    assert above.workers >= 1, above.reason
+
+
+@pytest.mark.parametrize("policy", ["kale", "kale_stabilizer"])
+def test_waiting_for_a_restart_says_so_in_the_policy_s_name(policy):
+    obs = Observation(**{**_obs(forecast=_forecast([3500.0] * 60)).__dict__, "restarting": True})
+    d = POLICIES.build(policy, _sizing(LINEAR)).decide(obs)
+    assert (d.workers, d.policy, d.reason) == (4, policy, "rescale in progress; waiting for it to finish")
