@@ -193,14 +193,15 @@ class MetricsTick:
     ) -> tuple[dict, bool]:
         """The observation's metadata, and whether max_workers above the partitions has been warned about."""
         meta = snapshot_metadata(snap, figures)
-        if self.max_workers is not None and len(snap.partitions) < self.max_workers:
-            meta["warning"] = MetadataValue.text(
-                f"max_workers {self.max_workers} exceeds the {len(snap.partitions)} partitions: workers without a "
-                "partition only train forwarded samples"
-            )
-            if not warned:
-                context.log.warning(meta["warning"].value)
-        return meta, warned or (self.max_workers is not None and len(snap.partitions) < self.max_workers)
+        if self.max_workers is None or len(snap.partitions) >= self.max_workers:
+            return meta, warned
+        meta["warning"] = MetadataValue.text(
+            f"max_workers {self.max_workers} exceeds the {len(snap.partitions)} partitions: workers without a "
+            "partition only train forwarded samples"
+        )
+        if not warned:
+            context.log.warning(meta["warning"].value)
+        return meta, True
 
     def _decide(
         self,
