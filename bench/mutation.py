@@ -47,10 +47,28 @@ TESTS = [
     "tests/test_projection.py",
     "tests/test_record_time.py",
     "tests/test_registries.py",
+    "tests/test_rules.py",
     "tests/test_schedule.py",
     "tests/test_stabilizer.py",
     "tests/test_throughput.py",
 ]
+#: A pytest plugin for every mutant's test run.  mutmut forks each mutant's run from the process that ran the clean
+#: tests, so a result that process cached (a cached function's, a throughput model's table kept by a test module)
+#: would be read instead of computed again, and a mutant in the function that computes it would "survive".
+FRESH_STATE = '''
+import functools, gc, sys
+
+def pytest_sessionstart(session):
+    from kale_dagster.model.throughput import ThroughputModel
+    for name, module in list(sys.modules.items()):
+        if name.startswith("kale_dagster"):
+            for value in list(vars(module).values()):
+                if isinstance(value, functools._lru_cache_wrapper):
+                    value.cache_clear()
+    for obj in gc.get_objects():
+        if isinstance(obj, ThroughputModel):
+            obj._cache.clear()
+'''
 KILLED = {"killed", "caught by type check", "timeout"}
 MISSED = {"survived", "no tests"}
 
@@ -62,9 +80,11 @@ def _config(only: list[str]) -> str:
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["kale_dagster"]\n'
+        # A link to the top-level sensors/, which mutmut's copy of the package would leave out.
+        'also_copy = ["kale_dagster/sensors", "kale_fresh_state.py"]\n'
         f"only_mutate = {toml_list(only)}\n"
         f"pytest_add_cli_args_test_selection = {toml_list(TESTS)}\n"
-        f"pytest_add_cli_args = {toml_list(['-m', 'not integration and not slow', '-p', 'no:randomly', '-q'])}\n"
+        f"pytest_add_cli_args = {toml_list(['-m', 'not integration and not slow', '-p', 'no:randomly', '-p', 'kale_fresh_state', '-q'])}\n"
     )
 
 
@@ -110,6 +130,7 @@ def main() -> int:
         _copy(work)
         with (work / "pyproject.toml").open("a") as f:
             f.write(_config(args.only or MUTATED))
+        (work / "kale_fresh_state.py").write_text(FRESH_STATE)
         subprocess.run(["mutmut", "run", "--max-children", str(args.max_children)], cwd=work, check=True)
     wall = time.perf_counter() - started
     statuses = _statuses(work)

@@ -1195,3 +1195,111 @@ def test_policy_while_restarting(metric, expected):
     hpa = HPAPolicy(metric=metric, target_lag_per_worker=1000, max_replicas=10)
     decision = hpa.decide(_obs(15, 4, backlog=50_000, utilization=2.0, restarting=True))
     assert decision.workers == expected, decision.reason
+
+
+def test_the_default_behavior_is_upstream_s():
+    # GenerateHPAScaleUpRules / GenerateHPAScaleDownRules with nothing given, and the controller's 300 s window.
+    assert HPABehavior.default() == HPABehavior(
+        scale_up=HPAScalingRules(0, (HPAScalingPolicy("Pods", 4, 15), HPAScalingPolicy("Percent", 100, 15)), "Max"),
+        scale_down=HPAScalingRules(300, (HPAScalingPolicy("Percent", 100, 15),), "Max"),
+    )
+
+
+def test_a_behavior_as_kubernetes_writes_it():
+    spec = {
+        "scaleUp": {
+            "stabilizationWindowSeconds": 60,
+            "policies": [{"type": "Pods", "value": 2, "periodSeconds": 30}],
+            "selectPolicy": "Min",
+            "tolerance": 0,
+        },
+        "scaleDown": {"selectPolicy": "Disabled"},
+    }
+    assert HPABehavior.from_spec(spec) == HPABehavior(
+        scale_up=HPAScalingRules(60.0, (HPAScalingPolicy("Pods", 2, 30.0),), "Min", 0.0),
+        scale_down=HPAScalingRules(300.0, (HPAScalingPolicy("Percent", 100, 15),), "Disabled"),
+    )
+    assert HPABehavior.from_spec({}) == HPABehavior.default()
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"scaleup": {}}, "behavior: unknown field(s) scaleup; use scaleUp and scaleDown"),
+        ({"scaleUp": {"window": 1, "policy": []}}, "behavior.scaleUp: unknown field(s) policy, window"),
+        (
+            {"scaleDown": {"selectPolicy": "max"}},
+            "behavior.scaleDown.selectPolicy: must be one of Max, Min, Disabled, got 'max'",
+        ),
+        ({"scaleDown": {"tolerance": -0.1}}, "behavior.scaleDown.tolerance: must be >= 0, got -0.1"),
+        (
+            {"scaleUp": {"stabilizationWindowSeconds": 3601}},
+            "behavior.scaleUp.stabilizationWindowSeconds: must be in [0, 3600], got 3601",
+        ),
+        (
+            {"scaleUp": {"stabilizationWindowSeconds": -1}},
+            "behavior.scaleUp.stabilizationWindowSeconds: must be in [0, 3600], got -1",
+        ),
+        (
+            {"scaleUp": {"policies": [{"type": "pods", "value": 1, "periodSeconds": 15}]}},
+            "behavior.scaleUp.policies[0].type: must be one of Pods, Percent, got 'pods'",
+        ),
+        (
+            {
+                "scaleUp": {
+                    "policies": [
+                        {"type": "Pods", "value": 1, "periodSeconds": 15},
+                        {"type": "Percent", "value": 0, "periodSeconds": 15},
+                    ]
+                }
+            },
+            "behavior.scaleUp.policies[1].value: must be > 0, got 0",
+        ),
+        (
+            {"scaleDown": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 1801}]}},
+            "behavior.scaleDown.policies[0].periodSeconds: must be in (0, 1800], got 1801",
+        ),
+        (
+            {"scaleDown": {"policies": [{"type": "Pods", "value": 1}]}},
+            "behavior.scaleDown.policies[0].periodSeconds: must be in (0, 1800], got 0",
+        ),
+        (
+            {"scaleUp": {"selectPolicy": "Least"}, "scaleDown": {"tolerance": -1}, "other": 1},
+            "3 problems: behavior: unknown field(s) other; use scaleUp and scaleDown; "
+            "behavior.scaleUp.selectPolicy: must be one of Max, Min, Disabled, got 'Least'; "
+            "behavior.scaleDown.tolerance: must be >= 0, got -1",
+        ),
+    ],
+)
+def test_a_behavior_is_refused_as_the_api_server_refuses_it(spec, message):
+    with pytest.raises(KaleConfigError) as err:
+        HPABehavior.from_spec(spec)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("window, period", [(0, 1800), (3600, 0.5)])
+def test_a_behavior_at_the_api_server_s_bounds_is_kept(window, period):
+    spec = {
+        "scaleDown": {
+            "stabilizationWindowSeconds": window,
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": period}],
+        }
+    }
+    rules = HPABehavior.from_spec(spec).scale_down
+    assert rules.stabilization_window_seconds == window and rules.policies == (HPAScalingPolicy("Pods", 1, period),)
+
+
+def test_recommendations_equal_only_recommendations():
+    rows = [[3, 10.0], [4, 25.0]]
+    assert Recommendations(rows) == Recommendations(rows)
+    assert Recommendations(rows) != Recommendations([[3, 10.0]])
+    assert Recommendations(rows) != rows
+    assert Recommendations(rows).rows() == rows and isinstance(Recommendations(rows).rows()[0][0], int)
+
+
+def test_scale_events_stored_before_the_outdated_flag_are_current():
+    policy = HPAPolicy(min_replicas=1, max_replicas=8, behavior=HPABehavior.default())
+    policy.load_state({"up_events": [[2, 100.0]], "down_events": [[1, 50.0, True]]})
+    assert policy.up_events == [TimestampedScaleEvent(2, 100.0, False)]
+    assert policy.down_events == [TimestampedScaleEvent(1, 50.0, True)]
+    assert policy.state()["up_events"] == [[2, 100.0, False]]

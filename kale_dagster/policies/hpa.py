@@ -93,36 +93,72 @@ class HPABehavior:
     @classmethod
     def from_spec(cls, spec: Mapping) -> HPABehavior:
         """From an HPA's ``spec.behavior`` as Kubernetes writes it (``scaleUp``/``scaleDown``, each with
-        ``stabilizationWindowSeconds``, ``policies`` and ``selectPolicy``); a direction left out keeps its default."""
+        ``stabilizationWindowSeconds``, ``policies`` and ``selectPolicy``); a direction left out keeps its default.
+        Refused as the API server refuses it (validation.go's validateScalingRules), every problem at once."""
         default = cls.default()
+        problems: list[KaleConfigError] = []
 
         def rules(key: str, fallback: HPAScalingRules) -> HPAScalingRules:
             given = spec.get(key)
             if given is None:
                 return fallback
+            here = f"behavior.{key}"
             unknown = set(given) - {"stabilizationWindowSeconds", "policies", "selectPolicy", "tolerance"}
             if unknown:
-                raise KaleConfigError(f"behavior.{key}", f"unknown field(s) {', '.join(sorted(unknown))}")
+                problems.append(KaleConfigError(here, f"unknown field(s) {', '.join(sorted(unknown))}"))
             policies = tuple(
-                HPAScalingPolicy(p["type"], int(p["value"]), float(p["periodSeconds"]))
-                for p in given.get("policies", ())
+                _policy(f"{here}.policies[{i}]", p, problems) for i, p in enumerate(given.get("policies", ()))
             )
+            window = float(given.get("stabilizationWindowSeconds", fallback.stabilization_window_seconds))
+            if not 0 <= window <= MAX_STABILIZATION_WINDOW_S:
+                problems.append(
+                    KaleConfigError(
+                        f"{here}.stabilizationWindowSeconds",
+                        f"must be in [0, {MAX_STABILIZATION_WINDOW_S:g}], got {window:g}",
+                    )
+                )
+            select = given.get("selectPolicy", fallback.select_policy)
+            if select not in SELECT_POLICIES:
+                problems.append(
+                    KaleConfigError(
+                        f"{here}.selectPolicy", f"must be one of {', '.join(SELECT_POLICIES)}, got {select!r}"
+                    )
+                )
             tolerance = given.get("tolerance")
             if tolerance is not None and not 0 <= float(tolerance):
-                raise KaleConfigError(f"behavior.{key}.tolerance", f"must be >= 0, got {tolerance}")
+                problems.append(KaleConfigError(f"{here}.tolerance", f"must be >= 0, got {tolerance}"))
             return HPAScalingRules(
-                float(given.get("stabilizationWindowSeconds", fallback.stabilization_window_seconds)),
-                policies or fallback.policies,
-                given.get("selectPolicy", fallback.select_policy),
-                None if tolerance is None else float(tolerance),
+                window, policies or fallback.policies, select, None if tolerance is None else float(tolerance)
             )
 
         unknown = set(spec) - {"scaleUp", "scaleDown"}
         if unknown:
-            raise KaleConfigError(
-                "behavior", f"unknown field(s) {', '.join(sorted(unknown))}; use scaleUp and scaleDown"
+            problems.append(
+                KaleConfigError("behavior", f"unknown field(s) {', '.join(sorted(unknown))}; use scaleUp and scaleDown")
             )
-        return cls(rules("scaleUp", default.scale_up), rules("scaleDown", default.scale_down))
+        behavior = cls(rules("scaleUp", default.scale_up), rules("scaleDown", default.scale_down))
+        if problems:
+            raise KaleConfigError.join(problems)
+        return behavior
+
+
+#: validation.go's bounds on a behavior.
+MAX_STABILIZATION_WINDOW_S = 3600.0
+MAX_PERIOD_S = 1800.0
+SELECT_POLICIES = ("Max", "Min", "Disabled")
+POLICY_TYPES = ("Pods", "Percent")
+
+
+def _policy(here: str, given: Mapping, problems: list[KaleConfigError]) -> HPAScalingPolicy:
+    """One of a direction's ``policies``; what is wrong with it goes to ``problems``."""
+    kind, value, period = given.get("type"), int(given.get("value", 0)), float(given.get("periodSeconds", 0))
+    if kind not in POLICY_TYPES:
+        problems.append(KaleConfigError(f"{here}.type", f"must be one of {', '.join(POLICY_TYPES)}, got {kind!r}"))
+    if value <= 0:
+        problems.append(KaleConfigError(f"{here}.value", f"must be > 0, got {value}"))
+    if not 0 < period <= MAX_PERIOD_S:
+        problems.append(KaleConfigError(f"{here}.periodSeconds", f"must be in (0, {MAX_PERIOD_S:g}], got {period:g}"))
+    return HPAScalingPolicy(kind, value, period)  # type: ignore[arg-type]  # refused above when not a type
 
 
 class Recommendations:
