@@ -55,7 +55,7 @@ TESTS = [
 #: A pytest plugin for every mutant's test run.  mutmut forks each mutant's run from the process that ran the clean
 #: tests, so a result that process cached (a cached function's, a throughput model's table kept by a test module)
 #: would be read instead of computed again, and a mutant in the function that computes it would "survive".
-FRESH_STATE = '''
+FRESH_STATE = """
 import functools, gc, sys
 
 def pytest_sessionstart(session):
@@ -68,7 +68,8 @@ def pytest_sessionstart(session):
     for obj in gc.get_objects():
         if isinstance(obj, ThroughputModel):
             obj._cache.clear()
-'''
+"""
+PYTEST_ARGS = ["-m", "not integration and not slow", "-p", "no:randomly", "-p", "kale_fresh_state", "-q"]
 KILLED = {"killed", "caught by type check", "timeout"}
 MISSED = {"survived", "no tests"}
 
@@ -80,11 +81,11 @@ def _config(only: list[str]) -> str:
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["kale_dagster"]\n'
-        # A link to the top-level sensors/, which mutmut's copy of the package would leave out.
+        # kale_dagster/sensors links to the top-level sensors/, which mutmut's copy of the package would leave out.
         'also_copy = ["kale_dagster/sensors", "kale_fresh_state.py"]\n'
         f"only_mutate = {toml_list(only)}\n"
         f"pytest_add_cli_args_test_selection = {toml_list(TESTS)}\n"
-        f"pytest_add_cli_args = {toml_list(['-m', 'not integration and not slow', '-p', 'no:randomly', '-p', 'kale_fresh_state', '-q'])}\n"
+        f"pytest_add_cli_args = {toml_list(PYTEST_ARGS)}\n"
     )
 
 
