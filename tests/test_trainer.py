@@ -27,12 +27,25 @@ def test_checkpoint_is_atomic_and_pruned(tmp_path):
     for step in (1, 2, 3, 4):
         save_atomic(tmp_path, step, {"step": step, "w": torch.ones(3) * step}, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt-000000000003.pt", "ckpt-000000000004.pt"]
-    # A half-written checkpoint is never a candidate...
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-000000000003.json",
+        "ckpt-000000000003.pt",
+        "ckpt-000000000004.json",
+        "ckpt-000000000004.pt",
+    ]
+    # A half-written file is never a candidate, nor is data whose manifest was never written...
     (tmp_path / "ckpt-000000000009.pt.tmp").write_bytes(b"\x80\x02partial")
-    # ...and a corrupt complete one is skipped for the previous good one.
+    (tmp_path / "ckpt-000000000008.pt").write_bytes(b"\x80\x02written, manifest never")
+    # ...and a complete one whose data does not match its manifest is skipped for the previous good one.
+    save_atomic(tmp_path, 5, {"step": 5}, keep=10)
     (tmp_path / "ckpt-000000000005.pt").write_bytes(b"not a checkpoint")
     assert load_latest(tmp_path)["step"] == 4
     assert load_latest(tmp_path / "missing") is None
+    # The next checkpoint prunes the data that never got a manifest (older than it), never a newer write's.
+    (tmp_path / "ckpt-000000000006.pt").write_bytes(b"\x80\x02an upload cut off before its manifest")
+    save_atomic(tmp_path, 7, {"step": 7}, keep=10)
+    assert not (tmp_path / "ckpt-000000000006.pt").exists() and (tmp_path / "ckpt-000000000008.pt").exists()
+    assert load_latest(tmp_path)["step"] == 7
 
 
 def test_a_checkpoint_that_cannot_be_written_says_why_and_leaves_the_last_one(tmp_path):

@@ -57,7 +57,7 @@ from kale_dagster.trainer.api import (
     load_factory,
 )
 from kale_dagster.trainer.balance import AcceptState, forwarding_plan
-from kale_dagster.trainer.checkpoint import CheckpointWriteError, load_latest, save_atomic
+from kale_dagster.trainer.checkpoint import CheckpointStore, CheckpointWriteError
 from kale_dagster.trainer.collective import all_reduce_step, exchange, gather_status, to_device
 from kale_dagster.trainer.committer import OffsetCommitter
 from kale_dagster.trainer.intake import PartitionIntake, kafka_config
@@ -102,6 +102,8 @@ class Worker:
             # Collectives' tensors live on the device: NCCL wants them on the GPU (all_gather_object too), gloo on
             # the CPU.
             torch.cuda.set_device(self.device)
+        # Opened now: a store whose package is missing fails the worker in one line before it joins a group.
+        self.checkpoints = CheckpointStore(args.checkpoint_dir)
         # Imported now, so that a warm standby has the user's module (and whatever it imports) loaded too.
         self.factory = load_factory(args.trainer)
         self.trainer: OnlineTrainer | None = None  # built at every join, for that rank and group
@@ -165,7 +167,7 @@ class Worker:
         no checkpoint yet, the factory may have initialised each rank differently)."""
         trainer = self.trainer
         assert trainer is not None, "built at join"
-        state = load_latest(self.args.checkpoint_dir) or {}
+        state = self.checkpoints.load_latest() or {}
         if state:
             try:
                 trainer.model.load_state_dict(state["model"])
@@ -461,7 +463,7 @@ class Worker:
                 "world": self.world,
             }
             try:
-                path = save_atomic(self.args.checkpoint_dir, step, state, keep=self.args.keep)
+                saved = self.checkpoints.save(step, state, keep=self.args.keep)
             except CheckpointWriteError as exc:
                 # Training goes on; Kafka keeps the offsets of the last checkpoint written, so a restart
                 # repeats what was trained since (nothing is lost) and the growing lag shows it.
@@ -474,5 +476,10 @@ class Worker:
                         kafka_config(self.args.bootstrap_servers), self.args.group_id, self.args.topic
                     )
                 self.committer.submit(offsets)  # after the save, never ahead of it; off the step, never stalling it
-                emit(WorkerEvent.CHECKPOINT, step=step, path=str(path), offsets={str(k): v for k, v in offsets.items()})
+                emit(
+                    WorkerEvent.CHECKPOINT,
+                    step=step,
+                    path=f"{self.checkpoints.where}/{saved.name}",
+                    offsets={str(k): v for k, v in offsets.items()},
+                )
         dist.barrier()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.rules import check, flag, flag_arguments, renamed, rule_of, setting
 from kale_dagster.stream.source import KafkaSource
+from kale_dagster.trainer import location
 from kale_dagster.trainer.api import DEFAULT_TRAINER, TrainerSpec
 from kale_dagster.trainer.protocol import COLLECTIVE_TIMEOUT_S
 
@@ -32,10 +33,10 @@ class TrainerSettings:
 
     source: KafkaSource
     checkpoint_dir: str = setting(
-        description="where checkpoints are written (shared by every worker)",
-        # A URL taken as a path would write into a local folder named "s3:", lost with the pod.
-        pattern=r"(?![A-Za-z][A-Za-z0-9+.-]*://).+",
-        hint="must be a path (a shared volume): a URL (s3://, gs://, az://) is not a checkpoint location yet",
+        description="where checkpoints are written, shared by every worker: a path or an s3://, gs:// or az:// URL",
+        # An unknown scheme taken as a path would write into a local folder named "foo:", lost with the pod.
+        pattern=location.PATTERN,
+        hint=location.HINT,
     )
     batch_size: int = setting(256, ge=1, le=1_000_000, description="samples per worker step")
     emulate_gpu_rate: float = setting(0.0, ge=0, le=1e9, description="EMULATION of one GPU's samples/s; 0: off")
