@@ -3,13 +3,12 @@ checkpoint is restored only when whole, whatever happened to the upload."""
 
 from __future__ import annotations
 
-import signal
-import socket
 import subprocess
 
 import pytest
 import torch
 
+from kale_dagster.stream.broker import free_loopback_port
 from kale_dagster.trainer.checkpoint import CheckpointStore
 from support import wait_for
 
@@ -19,18 +18,12 @@ pytestmark = pytest.mark.integration
 BUCKET = "checkpoints"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def s3_server():
     """moto's S3 server on a loopback port, and a boto3 client of it."""
     import boto3
 
-    port = _free_port()
+    port = free_loopback_port()
     server = subprocess.Popen(
         ["moto_server", "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -51,7 +44,6 @@ def s3_server():
         client.create_bucket(Bucket=BUCKET)
         yield server, endpoint, client
     finally:
-        server.send_signal(signal.SIGCONT)
         server.kill()
         server.wait()
 
@@ -91,3 +83,18 @@ def test_data_without_its_manifest_or_not_matching_it_is_never_restored(s3_serve
     client.put_object(Bucket=BUCKET, Key="pipeline/ckpt-000000000003.pt", Body=b"not what the manifest says")
     assert [c.step for c in store.checkpoints()] == [1, 3]
     assert store.load_latest() == {"step": 1}
+
+
+def test_the_local_launcher_keeps_its_logs_here_never_in_a_folder_named_after_the_url(tmp_path, monkeypatch):
+    from kale_dagster.launchers.local import LocalLauncher
+    from kale_dagster.stream.source import KafkaSource
+    from kale_dagster.trainer.settings import TrainerSettings
+
+    monkeypatch.chdir(tmp_path)
+    source = KafkaSource(bootstrap_servers="127.0.0.1:9092", topics=("samples",), group_id="g")
+    launcher = LocalLauncher(TrainerSettings(source, "s3://checkpoints/pipeline"), pool_size=0)
+    try:
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".kale"]
+        assert (tmp_path / ".kale" / "worker-logs").is_dir()
+    finally:
+        launcher.stop()

@@ -39,6 +39,7 @@ import numpy as np
 from kale_dagster.errors import KaleConfigError, require_extra
 from kale_dagster.launchers.base import GroupLauncher, RescaleRecord, Retargeted
 from kale_dagster.stream.broker import free_loopback_port
+from kale_dagster.trainer.location import is_object_store, require_store
 from kale_dagster.trainer.protocol import (
     TRAINER_FAILED,
     GroupAssignment,
@@ -183,6 +184,7 @@ class LocalLauncher(GroupLauncher):
     ):
         super().__init__()
         require_extra("torch", "trainer", "the local launcher's workers")
+        require_store(settings.checkpoint_dir)  # the workers open it: a missing package fails here, in one line
         if max_workers is not None and max_workers < 1:
             raise KaleConfigError("max_workers", f"must be >= 1 or None, got {max_workers}")
         self.settings, self.pool_size, self.max_workers, self.reuse_workers = (
@@ -196,7 +198,9 @@ class LocalLauncher(GroupLauncher):
         self._pool: list[WorkerProcess] = []
         self._stopped = False
         self._failed = ""  # why the group's trainer failed; it stays down until a rescale
-        self._log_dir = Path(log_dir or Path(settings.checkpoint_dir) / "logs")
+        # Beside the checkpoints on a volume; in object storage they are not files: then under .kale/ here.
+        default_logs = Path(".kale/worker-logs") if is_object_store(settings.checkpoint_dir) else None
+        self._log_dir = Path(log_dir or default_logs or Path(settings.checkpoint_dir) / "logs")
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._fill_pool(self._standbys_wanted(0))
 
