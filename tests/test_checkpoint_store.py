@@ -3,13 +3,16 @@ checkpoint is restored only when whole, whatever happened to the upload."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import threading
+import time
 
 import pytest
 import torch
 
 from kale_dagster.stream.broker import free_loopback_port
-from kale_dagster.trainer.checkpoint import CheckpointStore
+from kale_dagster.trainer.checkpoint import CheckpointStore, CheckpointWriteError
 from support import wait_for
 
 pytest.importorskip("s3fs")
@@ -44,11 +47,12 @@ def s3_server():
         client.create_bucket(Bucket=BUCKET)
         yield server, endpoint, client
     finally:
+        server.send_signal(signal.SIGCONT)  # a test that stopped it may have failed before it went on
         server.kill()
         server.wait()
 
 
-def _store(endpoint: str) -> CheckpointStore:
+def _store(endpoint: str, timeout_s: float = 60.0) -> CheckpointStore:
     # What a deployment leaves to the environment (keys, endpoint); short timeouts so a stopped server fails fast.
     options = {
         "endpoint_url": endpoint,
@@ -58,7 +62,7 @@ def _store(endpoint: str) -> CheckpointStore:
         "config_kwargs": {"read_timeout": 2, "connect_timeout": 2, "retries": {"max_attempts": 1}},
         "skip_instance_cache": True,
     }
-    return CheckpointStore(f"s3://{BUCKET}/pipeline", options)
+    return CheckpointStore(f"s3://{BUCKET}/pipeline", options, timeout_s=timeout_s)
 
 
 def test_checkpoints_round_trip_and_are_pruned_in_the_bucket(s3_server):
@@ -98,3 +102,34 @@ def test_the_local_launcher_keeps_its_logs_here_never_in_a_folder_named_after_th
         assert (tmp_path / ".kale" / "worker-logs").is_dir()
     finally:
         launcher.stop()
+
+
+def test_a_server_stopped_mid_upload_fails_the_write_in_time_and_the_last_checkpoint_stays(s3_server):
+    server, endpoint, client = s3_server
+    store = _store(endpoint, timeout_s=5.0)
+    store.save(1, {"step": 1, "w": torch.ones(10)})
+    big = {"step": 2, "w": torch.zeros(110 * 2**20 // 4)}  # 110 MB: a multipart upload of three parts
+
+    def stop_once_uploading():  # the server stops once the upload has begun: its parts are on their way
+        wait_for(lambda: client.list_multipart_uploads(Bucket=BUCKET).get("Uploads"), 60, "the upload", poll_s=0.02)
+        server.send_signal(signal.SIGSTOP)
+
+    stopper = threading.Thread(target=stop_once_uploading)
+    stopper.start()
+    started = time.monotonic()
+    with pytest.raises(CheckpointWriteError) as err:
+        store.save(2, big)
+    failed_after = time.monotonic() - started
+    stopper.join()
+    assert str(err.value) == (
+        "could not write checkpoint ckpt-000000000002.pt to s3://checkpoints/pipeline: TimeoutError: no answer from "
+        "the store within 5 s; ckpt-000000000001.pt stays the latest"
+    )
+    assert failed_after < 30  # the deadline, not the client's retries, ends the wait
+
+    server.send_signal(signal.SIGCONT)  # the server is back, with the upload it never completed
+    restored = _store(endpoint).load_latest()
+    assert restored is not None and restored["step"] == 1 and torch.equal(restored["w"], torch.ones(10))
+    assert [c.step for c in store.checkpoints()] == [1]
+    store.save(3, {"step": 3})  # checkpointing goes on where it stopped
+    assert _store(endpoint).load_latest() == {"step": 3}

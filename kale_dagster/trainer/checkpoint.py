@@ -101,43 +101,59 @@ class _Volume:
 
 class _ObjectStore:
     """A bucket prefix through fsspec: an upload (one PUT, or a multipart upload completed at its end) is visible
-    only once whole."""
+    only once whole.  Every call has a deadline: a store that stops answering mid-upload would otherwise hold the
+    group's step for good (a client's read timeout does not cover sending a part)."""
 
-    def __init__(self, location: str, options: dict[str, Any] | None):
+    def __init__(self, location: str, options: dict[str, Any] | None, timeout_s: float):
         import fsspec
 
         require_store(location)
         self.where = location.rstrip("/")
         self.fs, root = fsspec.core.url_to_fs(self.where, **(options or {}))
         self.root = root.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, *args, **kwargs):
+        """``fs.<method>(...)``, cancelled (its connection closed) past the deadline."""
+        from fsspec.asyn import sync
+        from fsspec.exceptions import FSTimeoutError
+
+        if not getattr(self.fs, "async_impl", False):  # a synchronous store: its own timeouts
+            return getattr(self.fs, method)(*args, **kwargs)
+        try:
+            return sync(self.fs.loop, getattr(self.fs, "_" + method), *args, timeout=self.timeout_s, **kwargs)
+        except FSTimeoutError:
+            raise TimeoutError(f"no answer from the store within {self.timeout_s:g} s") from None
 
     def names(self) -> list[str]:
         self.fs.invalidate_cache(self.root)  # another process (the previous group) wrote the latest ones
         try:
-            return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
+            return [posixpath.basename(p.rstrip("/")) for p in self._call("ls", self.root, detail=False)]
         except FileNotFoundError:
             return []
 
     def put(self, name: str, data: bytes) -> None:
-        self.fs.pipe_file(f"{self.root}/{name}", data)
+        self._call("pipe_file", f"{self.root}/{name}", data)
 
     def get(self, name: str) -> bytes:
-        return self.fs.cat_file(f"{self.root}/{name}")
+        return self._call("cat_file", f"{self.root}/{name}")
 
     def remove(self, name: str) -> None:
         try:
-            self.fs.rm_file(f"{self.root}/{name}")
+            self._call("rm_file", f"{self.root}/{name}")
         except FileNotFoundError:
             pass
 
 
 class CheckpointStore:
     """The checkpoints of one location (a path or an object-store URL); ``options`` go to fsspec (tests give an
-    endpoint and keys; a deployment leaves them to the environment)."""
+    endpoint and keys; a deployment leaves them to the environment); ``timeout_s`` bounds each call to a store."""
 
-    def __init__(self, location: str | os.PathLike, options: dict[str, Any] | None = None):
+    def __init__(self, location: str | os.PathLike, options: dict[str, Any] | None = None, timeout_s: float = 600.0):
         location = str(location)
-        self.backend = _ObjectStore(location, options) if is_object_store(location) else _Volume(location)
+        self.backend: _Volume | _ObjectStore = (
+            _ObjectStore(location, options, timeout_s) if is_object_store(location) else _Volume(location)
+        )
         self.where = self.backend.where
         self._latest: Checkpoint | None = None  # the newest complete one seen: named when a write fails
 

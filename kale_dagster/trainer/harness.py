@@ -103,7 +103,7 @@ class Worker:
             # the CPU.
             torch.cuda.set_device(self.device)
         # Opened now: a store whose package is missing fails the worker in one line before it joins a group.
-        self.checkpoints = CheckpointStore(args.checkpoint_dir)
+        self.checkpoints = CheckpointStore(args.checkpoint_dir, timeout_s=args.checkpoint_timeout_s)
         # Imported now, so that a warm standby has the user's module (and whatever it imports) loaded too.
         self.factory = load_factory(args.trainer)
         self.trainer: OnlineTrainer | None = None  # built at every join, for that rank and group

@@ -45,6 +45,13 @@ class TrainerSettings:
     )
     checkpoint_every_s: float = setting(5.0, gt=0, le=86_400, unit="s", description="how often a checkpoint is written")
     keep: int = setting(3, ge=1, le=1000, description="checkpoints kept (older ones are pruned)")
+    checkpoint_timeout_s: float = setting(
+        600.0,
+        gt=0,
+        le=86_400,
+        unit="s",
+        description="one call to an object store at most: an upload past it fails, the last checkpoint stays",
+    )
     metrics_every_s: float = setting(2.0, gt=0, le=3600, unit="s", description="the workers' metrics window")
     balance: str = setting(
         "rates",
