@@ -8,6 +8,7 @@ server runs here.
 from __future__ import annotations
 
 import json
+import re
 from unittest import mock
 
 import kubernetes_validate
@@ -99,6 +100,43 @@ def test_manifests_validate_against_the_kubernetes_schema(config, workers):
         assert container["resources"]["limits"]["nvidia.com/gpu"] == str(config.gpus_per_worker)
     assert spec["template"]["spec"]["subdomain"] == manifests[0]["metadata"]["name"]
     assert manifests[0]["spec"]["clusterIP"] == "None"
+
+
+def test_checkpoints_in_a_bucket_need_no_volume_and_their_keys_come_from_a_secret():
+    config = _config(checkpoint_pvc=None, checkpoint_url="s3://ml-checkpoints/ctr", storage_secret="ctr-s3")
+    service, job = render("ctr", config, SOURCE, 4)
+    for manifest in (service, job):
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = container["args"]
+    assert args[args.index("--checkpoint-dir") + 1] == "s3://ml-checkpoints/ctr"
+    assert not pod.get("volumes") and not container.get("volumeMounts")
+    assert {"secretRef": {"name": "ctr-s3"}} in container["envFrom"]
+    assert {"secretRef": {"name": "ctr-kafka-credentials"}} in container["envFrom"]
+    with_volume = render("ctr", _config(), SOURCE, 4)[1]["spec"]["template"]["spec"]
+    assert with_volume["volumes"] == [
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ctr-checkpoints"}}
+    ]
+    args = with_volume["containers"][0]["args"]
+    assert args[args.index("--checkpoint-dir") + 1] == "/checkpoints"
+
+
+@pytest.mark.parametrize(
+    "places, message",
+    [
+        ({"checkpoint_pvc": None}, "checkpoint_pvc: give one place for the checkpoints"),
+        ({"checkpoint_url": "s3://b/p"}, "checkpoint_pvc: give one place for the checkpoints"),
+        (
+            {"checkpoint_pvc": None, "checkpoint_url": "/mnt/ckpt"},
+            "checkpoint_url: '/mnt/ckpt' must be an object-store URL",
+        ),
+        ({"checkpoint_pvc": None, "checkpoint_url": "hdfs://nn/ckpt"}, "checkpoint_url: 'hdfs://nn/ckpt' must be an"),
+    ],
+)
+def test_the_checkpoints_have_exactly_one_place(places, message):
+    with pytest.raises(KaleConfigError, match=re.escape(message)):
+        _config(**places)
 
 
 def test_credentials_are_referenced_never_inlined(monkeypatch):

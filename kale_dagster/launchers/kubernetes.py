@@ -45,16 +45,22 @@ from typing import Any, cast
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import GroupLauncher, LauncherConfig, RescaleFailed, Retargeted
+from kale_dagster.launchers.kubernetes_manifests import (
+    APP_LABEL,
+    CHECKPOINT_MOUNT,
+    PIPELINE_LABEL,
+    WORKERS_LABEL,
+    headless_service,
+    job_name,
+    service_name,
+)
 from kale_dagster.launchers.pods import pods_state, stepped
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
+from kale_dagster.trainer.location import STORE_HINT, STORE_URL
 from kale_dagster.trainer.settings import TrainerSettings
 
-APP_LABEL = "app.kubernetes.io/name"
-PIPELINE_LABEL = "kale.dev/pipeline"
-WORKERS_LABEL = "kale.dev/workers"
-CHECKPOINT_MOUNT = "/checkpoints"
 #: A retarget decided in another process than the restart's (the sensor's): annotations on the Job being formed
 #: (``kale.dev/forming`` until its pods' first step), which the restart reads at each poll of its waits.
 FORMING_ANNOTATION = "kale.dev/forming"
@@ -66,8 +72,14 @@ class KubernetesLauncherConfig(LauncherConfig):
     """Where and how a pipeline's workers run on Kubernetes."""
 
     image: str = setting(description="the trainer image (kale-dagster and the user's trainer installed)")
-    checkpoint_pvc: str = setting(
-        description="a ReadWriteMany PersistentVolumeClaim every worker pod mounts; it holds the checkpoints"
+    checkpoint_pvc: str | None = setting(
+        None, description="a ReadWriteMany PersistentVolumeClaim every worker pod mounts; it holds the checkpoints"
+    )
+    checkpoint_url: str | None = setting(
+        None, pattern=STORE_URL, hint=STORE_HINT, description="or: the object-store prefix holding the checkpoints"
+    )
+    storage_secret: str | None = setting(
+        None, description="a Secret whose keys become the workers' environment for the store (AWS_ACCESS_KEY_ID...)"
     )
     namespace: str = setting("default", description="where the Jobs and Services are created")
     image_pull_policy: str = setting(
@@ -96,9 +108,10 @@ class KubernetesLauncherConfig(LauncherConfig):
             self,
             need(bool(self.image), "image", "the trainer image is required (e.g. registry.example.com/trainer:1.4)"),
             need(
-                bool(self.checkpoint_pvc),
+                bool(self.checkpoint_pvc) != bool(self.checkpoint_url),
                 "checkpoint_pvc",
-                "name the PersistentVolumeClaim (ReadWriteMany: every worker pod mounts it) that holds the checkpoints",
+                "give one place for the checkpoints: checkpoint_pvc (a ReadWriteMany PersistentVolumeClaim every "
+                "worker pod mounts) or checkpoint_url (s3://, gs://, az://)",
             ),
             lambda: need(  # once trainer_args is known to be a tuple
                 not any("password" in str(a).lower() or "secret" in str(a).lower() for a in self.trainer_args),
@@ -106,6 +119,11 @@ class KubernetesLauncherConfig(LauncherConfig):
                 "credentials must come from kafka_secret, not command-line arguments",
             ),
         )
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Where the workers write checkpoints: the bucket's prefix, or the claim's mount."""
+        return self.checkpoint_url or CHECKPOINT_MOUNT
 
     @property
     def rescale_timeout_s(self) -> float:  # the old Job's stop, the new one's readiness (twice: a retarget's), a margin
@@ -116,14 +134,6 @@ class KubernetesLauncherConfig(LauncherConfig):
 
     def describe(self) -> str:
         return f"Kubernetes namespace {self.namespace!r} (image {self.image})"
-
-
-def service_name(pipeline: str) -> str:
-    return f"kale-{pipeline.replace('_', '-')}-workers"
-
-
-def job_name(pipeline: str, workers: int, generation: int) -> str:
-    return f"kale-{pipeline.replace('_', '-')}-w{workers}-{generation}"
 
 
 def render(
@@ -147,9 +157,11 @@ def render(
         image_pull_policy=config.image_pull_policy,
         image_pull_secrets=[{"name": s} for s in config.image_pull_secrets],
         service_account_name=config.service_account,
-        env_secrets=[config.kafka_secret] if config.kafka_secret else [],
-        volume_mounts=[{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}],
-        volumes=[{"name": "checkpoints", "persistentVolumeClaim": {"claimName": config.checkpoint_pvc}}],
+        env_secrets=[s for s in (config.kafka_secret, config.storage_secret) if s],
+        volume_mounts=[{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}] if config.checkpoint_pvc else [],
+        volumes=[{"name": "checkpoints", "persistentVolumeClaim": {"claimName": config.checkpoint_pvc}}]
+        if config.checkpoint_pvc
+        else [],
         labels=labels,
     )
     args = _torchrun_args(pipeline, config, source, workers, name, trainer or TrainerSpec())
@@ -159,7 +171,7 @@ def render(
     job_dict.setdefault("apiVersion", "batch/v1")
     job_dict.setdefault("kind", "Job")
     job_dict["metadata"]["namespace"] = config.namespace
-    return [_headless_service(pipeline, config, labels), job_dict]
+    return [headless_service(pipeline, config.namespace, config.rdzv_port, labels), job_dict]
 
 
 def _torchrun_args(
@@ -176,7 +188,7 @@ def _torchrun_args(
         "--max-restarts=0",
         "-m",
         "kale_dagster.trainer.worker",
-        *TrainerSettings(source, CHECKPOINT_MOUNT, trainer=trainer, pipeline=pipeline).argv(),
+        *TrainerSettings(source, config.checkpoint_dir, trainer=trainer, pipeline=pipeline).argv(),
         *config.trainer_args,
     ]
 
@@ -217,21 +229,6 @@ def _user_config(pipeline: str, config: KubernetesLauncherConfig, source: KafkaS
         },
         job_metadata={"labels": {**labels, WORKERS_LABEL: str(workers)}},
     )
-
-
-def _headless_service(pipeline: str, config: KubernetesLauncherConfig, labels: dict) -> dict:
-    """The headless Service that gives every worker pod a stable DNS name, for torchrun's rendezvous."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": service_name(pipeline), "namespace": config.namespace, "labels": dict(labels)},
-        "spec": {
-            "clusterIP": "None",
-            "selector": dict(labels),
-            "publishNotReadyAddresses": True,
-            "ports": [{"name": "rdzv", "port": config.rdzv_port, "targetPort": config.rdzv_port}],
-        },
-    }
 
 
 class KubernetesLauncher(GroupLauncher):
@@ -365,7 +362,7 @@ class KubernetesLauncher(GroupLauncher):
 
     def _check_checkpoint_volume(self) -> None:
         """Every worker pod mounts the checkpoint claim, on whichever node it lands: it must be ReadWriteMany."""
-        if self._volume_checked:
+        if self._volume_checked or not self.config.checkpoint_pvc:  # checkpoints in a bucket: no claim to check
             return
         from kubernetes.client.rest import ApiException
 

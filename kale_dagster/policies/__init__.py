@@ -5,7 +5,8 @@ module, with a ``SPEC`` at the bottom, and one line below.
 """
 
 from kale_dagster.policies import hpa, keda, static
-from kale_dagster.policies.hpa import HPABehavior, HPAPolicy, HPAScalingPolicy, HPAScalingRules
+from kale_dagster.policies.hpa import HPAPolicy
+from kale_dagster.policies.hpa_behavior import HPABehavior, HPAScalingPolicy, HPAScalingRules
 from kale_dagster.policies.kale import (
     KaleConfig,
     KalePolicy,

@@ -31,7 +31,8 @@ from typing import Literal
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.model.types import Decision, Observation, PartitionOffsets
-from kale_dagster.policies.hpa import HPABehavior, HPAPolicy, sweep_behavior
+from kale_dagster.policies.hpa import HPAPolicy, sweep_behavior
+from kale_dagster.policies.hpa_behavior import HPABehavior
 from kale_dagster.policies.registry import PolicySpec, Sizing
 from kale_dagster.rules import check, need, ordered, setting
 

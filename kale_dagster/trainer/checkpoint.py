@@ -163,7 +163,8 @@ class CheckpointStore:
         self._latest = found[-1] if found else None
         return found
 
-    def save(self, step: int, state: dict, keep: int = 3) -> Checkpoint:
+    def save(self, step: int, state: dict, keep: int = 3) -> str:
+        """Write the checkpoint of ``step``; returns where its data is (a path or a URL)."""
         buffer = io.BytesIO()
         torch.save(state, buffer)  # serialised first: torch.save would hide the write's errno in a RuntimeError
         data = buffer.getvalue()
@@ -179,7 +180,7 @@ class CheckpointStore:
             ) from exc
         self._latest = done
         self._prune(keep)
-        return done
+        return f"{self.where}/{done.name}"
 
     def load_latest(self) -> dict | None:
         """The newest complete checkpoint that loads, or None when there is none."""
@@ -221,7 +222,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def save_atomic(location, step: int, state: dict, keep: int = 3) -> Checkpoint:
+def save_atomic(location, step: int, state: dict, keep: int = 3) -> str:
     return CheckpointStore(location).save(step, state, keep=keep)
 
 

@@ -476,10 +476,5 @@ class Worker:
                         kafka_config(self.args.bootstrap_servers), self.args.group_id, self.args.topic
                     )
                 self.committer.submit(offsets)  # after the save, never ahead of it; off the step, never stalling it
-                emit(
-                    WorkerEvent.CHECKPOINT,
-                    step=step,
-                    path=f"{self.checkpoints.where}/{saved.name}",
-                    offsets={str(k): v for k, v in offsets.items()},
-                )
+                emit(WorkerEvent.CHECKPOINT, step=step, path=saved, offsets={str(k): v for k, v in offsets.items()})
         dist.barrier()

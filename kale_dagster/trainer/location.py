@@ -21,8 +21,11 @@ STORES = {
     "abfss": ("adlfs", "azure"),
 }
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: A field rule: a URL of a known store (the Kubernetes launcher's checkpoint_url).
+STORE_URL = "(?:" + "|".join(STORES) + r")://[^/\s]+(?:/.*)?"
+STORE_HINT = "must be an object-store URL: s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
 #: A field rule: a path (no scheme), or a URL of a known store.  Written out so the YAML schema can say it too.
-PATTERN = r"(?:(?:" + "|".join(STORES) + r")://[^/\s]+(?:/.*)?|(?![A-Za-z][A-Za-z0-9+.-]*://)\S.*)"
+PATTERN = "(?:" + STORE_URL + r"|(?![A-Za-z][A-Za-z0-9+.-]*://)\S.*)"
 HINT = "must be a path (a shared volume) or an object-store URL: s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
 
 
