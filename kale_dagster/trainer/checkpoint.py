@@ -113,7 +113,7 @@ class _ObjectStore:
         self.root = root.rstrip("/")
         self.timeout_s = timeout_s
 
-    def _call(self, method: str, *args, **kwargs):
+    def _call(self, method: str, *args, **kwargs) -> Any:
         """``fs.<method>(...)``, cancelled (its connection closed) past the deadline."""
         from fsspec.asyn import sync
         from fsspec.exceptions import FSTimeoutError
