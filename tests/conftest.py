@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kale_dagster.model.limits import Limits
-from kale_dagster.stream.broker import embedded_broker
-from support import StandInWorkers, descendants
+from kale_dagster.stream.broker import embedded_broker, free_loopback_port
+from support import S3_BUCKET, StandInWorkers, descendants, wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -104,6 +105,38 @@ def controlled(kafka_broker, tmp_path, request):
 
 FAULT_ROWS = pytest.StashKey[list]()
 FAULT_COLUMNS = ("fault", "injected", "survived", "produced", "trained", "lost", "duplicated", "recovery_s")
+
+
+@pytest.fixture
+def s3_server():
+    """moto's S3 server on a loopback port with the bucket ``S3_BUCKET``: the process, its endpoint and a boto3 client
+    (keys ``test``/``test``)."""
+    import boto3
+
+    port = free_loopback_port()
+    server = subprocess.Popen(
+        ["moto_server", "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
+    )
+
+    def up() -> bool:
+        try:
+            client.list_buckets()
+            return True
+        except Exception:
+            return False
+
+    try:
+        wait_for(up, 30, "moto's S3 server", poll_s=0.1)
+        client.create_bucket(Bucket=S3_BUCKET)
+        yield server, endpoint, client
+    finally:
+        server.send_signal(signal.SIGCONT)  # a test that stopped it may have failed before it went on
+        server.kill()
+        server.wait()
 
 
 @pytest.fixture

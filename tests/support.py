@@ -11,6 +11,9 @@ import numpy as np
 
 from kale_dagster.launchers.base import LauncherStatus, RescaleRecord
 
+#: The bucket the ``s3_server`` fixture creates.
+S3_BUCKET = "checkpoints"
+
 
 def descendants(pid: int) -> set[int]:
     """PIDs of all live descendants of ``pid``, read from /proc."""

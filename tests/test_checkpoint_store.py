@@ -4,52 +4,18 @@ checkpoint is restored only when whole, whatever happened to the upload."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import threading
 import time
 
 import pytest
 import torch
 
-from kale_dagster.stream.broker import free_loopback_port
 from kale_dagster.trainer.checkpoint import CheckpointStore, CheckpointWriteError
+from support import S3_BUCKET as BUCKET
 from support import wait_for
 
 pytest.importorskip("s3fs")
 pytestmark = pytest.mark.integration
-
-BUCKET = "checkpoints"
-
-
-@pytest.fixture
-def s3_server():
-    """moto's S3 server on a loopback port, and a boto3 client of it."""
-    import boto3
-
-    port = free_loopback_port()
-    server = subprocess.Popen(
-        ["moto_server", "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    client = boto3.client(
-        "s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
-    )
-
-    def up() -> bool:
-        try:
-            client.list_buckets()
-            return True
-        except Exception:
-            return False
-
-    try:
-        wait_for(up, 30, "moto's S3 server", poll_s=0.1)
-        client.create_bucket(Bucket=BUCKET)
-        yield server, endpoint, client
-    finally:
-        server.send_signal(signal.SIGCONT)  # a test that stopped it may have failed before it went on
-        server.kill()
-        server.wait()
 
 
 def _store(endpoint: str, timeout_s: float = 60.0) -> CheckpointStore:

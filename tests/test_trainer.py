@@ -20,7 +20,7 @@ from kale_dagster.trainer.balance import AcceptState, assign_by_rate, forwarding
 from kale_dagster.trainer.checkpoint import CheckpointWriteError, list_checkpoints, load_latest, save_atomic
 from kale_dagster.trainer.metrics import RollingAUC
 from kale_dagster.trainer.ordering import ArrivalOrder
-from support import committed_offsets, end_offsets, trained_samples, trained_seqs, wait_for
+from support import S3_BUCKET, committed_offsets, end_offsets, trained_samples, trained_seqs, wait_for
 
 
 def test_checkpoint_is_atomic_and_pruned(tmp_path):
@@ -203,7 +203,9 @@ def test_rolling_auc():
     assert auc.value() == pytest.approx(0.75)
 
 
-def _train_through(kafka_broker, tmp_path, scenario, produce_s: float, restore_s: float = 0.0):
+def _train_through(
+    kafka_broker, tmp_path, scenario, produce_s: float, restore_s: float = 0.0, checkpoint_dir: str | None = None
+):
     """Replay ``produce_s`` seconds of samples (4 partitions, 3 samples per record, a hot partition) into a
     trainer that ``scenario(launcher, trained)`` rescales and crashes (``trained()``: the samples checkpointed so
     far; each group restoring for ``restore_s``); once the
@@ -229,7 +231,7 @@ def _train_through(kafka_broker, tmp_path, scenario, produce_s: float, restore_s
     wait_for(lambda: sum(end_offsets(servers, topic, partitions).values()), 30, "the first records", poll_s=0.1)
     settings = TrainerSettings(
         KafkaSource(servers, (topic,), "trainer"),
-        str(tmp_path / "ckpt"),
+        checkpoint_dir or str(tmp_path / "ckpt"),
         batch_size=64,
         emulate_gpu_rate=150,
         checkpoint_every_s=2.0,
@@ -295,6 +297,34 @@ def test_planned_rescales_lose_nothing_and_repeat_nothing(kafka_broker, tmp_path
     assert [r.to_workers for r in records] == [2, 3, 1, 0, 2] and records[3].phases.keys() == {"stop"}
     print(f"produced {produced}, trained {len(trained)}")
     assert len(trained) == produced  # every sample exactly once
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_checkpoints_in_a_bucket_carry_a_group_across_rescales_exactly_once(
+    kafka_broker, tmp_path, s3_server, monkeypatch
+):
+    pytest.importorskip("s3fs")
+    _, endpoint, client = s3_server
+    # As a deployment gives them: keys and endpoint in the workers' environment, nothing in their flags.
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "FSSPEC_S3_ENDPOINT_URL": endpoint,
+    }.items():
+        monkeypatch.setenv(name, value)
+    trained, produced, records = _train_through(
+        kafka_broker,
+        tmp_path,
+        lambda launcher, trained: _rescale_after_training(launcher, trained, 3, 1, 2),
+        produce_s=10,
+        checkpoint_dir=f"s3://{S3_BUCKET}/ctr",
+    )
+    assert [r.to_workers for r in records] == [2, 3, 1, 2]
+    assert len(trained) == produced  # every sample exactly once, each group restored from the bucket
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=S3_BUCKET, Prefix="ctr/")["Contents"]]
+    assert len([k for k in keys if k.endswith(".json")]) == 3 and not (tmp_path / "s3:").exists()
 
 
 @pytest.mark.integration
