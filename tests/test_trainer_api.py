@@ -174,7 +174,15 @@ def _step_two_ranks(rank: int, store_path: str, out: str) -> None:
 
     sys.path.insert(0, str(Path(__file__).parent))
     dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
-    worker = Worker(argparse.Namespace(trainer="user_trainers:batchnorm", pipeline="bn", trainer_options="{}"))
+    worker = Worker(
+        argparse.Namespace(
+            trainer="user_trainers:batchnorm",
+            pipeline="bn",
+            trainer_options="{}",
+            checkpoint_dir=str(Path(out).parent / "ckpt"),
+            checkpoint_timeout_s=60.0,
+        )
+    )
     worker.rank, worker.world = rank, 2
     worker.trainer = worker._build_trainer()
     x = _rank_inputs(rank)
