@@ -20,13 +20,15 @@ STORES = {
     "abfs": ("adlfs", "azure"),
     "abfss": ("adlfs", "azure"),
 }
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_SCHEME_NAME = r"[A-Za-z][A-Za-z0-9+.-]*"  # RFC 3986's
+_SCHEME = re.compile(f"^({_SCHEME_NAME})://")
 #: A field rule: a URL of a known store (the Kubernetes launcher's checkpoint_url).
 STORE_URL = "(?:" + "|".join(STORES) + r")://[^/\s]+(?:/.*)?"
-STORE_HINT = "must be an object-store URL: s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
+_EXAMPLES = "s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
+STORE_HINT = f"must be an object-store URL: {_EXAMPLES}"
 #: A field rule: a path (no scheme), or a URL of a known store.  Written out so the YAML schema can say it too.
-PATTERN = "(?:" + STORE_URL + r"|(?![A-Za-z][A-Za-z0-9+.-]*://)\S.*)"
-HINT = "must be a path (a shared volume) or an object-store URL: s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"
+PATTERN = f"(?:{STORE_URL}|(?!{_SCHEME_NAME}://)\\S.*)"
+HINT = f"must be a path (a shared volume) or an object-store URL: {_EXAMPLES}"
 
 
 def scheme(location: str) -> str | None:
