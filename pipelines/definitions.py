@@ -3,7 +3,8 @@
 ``ctr_production`` runs in advisory mode (decisions recorded, nothing
 rescaled) against a SASL-secured Kafka, its password read from an
 environment variable at run time, with its workers declared for
-Kubernetes (``kale k8s render --pipeline ctr_production --workers 8``).
+Kubernetes on 8-GPU nodes, a pod per node (``kale k8s render --pipeline
+ctr_production --workers 16``: two pods of eight).
 The stream is declared once: telemetry, the manifests and the workers all
 read ``source``.  The live demo's pipeline ships inside the package
 (``kale_dagster.demo.definitions``).
@@ -29,7 +30,7 @@ ctr_production = OnlineTrainingPipeline(
         sasl_username="kale",
         sasl_password_env="KALE_CTR_KAFKA_PASSWORD",
     ),
-    limits=Limits(min_workers=2, max_workers=32),
+    limits=Limits(min_workers=8, max_workers=32, workers_per_pod=8),
     throughput_prior=ThroughputModel.sync(16384, (0.00035, 2.5726, 0.9824, 0.02786)),
     global_batch=16384,
     advisory=True,
@@ -39,7 +40,9 @@ ctr_production = OnlineTrainingPipeline(
         namespace="ml",
         checkpoint_pvc="ctr-checkpoints",
         kafka_secret="ctr-kafka-credentials",
-        node_selector={"nvidia.com/gpu.product": "NVIDIA-A10"},
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        cpu="64",
+        memory="512Gi",
         tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
         service_account="kale-trainer",
     ),

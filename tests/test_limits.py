@@ -35,6 +35,13 @@ from kale_dagster.model.limits import MAX_WORKERS
         ({"slo_minutes": float("nan")}, ["slo_minutes"]),
         ({"slo_minutes": float("inf")}, ["slo_minutes"]),
         ({"restart_minutes": -1}, ["restart_minutes"]),
+        ({"min_workers": 8, "max_workers": 32, "workers_per_pod": 8}, []),
+        ({"min_workers": 0, "max_workers": 8, "workers_per_pod": 8}, []),
+        ({"max_workers": 32, "workers_per_pod": 8}, ["min_workers"]),  # the default min_workers 1 is no whole pod
+        ({"min_workers": 8, "max_workers": 36, "workers_per_pod": 8}, ["max_workers"]),
+        ({"min_workers": 4, "max_workers": 12, "workers_per_pod": 8}, ["min_workers", "max_workers"]),
+        ({"workers_per_pod": 0}, ["workers_per_pod"]),
+        ({"workers_per_pod": 65, "max_workers": 65, "min_workers": 0}, ["workers_per_pod"]),
         # Every broken rule at once, in the declaration's order.
         (
             {"min_workers": -1, "max_workers": -1, "slo_minutes": -5, "restart_minutes": float("nan")},
@@ -53,6 +60,35 @@ def test_limits(kwargs, fields):
     assert "\n" not in str(err.value)  # one line, every problem on it
     for name in fields:
         assert f"{name}: " in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        (
+            {"min_workers": 4, "max_workers": 12, "workers_per_pod": 8},
+            "min_workers: must be a whole number of pods of "
+            "8 workers (workers_per_pod): 0 or 8, not 4; max_workers: must be a whole number of pods of 8 workers "
+            "(workers_per_pod): 8 or 16, not 12",
+        ),
+        (
+            {"min_workers": 0, "max_workers": 4, "workers_per_pod": 8},
+            "max_workers: must be a whole number of pods of 8 workers (workers_per_pod): 8, not 4",
+        ),
+    ],
+)
+def test_a_size_between_pods_names_the_whole_sizes_around_it(kwargs, says):
+    with pytest.raises(KaleConfigError) as err:
+        Limits(**kwargs)
+    assert says in str(err.value)
+
+
+def test_sizes_are_whole_pods_within_the_limits():
+    limits = Limits(min_workers=0, max_workers=32, workers_per_pod=8)
+    assert [limits.whole_pods(w) for w in (0, 1, 8, 9, 16, 31, 32, 40)] == [0, 8, 8, 16, 16, 32, 32, 32]
+    assert limits.sizes().tolist() == [0, 8, 16, 24, 32]
+    assert limits.sizes(3, 17).tolist() == [8, 16, 24]  # from the pod holding 3 to the one holding 17
+    assert Limits(max_workers=5).sizes().tolist() == [1, 2, 3, 4, 5]
 
 
 def test_a_joined_error_survives_pickling_and_a_process_pool():

@@ -56,11 +56,12 @@ class FakeCluster:
         return {"spec": {"replicas": self.spec}}
 
 
-def _target(cluster: FakeCluster, **config) -> ScaleTarget:
+def _target(cluster: FakeCluster, workers_per_pod: int = 1, **config) -> ScaleTarget:
     config = {"workload_kind": "Deployment", "name": "ranker", "namespace": "ml", **config}
     return ScaleTarget(
         "ranker",
         ScaleTargetConfig(**config),
+        workers_per_pod=workers_per_pod,
         custom_api=cluster.custom,
         autoscaling_api=cluster.autoscaling,
         core_api=cluster.core,
@@ -270,3 +271,19 @@ def test_an_elastic_pytorchjob_is_sized_within_its_elastic_policy():
     with pytest.raises(RuntimeError, match="elasticPolicy allows 1 to 4 replicas, not 6: align the pipeline's limits"):
         target.rescale(6)
     assert job.spec == 4 and len(job.events) == 1  # nothing patched past the policy
+
+
+def test_a_pytorchjob_of_eight_processes_per_pod_is_sized_in_pods_and_a_mismatch_is_refused():
+    job = FakePyTorchJob(replicas=1, low=1, high=4)
+    job.obj["spec"]["nprocPerNode"] = "8"
+    kind = dict(workload_kind="PyTorchJob", api_version="kubeflow.org/v1", plural="pytorchjobs")
+    target = _target(job, workers_per_pod=8, **kind)
+    assert target.status().workers == 8
+    assert target.rescale(24) is not None and job.obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    with pytest.raises(
+        RuntimeError,
+        match="runs 8 processes per pod .nprocPerNode. but the pipeline plans pods of 4 "
+        "workers: set the limits' workers_per_pod to 8",
+    ):
+        _target(job, workers_per_pod=4, **kind).rescale(8)
+    assert job.spec == 3  # nothing patched

@@ -33,7 +33,14 @@ def run_render(args) -> int:
     pipeline = find_pipeline(args, args.pipeline)
     if not isinstance(pipeline.launcher, KubernetesLauncherConfig):
         raise CommandError(f"pipeline {args.pipeline!r} is not declared with launcher=KubernetesLauncherConfig(...)")
-    manifests = render(pipeline.name, pipeline.launcher, pipeline.source, args.workers, trainer=pipeline.trainer_spec)
+    manifests = render(
+        pipeline.name,
+        pipeline.launcher,
+        pipeline.source,
+        args.workers,
+        trainer=pipeline.trainer_spec,
+        workers_per_pod=pipeline.limits.workers_per_pod,
+    )
     if args.validate:
         import kubernetes_validate
 

@@ -15,7 +15,10 @@ what actually runs and what was measured, in pipeline units
    telemetry gap).  A hold never scales in;
 3. decide: the pipeline's registered policy, rebuilt with the restart time
    measured from recent rescales (their median; the declared one until
-   there is one) and its state restored from the previous decision;
+   there is one) and its state restored from the previous decision; the
+   answer rounded up to whole pods (``Limits.whole_pods``), and capped at the
+   cluster's capacity while a shortfall the launcher found holds
+   (``LauncherStatus.capacity``), the reason saying so;
 4. act: a rescale to the decided count when it differs from what runs,
    nothing is restarting and the pipeline is not advisory; during a
    restart, a retarget to a larger count where the launcher can redirect it.
@@ -309,6 +312,22 @@ class Controller:
         obs = self.observe(inp, completed, status)
         policy = self._policy_for(inp, restart_s, measured=bool(status.downtimes_s))
         decision = policy.decide(obs)
+        whole = s.limits.whole_pods(decision.workers)
+        if whole != decision.workers:  # every policy's answer runs as whole pods (the optimum weighs only those)
+            decision = replace(
+                decision,
+                workers=whole,
+                reason=f"{decision.reason}; {decision.workers} rounded up to {whole}: whole pods of "
+                f"{s.limits.workers_per_pod} workers",
+            )
+        ceiling = status.capacity
+        if ceiling is not None and decision.workers > max(ceiling, obs.workers):  # no asking for GPUs not there
+            decision = replace(
+                decision,
+                workers=max(ceiling, obs.workers),
+                reason=f"{decision.reason}; capped at {max(ceiling, obs.workers)}, the cluster's capacity: "
+                f"{status.capacity_note}",
+            )
         failed = bool(status.failed) and not obs.restarting
         if failed:
             # Nothing else restarts a failed group: restart it, at the size the policy wants now.

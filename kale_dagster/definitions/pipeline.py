@@ -140,7 +140,9 @@ class OnlineTrainingPipeline:
         """The launcher this process drives the workers through, built once from ``launcher`` (a build that
         fails is tried again at the next call): a code server's sensor ticks share it, so what it learns
         between them is its own."""
-        return self.launcher.build(self.name, self.source, self.trainer_spec)
+        return self.launcher.build(
+            self.name, self.source, self.trainer_spec, workers_per_pod=self.limits.workers_per_pod
+        )
 
     def _policy_takes_its_options(self) -> KaleConfigError | None:
         """Options the policy does not take fail at load, not at the first tick."""

@@ -71,6 +71,9 @@ class LauncherStatus:
     group's last checkpoint could not be written (empty once one is).  ``metric`` is the trainer's
     progressive-validation metric (``metric_name``: auc, mae, ...), the mean over the ranks that report one.
     ``observed_from`` says how the worker count of a group Kale does not run was observed.
+    ``capacity`` is the most workers the cluster ran when last asked for more, while that finding holds (it
+    lapses after a declared time, or once GPUs free up); ``capacity_note`` says what was asked, what was found and
+    when.  None: no shortfall is known.
     """
 
     workers: int
@@ -88,6 +91,8 @@ class LauncherStatus:
     metric_name: str = ""
     metric: float | None = None
     observed_from: str = ""
+    capacity: int | None = None
+    capacity_note: str = ""
 
     @property
     def model_metric(self) -> tuple[str, float] | None:
@@ -116,6 +121,15 @@ class Retargeted(Exception):
 def retarget_note(workers: int, after_s: float, reason: str) -> str:
     """What a retargeted restart's record adds to its reason, the same for every launcher."""
     return f"retargeted to {workers} after {after_s:.1f} s: {reason}"
+
+
+class CapacityShortfall(Exception):
+    """Raised by ``_replace_group`` once it has formed a group of ``workers``, smaller than asked for, because the
+    cluster could not place more (``note`` says what it found); ``phases`` as ``_replace_group`` returns them."""
+
+    def __init__(self, workers: int, note: str, phases: dict):
+        super().__init__(note)
+        self.workers, self.note, self.phases = workers, note, phases
 
 
 class RescaleFailed(RuntimeError):
@@ -207,6 +221,11 @@ class GroupLauncher(Launcher):
         nothing by default."""
         return {}
 
+    def _capacity(self) -> dict:
+        """``capacity`` and ``capacity_note`` of the status while a shortfall found by a rescale holds; nothing by
+        default (a launcher that cannot run short of capacity)."""
+        return {}
+
     def _failure(self) -> str:
         """Why the running group failed and stays down until restarted; empty by default (a launcher
         that supervises its workers restarts them itself)."""
@@ -240,6 +259,7 @@ class GroupLauncher(Launcher):
             downtimes_s=self._recent_downtimes(),
             failed=self._failure(),
             **self._measurements(),
+            **self._capacity(),
         )
 
     def _recent_downtimes(self) -> tuple[float, ...]:
@@ -288,6 +308,10 @@ class GroupLauncher(Launcher):
                     except Retargeted as r:
                         n, abandoned = r.workers, self._clock() - started
                         retargets.append(retarget_note(n, abandoned, self._retarget_reason))
+                    except CapacityShortfall as short:  # formed at what the cluster could place
+                        n, phases = short.workers, short.phases
+                        retargets.append(short.note)
+                        break
             finally:
                 with self._retarget_lock:
                     self._target = self._wanted = None
@@ -318,8 +342,9 @@ class LauncherConfig(ABC):
     rescale_timeout_s: float = 900.0
 
     @abstractmethod
-    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> Launcher:
-        """The launcher for ``pipeline``, running ``trainer`` on ``source``."""
+    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec, workers_per_pod: int = 1) -> Launcher:
+        """The launcher for ``pipeline``, running ``trainer`` on ``source``; a launcher that places workers in
+        pods places ``workers_per_pod`` in each (the others run them one process each)."""
 
     @abstractmethod
     def describe(self) -> str:

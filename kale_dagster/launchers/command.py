@@ -126,7 +126,7 @@ class CommandHookConfig(LauncherConfig):
     def rescale_timeout_s(self) -> float:  # the status before, the command, and a margin
         return 2 * self.timeout_s + 60.0
 
-    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> CommandHook:
+    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec, workers_per_pod: int = 1) -> CommandHook:
         return CommandHook(self)
 
     def describe(self) -> str:

@@ -1,70 +1,71 @@
-"""Kubernetes launcher: the worker group as an Indexed Job of N GPU pods, rescaled by restart.
+"""Kubernetes launcher: the worker group as an Indexed Job of GPU pods, rescaled by restart.
 
-Manifests per pipeline (``render``):
+Manifests (``render``), for N workers in pods of G (the limits' ``workers_per_pod``): a headless Service
+``kale-<pipeline>-workers`` (stable DNS names for torchrun's c10d rendezvous at pod index 0), and an Indexed Job
+``kale-<pipeline>-w<N>-<generation>`` of N/G pods, each asking for G ``nvidia.com/gpu`` and running the trainer
+under ``torchrun --nnodes=N/G --nproc-per-node=G`` (a pod's workers all-reduce over NVLink).  Built with
+dagster-k8s (``construct_dagster_k8s_job``), created and deleted through its ``DagsterKubernetesClient``.  Kafka
+and store credentials are Secrets referenced with ``envFrom``, never written into a manifest, a log or metadata;
+the stream's other settings are plain environment variables.  Checkpoints go to an object-store prefix or a
+ReadWriteMany claim mounted at ``/checkpoints``.
 
-* a headless Service ``kale-<pipeline>-workers`` that gives every worker pod
-  a stable DNS name, used for torchrun's c10d rendezvous;
-* an Indexed Job ``kale-<pipeline>-w<N>-<generation>`` with parallelism =
-  completions = N; each pod requests ``nvidia.com/gpu`` and runs the same
-  trainer entrypoint as the local launcher under ``torchrun --nnodes=N
-  --nproc-per-node=1 --rdzv-backend=c10d``, rendezvousing at pod index 0.
+Rescale: delete the running Job and its pods (each gets SIGTERM and ``terminationGracePeriodSeconds`` to finish
+the step, checkpoint and commit), wait until they are gone, create the Job at the new size, wait until every pod
+is Ready and its log shows the first training step: the downtime ends where the local launcher's does.  If the
+new Job cannot start (API error, image pull failure, timeout) it is deleted and the previous size restored.
 
-The Job is built with dagster-k8s (``construct_dagster_k8s_job`` from a
-``DagsterK8sJobConfig``) and created and deleted through its
-``DagsterKubernetesClient``.  Kafka credentials are referenced from a Secret
-(``envFrom``), never written into a manifest, a log or Dagster metadata.
-Checkpoints live on a PersistentVolumeClaim mounted at ``/checkpoints``
-(an object store works through a CSI driver that exposes it as a volume).
-
-The stream (servers, topic, group) comes from the pipeline's ``KafkaSource``; its non-secret security settings
-are plain environment variables of the pods, the password a key of the Secret (``KAFKA_SASL_PASSWORD``, see
-``stream.source.WORKER_ENV``).
-
-Rescale: delete the running Job with foreground propagation (pods get
-SIGTERM and ``terminationGracePeriodSeconds`` to finish the step and
-checkpoint), wait until its pods are gone, create the Job at the new size,
-wait until every pod is Ready, then until every pod's log shows the
-worker's first training step: the downtime ends where the local
-launcher's does.  If the new Job cannot start (API error 403/409/422/5xx,
-image pull failure, timeout) it is deleted and the previous size is
-restored, so the pipeline never ends up with nothing.
+Capacity: pods that no node holds (kube-scheduler's Unschedulable, a FailedScheduling event), or a Job Kueue has
+not admitted (``queue_name``: it stays suspended), past ``capacity_timeout_s`` are a shortfall.  The restart then
+forms the largest size that runs, never less than before, and records it on that Job (``kale.dev/capacity``) as
+a ceiling the planner reads through ``status`` for ``capacity_hold_s``, or until the namespace's pods hold fewer
+GPUs than when it was found.
 
 Retarget: the restart lives in the rescale run's process, the decision in the sensor's.  The restart creates its
-Job annotated ``kale.dev/forming`` and removes that once every pod has stepped; the sensor's launcher writes the
-larger size as another annotation of a forming Job (``kale.dev/retarget-to``), which the restart reads at every
-poll of its waits, giving that Job up and creating the larger one.  A retarget written as the Job finishes forming
-may come too late for it: the rescale run has then ended, and the next decision rescales instead.
+Job annotated ``kale.dev/forming`` until every pod has stepped; the sensor's launcher writes a larger size on a
+forming Job (``kale.dev/retarget-to``), which the restart reads at every poll, giving that Job up for the larger
+one.  A retarget written as the Job finishes forming comes too late: the next decision rescales instead.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from kale_dagster.errors import KaleConfigError
-from kale_dagster.launchers.base import GroupLauncher, LauncherConfig, RescaleFailed, Retargeted
+from kale_dagster.launchers.base import (
+    CapacityShortfall,
+    GroupLauncher,
+    LauncherConfig,
+    RescaleFailed,
+    Retargeted,
+)
+from kale_dagster.launchers.kubernetes_jobs import NamespacedJobs
 from kale_dagster.launchers.kubernetes_manifests import (
     APP_LABEL,
+    CAPACITY_ANNOTATION,
     CHECKPOINT_MOUNT,
+    FORMING_ANNOTATION,
     PIPELINE_LABEL,
+    QUEUE_LABEL,
+    RETARGET_ANNOTATION,
+    RETARGET_REASON_ANNOTATION,
     WORKERS_LABEL,
+    annotated_retarget,
+    forming,
     headless_service,
     job_name,
     service_name,
+    workers_of,
 )
-from kale_dagster.launchers.pods import pods_state, stepped
+from kale_dagster.launchers.pods import Unplaced, gpus_in_use, pods_state, shortfall
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
 from kale_dagster.trainer.location import STORE_HINT, STORE_URL
 from kale_dagster.trainer.settings import TrainerSettings
-
-#: A retarget decided in another process than the restart's (the sensor's): annotations on the Job being formed
-#: (``kale.dev/forming`` until its pods' first step), which the restart reads at each poll of its waits.
-FORMING_ANNOTATION = "kale.dev/forming"
-RETARGET_ANNOTATION, RETARGET_REASON_ANNOTATION = "kale.dev/retarget-to", "kale.dev/retarget-reason"
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,9 @@ class KubernetesLauncherConfig(LauncherConfig):
     )
     image_pull_secrets: tuple[str, ...] = setting((), description="Secrets to pull the image with")
     service_account: str | None = setting(None, description="the worker pods' service account")
-    gpus_per_worker: int = setting(1, ge=0, le=16, description="nvidia.com/gpu per worker pod")
+    gpus_per_worker: int = setting(
+        1, ge=0, le=16, description="nvidia.com/gpu per worker process (a pod asks for this times workers_per_pod)"
+    )
     cpu: str = setting("4", description="CPU request and limit per worker pod")
     memory: str = setting("16Gi", description="memory request and limit per worker pod")
     node_selector: dict = setting(default_factory=dict, description="the worker pods' nodeSelector")
@@ -101,6 +104,24 @@ class KubernetesLauncherConfig(LauncherConfig):
     )
     rdzv_port: int = setting(29400, ge=1, le=65535, description="torchrun's rendezvous port")
     ready_timeout_s: float = setting(600.0, gt=0, unit="s", description="how long a new group may take to start")
+    capacity_timeout_s: float = setting(
+        120.0,
+        gt=0,
+        unit="s",
+        description="how long pods may stay unscheduled (or a queued Job unadmitted) before a rescale keeps the "
+        "largest size that runs; longer where a node autoscaler adds GPU nodes",
+    )
+    capacity_hold_s: float = setting(
+        1800.0,
+        gt=0,
+        unit="s",
+        description="how long the capacity a rescale found caps the decisions, unless GPUs free up sooner",
+    )
+    queue_name: str | None = setting(
+        None,
+        pattern=r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?",
+        description="a Kueue LocalQueue: the Jobs carry its label and are created suspended, for Kueue to admit",
+    )
     stop_timeout_s: float = setting(300.0, gt=0, unit="s", description="how long an old group may take to stop")
 
     def __post_init__(self):
@@ -126,11 +147,15 @@ class KubernetesLauncherConfig(LauncherConfig):
         return self.checkpoint_url or CHECKPOINT_MOUNT
 
     @property
-    def rescale_timeout_s(self) -> float:  # the old Job's stop, the new one's readiness (twice: a retarget's), a margin
-        return self.stop_timeout_s + 2 * self.ready_timeout_s + 120.0
+    def rescale_timeout_s(self) -> float:
+        """The old Job's stop, the new one's readiness twice (a retarget's, or the size kept short of capacity after
+        the capacity wait), and a margin."""
+        return self.stop_timeout_s + 2 * self.ready_timeout_s + self.capacity_timeout_s + 120.0
 
-    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> KubernetesLauncher:
-        return KubernetesLauncher(pipeline, self, source, trainer=trainer)
+    def build(
+        self, pipeline: str, source: KafkaSource, trainer: TrainerSpec, workers_per_pod: int = 1
+    ) -> KubernetesLauncher:
+        return KubernetesLauncher(pipeline, self, source, trainer=trainer, workers_per_pod=workers_per_pod)
 
     def describe(self) -> str:
         return f"Kubernetes namespace {self.namespace!r} (image {self.image})"
@@ -143,13 +168,18 @@ def render(
     workers: int,
     generation: int = 1,
     trainer: TrainerSpec | None = None,
+    workers_per_pod: int = 1,
 ) -> list[dict]:
-    """The Service and Job manifests for ``workers`` pods, as plain dicts (for review, GitOps, validation)."""
+    """The Service and Job manifests for ``workers`` workers in pods of ``workers_per_pod``, as plain dicts (for
+    review, GitOps, validation)."""
     from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job
     from kubernetes.client import ApiClient
 
-    if workers < 1:
-        raise KaleConfigError("workers", f"must be >= 1, got {workers}")
+    if workers < 1 or workers % workers_per_pod:
+        raise KaleConfigError(
+            "workers", f"must be a whole number (>= 1) of pods of {workers_per_pod} workers, got {workers}"
+        )
+    pods = workers // workers_per_pod
     name = job_name(pipeline, workers, generation)
     labels = {APP_LABEL: "kale-trainer", PIPELINE_LABEL: pipeline}
     job_config = DagsterK8sJobConfig(
@@ -164,8 +194,8 @@ def render(
         else [],
         labels=labels,
     )
-    args = _torchrun_args(pipeline, config, source, workers, name, trainer or TrainerSpec())
-    user_config = _user_config(pipeline, config, source, workers, labels)
+    args = _torchrun_args(pipeline, config, source, (pods, workers_per_pod), name, trainer or TrainerSpec())
+    user_config = _user_config(pipeline, config, source, (pods, workers_per_pod), labels)
     job = construct_dagster_k8s_job(job_config, args, name, user_defined_k8s_config=user_config, labels=labels)
     job_dict: dict[str, Any] = cast(dict, ApiClient().sanitize_for_serialization(job))  # a Job serialises to a dict
     job_dict.setdefault("apiVersion", "batch/v1")
@@ -175,13 +205,20 @@ def render(
 
 
 def _torchrun_args(
-    pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource, workers: int, name: str, trainer: TrainerSpec
+    pipeline: str,
+    config: KubernetesLauncherConfig,
+    source: KafkaSource,
+    layout: tuple[int, int],
+    name: str,
+    trainer: TrainerSpec,
 ) -> list[str]:
-    """torchrun's arguments: one process per pod, rendezvous at pod 0, then the worker with its settings' flags."""
+    """torchrun's arguments: ``layout`` (pods, workers per pod) processes, rendezvous at pod 0, then the worker with
+    its settings' flags.  torchrun numbers the ranks pod by pod, and each process takes the GPU of its local rank."""
     svc = service_name(pipeline)
+    pods, per_pod = layout
     return [
-        f"--nnodes={workers}",
-        "--nproc-per-node=1",
+        f"--nnodes={pods}",
+        f"--nproc-per-node={per_pod}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={name}-0.{svc}.{config.namespace}.svc.cluster.local:{config.rdzv_port}",
         f"--rdzv-id={name}",
@@ -193,13 +230,19 @@ def _torchrun_args(
     ]
 
 
-def _user_config(pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource, workers: int, labels: dict):
-    """What dagster-k8s's Job gets beyond its defaults: the container, the pod and the Indexed Job's spec."""
+def _user_config(
+    pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource, layout: tuple[int, int], labels: dict
+):
+    """What dagster-k8s's Job gets beyond its defaults: the container, the pod and the Indexed Job's spec, for
+    ``layout`` (pods, workers per pod)."""
     from dagster_k8s.job import UserDefinedDagsterK8sConfig
 
+    pods, per_pod = layout
+    workers = pods * per_pod
+    queue = {QUEUE_LABEL: config.queue_name} if config.queue_name else {}
     limits: dict[str, Any] = {"cpu": config.cpu, "memory": config.memory}
     if config.gpus_per_worker:
-        limits["nvidia.com/gpu"] = str(config.gpus_per_worker)
+        limits["nvidia.com/gpu"] = str(config.gpus_per_worker * per_pod)
     # Workers never call the API server, so they get no token to lose.
     pod_spec: dict[str, Any] = {
         "subdomain": service_name(pipeline),
@@ -222,12 +265,14 @@ def _user_config(pipeline: str, config: KubernetesLauncherConfig, source: KafkaS
         pod_spec_config=pod_spec,
         job_spec_config={
             "completionMode": "Indexed",
-            "completions": workers,
-            "parallelism": workers,
+            "completions": pods,
+            "parallelism": pods,
             "backoffLimit": 0,
             "ttlSecondsAfterFinished": 3600,
+            # Kueue admits a queued Job by unsuspending it; created running, it would start before its quota.
+            **({"suspend": True} if config.queue_name else {}),
         },
-        job_metadata={"labels": {**labels, WORKERS_LABEL: str(workers)}},
+        job_metadata={"labels": {**labels, WORKERS_LABEL: str(workers), **queue}},
     )
 
 
@@ -244,10 +289,12 @@ class KubernetesLauncher(GroupLauncher):
         config: KubernetesLauncherConfig,
         source: KafkaSource,
         trainer: TrainerSpec | None = None,
+        workers_per_pod: int = 1,
         client: Any = None,  # DagsterKubernetesClient
         sleeper: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 2.0,
+        wall: Callable[[], float] = time.time,
     ):
         super().__init__(clock=clock)
         if client is None:
@@ -255,26 +302,23 @@ class KubernetesLauncher(GroupLauncher):
 
             client = DagsterKubernetesClient.production_client()
         self.pipeline, self.config, self.source = pipeline, config, source
-        self.trainer = trainer or TrainerSpec()
+        self.trainer, self.workers_per_pod = trainer or TrainerSpec(), workers_per_pod
         self.client, self.core_api = client, client.core_api
         self.sleeper, self.poll_s = sleeper, poll_s
+        self.jobs = NamespacedJobs(client, config.namespace, lambda: self._clock(), lambda s: self.sleeper(s), poll_s)
+        self._wall = wall  # a capacity finding's expiry is read by other processes: wall-clock time
         self._volume_checked = False
         self._stopped_from = 0  # the group a retargeted restart stopped: what a failed start restores
 
     # --- reading state -----------------------------------------------------------
 
-    def _selector(self) -> str:
-        return f"{PIPELINE_LABEL}={self.pipeline}"
-
     def current_job(self) -> Any | None:
-        jobs = self.client.batch_api.list_namespaced_job(self.config.namespace, label_selector=self._selector()).items
-        live = [j for j in jobs if not (j.metadata.deletion_timestamp)]
-        return max(live, key=lambda j: j.metadata.creation_timestamp or 0) if live else None
+        return self.jobs.newest(f"{PIPELINE_LABEL}={self.pipeline}")
 
     @property
     def workers(self) -> int:
         job = self.current_job()
-        return int(job.spec.parallelism) if job is not None else 0
+        return workers_of(job) if job is not None else 0
 
     def retarget(self, m: int, reason: str = "retarget") -> bool:
         """In the process whose restart is under way, the base class's; from any other (the sensor's), an
@@ -283,12 +327,9 @@ class KubernetesLauncher(GroupLauncher):
         if self._target is not None:  # the restart runs in this process
             return super().retarget(m, reason)
         job = self.current_job()
-        if job is None or not _forming(job) or int(job.spec.parallelism) >= m or _annotated_retarget(job)[0] >= m:
+        if job is None or not forming(job) or workers_of(job) >= m or annotated_retarget(job)[0] >= m:
             return False
-        annotations = {RETARGET_ANNOTATION: str(m), RETARGET_REASON_ANNOTATION: reason[:200]}
-        self.client.batch_api.patch_namespaced_job(
-            job.metadata.name, self.config.namespace, {"metadata": {"annotations": annotations}}
-        )
+        self.jobs.annotate(job.metadata.name, {RETARGET_ANNOTATION: str(m), RETARGET_REASON_ANNOTATION: reason[:200]})
         return True
 
     # --- launcher interface ------------------------------------------------------------
@@ -299,199 +340,160 @@ class KubernetesLauncher(GroupLauncher):
         job = self.current_job()
         if job is None:
             return ""
-        state, why = pods_state(self.client.get_pods_in_job(job.metadata.name, self.config.namespace))
+        state, why = pods_state(self.jobs.pods(job.metadata.name))
         return why if state == "failed" else ""
+
+    def _capacity(self) -> dict:
+        """The shortfall the running Job was formed under, while it holds: until its time is up, or until the
+        namespace's pods hold fewer GPUs than when it was found (a pod freed up)."""
+        job = self.current_job()
+        found = (job.metadata.annotations or {}).get(CAPACITY_ANNOTATION) if job is not None else None
+        if not found:
+            return {}
+        workers, until, in_use, note = json.loads(found)
+        if self._wall() >= until or gpus_in_use(self.jobs.namespace_pods()) < in_use:
+            return {}
+        return {"capacity": int(workers), "capacity_note": str(note)}
 
     def _running_at(self, n: int) -> bool:
         job = self.current_job()
-        if job is None or int(job.spec.parallelism) != n:
+        if job is None or workers_of(job) != n:
             return False
-        state, _ = pods_state(self.client.get_pods_in_job(job.metadata.name, self.config.namespace))
+        state, _ = pods_state(self.jobs.pods(job.metadata.name))
         return state == "ready"
 
     def stop(self) -> None:
         job = self.current_job()
         if job is not None:
-            self._delete_and_wait(job.metadata.name)
+            self.jobs.delete_and_wait(job.metadata.name, self._stop_limit_s)
 
     def _replace_group(self, workers: int) -> dict:
         from kubernetes.client.rest import ApiException
 
-        self._check_checkpoint_volume()  # before anything stops: a volume the pods cannot share is a declaration to fix
+        if self.config.checkpoint_pvc and not self._volume_checked:  # before anything stops: a declaration to fix
+            self.jobs.check_shared_claim(self.config.checkpoint_pvc)
+            self._volume_checked = True
         marks = [self._clock()]
         old = self.current_job()
-        previous = int(old.spec.parallelism) if old is not None else self._stopped_from
+        previous = workers_of(old) if old is not None else self._stopped_from
         self._stopped_from = 0
         generation = int(time.time())
         if old is not None:
-            self._delete_and_wait(old.metadata.name)
+            self.jobs.delete_and_wait(old.metadata.name, self._stop_limit_s)
         marks.append(self._clock())
         try:
             self._check_retarget()  # nothing created yet: the next attempt creates the larger Job
-            name = self._create_and_wait(workers, generation)
-            marks.append(self._clock())
-            self._wait_first_step(name)
-            self._formed(name)
-            marks.append(self._clock())
+            self._form(workers, generation, marks)
         except Retargeted:
-            self._abandon(job_name(self.pipeline, workers, generation))
+            self.jobs.abandon(job_name(self.pipeline, workers, generation), self.config.stop_timeout_s)
             self._stopped_from = previous
             raise
+        except Unplaced as short:
+            self._keep_what_runs(workers, previous, generation, short, marks)  # raises CapacityShortfall
         except (ApiException, RuntimeError, TimeoutError) as exc:
-            why = f"API error {exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
-            self._cleanup(job_name(self.pipeline, workers, generation))
-            restored = None
-            if previous:
-                try:
-                    self._formed(self._create_and_wait(previous, generation + 1))
-                    restored = previous
-                except (ApiException, RuntimeError, TimeoutError) as again:
-                    raise RescaleFailed(
-                        f"could not start {workers} workers in namespace {self.config.namespace!r} ({why}); restoring "
-                        f"{previous} also failed: {again}",
-                        None,
-                    ) from exc
-            raise RescaleFailed(
-                f"could not start {workers} workers in namespace {self.config.namespace!r} ({why}); restored "
-                f"{previous} workers",
-                restored,
-            ) from exc
-        return {name: round(b - a, 3) for name, a, b in zip(("stop", "pods_ready", "first_step"), marks, marks[1:])}
+            self._restore(workers, previous, generation, _why(exc), exc)
+        return _phases(marks)
 
     # --- internals ---------------------------------------------------------------------
 
-    def _check_checkpoint_volume(self) -> None:
-        """Every worker pod mounts the checkpoint claim, on whichever node it lands: it must be ReadWriteMany."""
-        if self._volume_checked or not self.config.checkpoint_pvc:  # checkpoints in a bucket: no claim to check
-            return
-        from kubernetes.client.rest import ApiException
+    @property
+    def _stop_limit_s(self) -> float:
+        return self.config.stop_timeout_s + self.config.termination_grace_period_s
 
-        name, ns = self.config.checkpoint_pvc, self.config.namespace
-        try:
-            claim = self.core_api.read_namespaced_persistent_volume_claim(name, ns)
-        except ApiException as exc:
-            raise RescaleFailed(
-                f"cannot read the checkpoint PersistentVolumeClaim {name!r} in namespace {ns!r} (API error "
-                f"{exc.status} {exc.reason}); create it ReadWriteMany, and grant get on persistentvolumeclaims "
-                "(docs/kubernetes/rbac.yaml)",
-                None,
-            ) from exc
-        modes = list(getattr(claim.spec, "access_modes", None) or [])
-        if "ReadWriteMany" not in modes:
-            raise RescaleFailed(
-                f"the checkpoint PersistentVolumeClaim {name!r} is {'/'.join(modes) or 'without access modes'}; "
-                "workers on several nodes share it, so it must be ReadWriteMany (e.g. NFS, CephFS, EFS, Filestore)",
-                None,
+    def _form(self, workers: int, generation: int, marks: list[float], ceiling: str = "") -> None:
+        """Create the Job of ``workers``, wait until its pods are Ready and have stepped, mark it formed (and, with a
+        ``ceiling`` note, the capacity found: lifted once the namespace's pods hold fewer GPUs than they do now)."""
+        name = self._create_and_wait(workers, generation)
+        marks.append(self._clock())
+        self.jobs.wait_first_step(name, self.config.ready_timeout_s, self._take_annotated_retarget)
+        found = {}
+        if ceiling:
+            in_use = gpus_in_use(self.jobs.namespace_pods())
+            found[CAPACITY_ANNOTATION] = json.dumps(
+                [workers, self._wall() + self.config.capacity_hold_s, in_use, ceiling]
             )
-        self._volume_checked = True
+        self.jobs.annotate(name, {FORMING_ANNOTATION: None, **found})  # no retarget from now on
+        marks.append(self._clock())
 
-    def _ensure_service(self, service: dict) -> None:
+    def _keep_what_runs(self, workers: int, previous: int, generation: int, short: Unplaced, marks: list) -> None:
+        """The cluster placed ``short.placed`` of ``workers``: form the largest size that runs, never less than
+        before, record it on the Job as a ceiling for the planner, and say so (``CapacityShortfall``)."""
         from kubernetes.client.rest import ApiException
 
+        self.jobs.abandon(job_name(self.pipeline, workers, generation), self.config.stop_timeout_s)
+        keep = max(previous, short.placed)
+        found = (
+            f"asked for {workers} workers, the cluster placed {short.placed} within "
+            f"{self.config.capacity_timeout_s:g} s ({short.why})"
+        )
+        if keep == 0:
+            raise RescaleFailed(f"{found}; nothing runs", None)
+        hold_s, at = self.config.capacity_hold_s, time.strftime("%H:%M:%S", time.gmtime(self._wall()))
+        note = f"{found}; kept {keep} at {at} UTC, a ceiling for {hold_s:g} s or until GPUs free up"
         try:
-            self.core_api.read_namespaced_service(service["metadata"]["name"], self.config.namespace)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            self.core_api.create_namespaced_service(self.config.namespace, service)
+            self._form(keep, generation + 1, marks, ceiling=note)
+        except (ApiException, RuntimeError, TimeoutError, Unplaced) as exc:
+            self.jobs.remove(job_name(self.pipeline, keep, generation + 1), self._stop_limit_s)
+            raise RescaleFailed(f"{found}; forming {keep} workers then failed too: {_why(exc)}", None) from exc
+        raise CapacityShortfall(keep, note, _phases(marks))
 
-    def _delete_and_wait(self, name: str) -> None:
-        self.client.delete_job(name, self.config.namespace)
-        limit = self.config.stop_timeout_s + self.config.termination_grace_period_s
-        if not self._pods_gone(name, limit):
-            raise TimeoutError(f"pods of job {name} still terminating after {limit:.0f} s")
-
-    def _pods_gone(self, name: str, timeout_s: float) -> bool:
-        """Wait until the Job's pods are gone; whether they went within ``timeout_s``."""
-        deadline = self._clock() + timeout_s
-        while self.client.get_pods_in_job(name, self.config.namespace):
-            if self._clock() > deadline:
-                return False
-            self.sleeper(self.poll_s)
-        return True
-
-    def _abandon(self, name: str) -> None:
-        """Delete a Job still forming, for a retarget, its pods without a grace period: before their first step they
-        have trained nothing, written no checkpoint and committed no offset, and a graceful stop would wait out
-        their restore."""
+    def _restore(self, workers: int, previous: int, generation: int, why: str, exc: Exception) -> None:
+        """The Job of ``workers`` could not start: delete it, start ``previous`` again, raise ``RescaleFailed``."""
         from kubernetes.client.rest import ApiException
 
-        namespace = self.config.namespace
-        pods = [pod.metadata.name for pod in self.client.get_pods_in_job(name, namespace)]
-        for delete, target in [(self.client.batch_api.delete_namespaced_job, name)] + [
-            (self.core_api.delete_namespaced_pod, pod) for pod in pods
-        ]:
+        self.jobs.remove(job_name(self.pipeline, workers, generation), self._stop_limit_s)
+        where = f"could not start {workers} workers in namespace {self.config.namespace!r} ({why})"
+        restored = None
+        if previous:
             try:
-                delete(target, namespace, grace_period_seconds=0, propagation_policy="Background")
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-        # Deleted without grace: a pod still there past the stop timeout is the kubelet's to reap, no failure.
-        self._pods_gone(name, self.config.stop_timeout_s)
+                self._form(previous, generation + 1, [])
+                restored = previous
+            except (ApiException, RuntimeError, TimeoutError, Unplaced) as again:
+                raise RescaleFailed(f"{where}; restoring {previous} also failed: {_why(again)}", None) from exc
+        raise RescaleFailed(f"{where}; restored {previous} workers", restored) from exc
 
     def _create_and_wait(self, workers: int, generation: int) -> str:
-        service, job = render(self.pipeline, self.config, self.source, workers, generation, self.trainer)
-        self._ensure_service(service)
+        """Create the Job and wait until every pod is Ready; raise ``Unplaced`` when pods stay unscheduled (or a
+        queued Job unadmitted) past ``capacity_timeout_s``."""
+        service, job = render(
+            self.pipeline, self.config, self.source, workers, generation, self.trainer, self.workers_per_pod
+        )
+        self.jobs.ensure_service(service)
         job["metadata"].setdefault("annotations", {})[FORMING_ANNOTATION] = "true"
         name = job["metadata"]["name"]
-        self.client.batch_api.create_namespaced_job(self.config.namespace, job)
-        deadline = self._clock() + self.config.ready_timeout_s
+        self.jobs.create(job)
+        created = self._clock()
         while True:
-            state, why = pods_state(self.client.get_pods_in_job(name, self.config.namespace))
+            pods = self.jobs.pods(name)
+            state, why = pods_state(pods)
             if state == "ready":
                 return name
             if state == "failed":
                 raise RuntimeError(why)
-            if self._clock() > deadline:
+            waited = self._clock() - created
+            if waited > self.config.capacity_timeout_s:
+                short = shortfall(self.jobs.read(name), pods, self.workers_per_pod, self.config.queue_name)
+                if short is not None:
+                    raise short
+            if waited > self.config.ready_timeout_s:
                 raise TimeoutError(f"{why} after {self.config.ready_timeout_s:.0f} s")
             self._take_annotated_retarget()
             self.sleeper(self.poll_s)
 
-    def _wait_first_step(self, name: str) -> None:
-        """Until every pod's log shows the worker's first step (the local launcher waits for the same event)."""
-        deadline = self._clock() + self.config.ready_timeout_s
-        pending = {pod.metadata.name for pod in self.client.get_pods_in_job(name, self.config.namespace)}
-        while pending:
-            pending = {pod for pod in pending if not stepped(self.client.retrieve_pod_logs(pod, self.config.namespace))}
-            if not pending:
-                return
-            if self._clock() > deadline:
-                raise TimeoutError(
-                    f"{len(pending)} pods of job {name} ready but no training step after "
-                    f"{self.config.ready_timeout_s:.0f} s"
-                )
-            self._take_annotated_retarget()
-            self.sleeper(self.poll_s)
-
-    def _formed(self, name: str) -> None:
-        """The Job has formed: no retarget is written on it from now on."""
-        body = {"metadata": {"annotations": {FORMING_ANNOTATION: None}}}
-        self.client.batch_api.patch_namespaced_job(name, self.config.namespace, body)
-
     def _take_annotated_retarget(self) -> None:
         """Take a retarget another process wrote on the Job being formed, then ``_check_retarget``."""
         job = self.current_job()
-        wanted, reason = _annotated_retarget(job) if job is not None else (0, "")
+        wanted, reason = annotated_retarget(job) if job is not None else (0, "")
         if wanted:
             super().retarget(wanted, reason)  # taken only if larger than the restart aims at
         self._check_retarget()
 
-    def _cleanup(self, name: str) -> None:
-        from kubernetes.client.rest import ApiException
 
-        try:
-            self._delete_and_wait(name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+def _why(exc: Exception) -> str:
+    from kubernetes.client.rest import ApiException
+
+    return f"API error {exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
 
 
-def _forming(job: Any) -> bool:
-    return FORMING_ANNOTATION in (job.metadata.annotations or {})
-
-
-def _annotated_retarget(job: Any) -> tuple[int, str]:
-    """(workers, reason) of a retarget written on ``job`` by another process; (0, "") when none is."""
-    annotations = job.metadata.annotations or {}
-    wanted = str(annotations.get(RETARGET_ANNOTATION, ""))
-    return (int(wanted), str(annotations.get(RETARGET_REASON_ANNOTATION, "retarget"))) if wanted.isdigit() else (0, "")
+def _phases(marks: list[float]) -> dict:
+    return {name: round(b - a, 3) for name, a, b in zip(("stop", "pods_ready", "first_step"), marks, marks[1:])}

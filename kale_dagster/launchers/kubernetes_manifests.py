@@ -1,12 +1,21 @@
-"""The names and labels of the Kubernetes launcher's objects, and its headless Service: what the manifests
-(``launchers.kubernetes.render``) and the launcher's reads of the cluster agree on."""
+"""The names, labels and annotations of the Kubernetes launcher's objects, and its headless Service: what the
+manifests (``launchers.kubernetes.render``) and the launcher's reads of the cluster agree on."""
 
 from __future__ import annotations
+
+from typing import Any
 
 APP_LABEL = "app.kubernetes.io/name"
 PIPELINE_LABEL = "kale.dev/pipeline"
 WORKERS_LABEL = "kale.dev/workers"
 CHECKPOINT_MOUNT = "/checkpoints"
+#: A retarget decided in another process than the restart's (the sensor's): annotations on the Job being formed
+#: (``kale.dev/forming`` until its pods' first step), which the restart reads at each poll of its waits.
+FORMING_ANNOTATION = "kale.dev/forming"
+RETARGET_ANNOTATION, RETARGET_REASON_ANNOTATION = "kale.dev/retarget-to", "kale.dev/retarget-reason"
+#: A rescale short of capacity records on the Job it kept: [workers, until (epoch s), GPUs then in use, note].
+CAPACITY_ANNOTATION = "kale.dev/capacity"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 def service_name(pipeline: str) -> str:
@@ -30,3 +39,19 @@ def headless_service(pipeline: str, namespace: str, rdzv_port: int, labels: dict
             "ports": [{"name": "rdzv", "port": rdzv_port, "targetPort": rdzv_port}],
         },
     }
+
+
+def workers_of(job: Any) -> int:
+    """The workers a Job runs: its label, which holds whatever the pods' layout (pods times workers per pod)."""
+    return int((job.metadata.labels or {})[WORKERS_LABEL])
+
+
+def forming(job: Any) -> bool:
+    return FORMING_ANNOTATION in (job.metadata.annotations or {})
+
+
+def annotated_retarget(job: Any) -> tuple[int, str]:
+    """(workers, reason) of a retarget written on ``job`` by another process; (0, "") when none is."""
+    annotations = job.metadata.annotations or {}
+    wanted = str(annotations.get(RETARGET_ANNOTATION, ""))
+    return (int(wanted), str(annotations.get(RETARGET_REASON_ANNOTATION, "retarget"))) if wanted.isdigit() else (0, "")

@@ -81,7 +81,9 @@ class ObservedGroupConfig(LauncherConfig):
     def __post_init__(self):
         check(self)
 
-    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> ObservedGroup:
+    def build(
+        self, pipeline: str, source: KafkaSource, trainer: TrainerSpec, workers_per_pod: int = 1
+    ) -> ObservedGroup:
         return ObservedGroup(source, self.workers)
 
     def describe(self) -> str:

@@ -85,8 +85,8 @@ class ScaleTargetConfig(LauncherConfig):
     def rescale_timeout_s(self) -> float:  # the patch, the wait, and a margin
         return self.ready_timeout_s + 120.0
 
-    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> ScaleTarget:
-        return ScaleTarget(pipeline, self)
+    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec, workers_per_pod: int = 1) -> ScaleTarget:
+        return ScaleTarget(pipeline, self, workers_per_pod=workers_per_pod)
 
     def describe(self) -> str:
         return f"{self.workload_kind} {self.namespace}/{self.name}"
@@ -110,6 +110,7 @@ class ScaleTarget(Launcher):
         sleeper: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 2.0,
+        workers_per_pod: int = 1,
     ):
         if custom_api is None or autoscaling_api is None or core_api is None:
             from kubernetes import client
@@ -125,17 +126,23 @@ class ScaleTarget(Launcher):
         self.pipeline, self.config = pipeline, config
         self.custom_api, self.autoscaling_api, self.core_api = custom_api, autoscaling_api, core_api
         self.sleeper, self.clock, self.poll_s = sleeper, clock, poll_s
+        self.per_pod = workers_per_pod  # a replica is a pod of this many workers (a PyTorchJob's nprocPerNode)
         group, _, version = config.api_version.rpartition("/")
         self._path = dict(
             group=group, version=version, namespace=config.namespace, plural=config.resource, name=config.name
         )
 
     def _replicas(self) -> tuple[int, int]:
-        """(the replicas the workload's spec asks for, those its status shows), from the scale subresource."""
+        """(the workers the workload's spec asks for, those its status shows), from the scale subresource's
+        replicas (pods of ``workers_per_pod`` workers)."""
         scale = self.custom_api.get_namespaced_custom_object_scale(**self._path)
         scale = scale if isinstance(scale, dict) else scale.to_dict()
         spec, status = (scale.get(part) or {} for part in ("spec", "status"))
-        return int(spec.get("replicas") or 0), int(status.get("replicas") or 0)
+        return int(spec.get("replicas") or 0) * self.per_pod, int(status.get("replicas") or 0) * self.per_pod
+
+    def _patch(self, workers: int) -> None:
+        replicas = workers // self.per_pod  # decisions come in whole pods
+        self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": replicas}})
 
     def status(self) -> LauncherStatus:
         wanted, running = self._replicas()
@@ -173,7 +180,7 @@ class ScaleTarget(Launcher):
                 "pipeline in advisory mode"
             )
         started, retargets = self.clock(), []
-        self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": m}})
+        self._patch(m)
         self._event(before, m, reason)
         while True:
             wanted, running = self._replicas()
@@ -207,20 +214,26 @@ class ScaleTarget(Launcher):
         if running == wanted or m <= wanted:
             return False
         self._check_elastic_bounds(m)
-        self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": m}})
+        self._patch(m)
         self._event(wanted, m, reason)
         return True
 
     def _check_elastic_bounds(self, m: int) -> None:
         if self._path["group"] == "apps":
             return
-        workload = self.custom_api.get_namespaced_custom_object(**self._path)
-        elastic = (workload.get("spec") or {}).get("elasticPolicy") or {}
-        low, high = elastic.get("minReplicas"), elastic.get("maxReplicas")
-        if (low is not None and m < low) or (high is not None and m > high):
+        spec = self.custom_api.get_namespaced_custom_object(**self._path).get("spec") or {}
+        elastic = spec.get("elasticPolicy") or {}
+        per_node = str(spec.get("nprocPerNode", elastic.get("nProcPerNode")))  # the v1.7+ field, or the deprecated
+        if per_node.isdigit() and int(per_node) != self.per_pod:  # "auto", "gpu": torchrun decides
+            raise RuntimeError(
+                f"{self.config.describe()} runs {per_node} processes per pod (nprocPerNode) but the pipeline "
+                f"plans pods of {self.per_pod} workers: set the limits' workers_per_pod to {per_node}"
+            )
+        low, high, replicas = elastic.get("minReplicas"), elastic.get("maxReplicas"), m // self.per_pod
+        if (low is not None and replicas < low) or (high is not None and replicas > high):
             raise RuntimeError(
                 f"{self.config.describe()}'s elasticPolicy allows {low if low is not None else 'any'} to "
-                f"{high if high is not None else 'any'} replicas, not {m}: align the pipeline's limits "
+                f"{high if high is not None else 'any'} replicas, not {replicas}: align the pipeline's limits "
                 "(min_workers, max_workers) with it, or widen the policy"
             )
 

@@ -414,7 +414,9 @@ class LocalLauncherConfig(LauncherConfig):
     def __post_init__(self):
         check(self, lambda: loopback_url_problem(self.trainer_url))
 
-    def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec) -> LocalTrainerClient:
+    def build(
+        self, pipeline: str, source: KafkaSource, trainer: TrainerSpec, workers_per_pod: int = 1
+    ) -> LocalTrainerClient:
         return LocalTrainerClient(
             self.trainer_url, token_file=Path(self.token_file) if self.token_file else None, trainer=trainer
         )

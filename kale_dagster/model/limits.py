@@ -11,7 +11,10 @@ that honours it, nothing else.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from kale_dagster.rules import check, need, ordered, setting
 
@@ -45,6 +48,13 @@ class Limits:
         "rescales once there are some",
     )
 
+    workers_per_pod: int = setting(
+        1,
+        ge=1,
+        le=64,
+        description="the workers (one GPU each) one pod runs, all-reducing over NVLink within it: sizes are whole "
+        "pods, so min_workers and max_workers are multiples of it, and every decision is",
+    )
     activation_lag: int = setting(
         0,
         ge=0,
@@ -57,6 +67,7 @@ class Limits:
         check(
             self,
             lambda: ordered(self, "min_workers", "max_workers"),
+            lambda: [e for e in map(self._whole_pods, ("min_workers", "max_workers")) if e],
             need(
                 self.activation_lag == 0 or self.min_workers == 0,
                 "activation_lag",
@@ -64,6 +75,28 @@ class Limits:
                 "stop idle workers, or leave activation_lag out",
             ),
         )
+
+    def _whole_pods(self, name: str):
+        value, pod = getattr(self, name), self.workers_per_pod
+        near = " or ".join(
+            str(n) for n in sorted({value // pod * pod, math.ceil(value / pod) * pod}) if n or name == "min_workers"
+        )
+        return need(
+            value % pod == 0,
+            name,
+            f"must be a whole number of pods of {pod} workers (workers_per_pod): {near}, not {value}",
+        )
+
+    def whole_pods(self, workers: int) -> int:
+        """``workers`` rounded up to whole pods, within ``max_workers``: the size that runs."""
+        pod = self.workers_per_pod
+        return min(-(-workers // pod) * pod, self.max_workers)
+
+    def sizes(self, fewest: int | None = None, most: int | None = None) -> np.ndarray:
+        """The sizes a decision may take, ascending: whole pods from ``fewest`` (default ``min_workers``) to ``most``
+        (default ``max_workers``)."""
+        low = self.min_workers if fewest is None else self.whole_pods(fewest)
+        return np.arange(low, self.whole_pods(self.max_workers if most is None else most) + 1, self.workers_per_pod)
 
     @property
     def slo_s(self) -> float:

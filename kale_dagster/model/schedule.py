@@ -168,7 +168,7 @@ class Program:
         # Minutes before the first, whose arrivals are still waiting: only for the backlog's time lag.
         self.past = np.zeros(0) if past is None else np.asarray(past, dtype=float)
         self.arrivals = _Arrivals(np.concatenate([self.past, rates]))
-        self.counts = np.arange(limits.min_workers, limits.max_workers + 1) if counts is None else counts
+        self.counts = limits.sizes() if counts is None else counts
         self.capacity = np.asarray(model.predict(self.counts), dtype=float)
         # Share of each minute of a step that consumes after a restart at the step's start.
         self.serving = np.clip((np.arange(1, self.step + 1) * MINUTE - restart_s) / MINUTE, 0.0, 1.0)
@@ -303,7 +303,7 @@ def plan_from_now(
         max_labels,
         restart_s,
         past,
-        np.arange(limits.min_workers if fewest is None else fewest, top + 1),
+        limits.sizes(fewest, top),
         hold_from=len(rates) if held else None,
     )
     cost, per_step = program.solve(backlog, workers)

@@ -145,14 +145,15 @@ class Backtest:
         s = settings
         # The "adequate" allocation covers the trace's peak: peak_workers by construction when scaled.
         limits = s.limits
-        adequate = (
+        adequate = limits.whole_pods(
             s.peak_workers
             if s.scale_trace
             else s.model.min_workers_for(float(self.rates.max()), limits.max_workers, limits.min_workers)
         )
         self.sizing = Sizing(limits, s.model, adequate_workers=adequate)
-        # Before going live, F(w) is profiled at a few counts up to the peak (the paper's section 3.3).
-        profile = tuple(sorted({1, max(1, -(-s.peak_workers // 4)), max(1, -(-s.peak_workers // 2)), s.peak_workers}))
+        # Before going live, F(w) is profiled at a few counts up to the peak (the paper's section 3.3), in whole pods.
+        peak = s.peak_workers
+        profile = tuple(sorted({limits.whole_pods(max(1, -(-peak // k))) for k in (peak, 4, 2, 1)}))
         self.sim_config = SimConfig(
             limits=limits,
             warmup_steps=warmup,

@@ -222,7 +222,7 @@ class _Run:
         self.workers: int = (
             config.initial_workers
             if config.initial_workers is not None
-            else model.min_workers_for(rates[0], max_workers)
+            else config.limits.whole_pods(model.min_workers_for(rates[0], max_workers))
         )
         self.queue = FifoBacklog(now=self.epoch)
         # What telemetry reads: committed offsets.  Same arrivals, consumed only at commits.

@@ -46,7 +46,8 @@ class Choice(NamedTuple):
         (activated: records wait) the cheapest candidate, since zero is no longer an option.  Priced by
         ``objective``, projected in steps of ``tick_s``."""
         current, restart = obs.workers, sizing.restart_s
-        judged = [self._judge(w, current, sizing) for w in sorted(self.candidates - {current})]
+        levels = {sizing.limits.whole_pods(w) for w in self.candidates}  # what runs: whole pods
+        judged = [self._judge(w, current, sizing) for w in sorted(levels - {current})]
         projected = self._project(obs, sizing, objective.plan_step_s, tick_s, judged)
 
         def cost(p: Projection) -> float:
