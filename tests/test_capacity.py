@@ -179,8 +179,8 @@ def test_a_role_without_a_verb_is_refused_403_naming_the_call():
 
 def test_the_shipped_role_grants_exactly_what_the_launcher_calls():
     """Every path (start, a rescale short of capacity, a retarget from the sensor's process, a failed start
-    restored, a stop, checkpoints on a claim) runs under the shipped Role, which refuses anything it does not grant; and it grants
-    nothing those paths do not call."""
+    restored, a stop, checkpoints on a claim) runs under the shipped Role, which refuses anything it does not
+    grant; and it grants nothing those paths do not call."""
     cluster = FakeKubernetes(node_gpus=(8, 8), rules=shipped_role("rbac.yaml"))
     _another_team(cluster, 6)
     launcher, sensors = _launcher(cluster), _launcher(cluster)
