@@ -45,6 +45,7 @@ ctr_production = OnlineTrainingPipeline(
         memory="512Gi",
         tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
         service_account="kale-trainer",
+        rescale_service_account="kale-rescaler",  # only the ctr_production_rescale runs (docs/kubernetes/rbac.yaml)
     ),
 )
 

@@ -20,6 +20,18 @@ launchers depend on them (kubernetes/kubernetes, release-1.31, paths below):
   its ``terminationGracePeriodSeconds``); a pod no node holds goes at once (``pkg/registry/core/pod/strategy.go``:
   CheckGracefulDelete);
 
+* a Deployment's status: ``replicas`` counts its pods not terminating, ``readyReplicas`` the Ready ones, and a
+  scale-in deletes unscheduled, then not-ready, then the newest pods first (``pkg/controller/deployment/sync.go``:
+  calculateStatus, over ``pkg/controller/replicaset/replica_set_utils.go``: calculateStatus with
+  FilterActivePods, and ``pkg/controller/controller_utils.go``: ActivePods' order); a StatefulSet creates pod
+  ``<name>-<i>`` only once every lower ordinal is Running and Ready, deletes the highest first, and counts
+  terminating pods in ``replicas`` (``pkg/controller/statefulset/stateful_set_control.go``: OrderedReady,
+  computeReplicaStatus); a Kubeflow PyTorchJob runs ``<name>-worker-<i>`` pods, its ``active`` Worker count (the
+  scale subresource's status) counting Running pods and its Running condition True once all are
+  (training-operator ``pkg/controller.v1/common/pod.go``: updateJobReplicaStatuses);
+* the scale subresource reads and writes the paths the resource declares (``spec.replicas``, ``status.replicas``,
+  ``status.selector``; a PyTorchJob's from its CRD), and HorizontalPodAutoscalers are listed as given.
+
 Time is the fake's: ``sleep`` advances it (hand it to a launcher as its sleeper and ``clock`` as its clock).  A
 placed pod is Ready ``start_s`` after it is bound and logs its first training step ``step_s`` later.
 """
@@ -57,6 +69,25 @@ PERMISSIONS = {
 }
 
 
+#: The custom-objects client's generic calls: (the verb, whether on the scale subresource).
+CUSTOM = {
+    "get_namespaced_custom_object": ("get", False),
+    "patch_namespaced_custom_object": ("patch", False),
+    "get_namespaced_custom_object_scale": ("get", True),
+    "patch_namespaced_custom_object_scale": ("patch", True),
+}
+
+
+def permission(method: str, kwargs: dict) -> tuple[str, str, str]:
+    """(API group, resource, verb) of one client call."""
+    if method in CUSTOM:
+        verb, scale = CUSTOM[method]
+        return kwargs["group"], kwargs["plural"] + ("/scale" if scale else ""), verb
+    if method == "list_namespaced_horizontal_pod_autoscaler":
+        return "autoscaling", "horizontalpodautoscalers", "list"
+    return PERMISSIONS[method]
+
+
 def shipped_role(name: str) -> list[dict]:
     """The rules of the Role in ``docs/kubernetes/<name>``."""
     docs = yaml.safe_load_all((ROOT / "docs" / "kubernetes" / name).read_text())
@@ -80,7 +111,7 @@ class _Api:
 
         def call(*args, **kwargs):
             self._cluster.calls.append(name)
-            self._cluster.authorize(name)
+            self._cluster.authorize(name, args, kwargs)
             failure = self._cluster.failures.get(name)
             if failure:
                 raise failure.pop(0) if isinstance(failure, list) else failure
@@ -91,7 +122,8 @@ class _Api:
 
 
 class FakeKubernetes:
-    """One namespace: Jobs, their pods, Services, nodes with GPUs, Events (module docstring)."""
+    """One namespace: Jobs, Deployments, StatefulSets, PyTorchJobs, their pods, Services, nodes with GPUs, Events
+    (module docstring)."""
 
     def __init__(
         self,
@@ -108,8 +140,24 @@ class FakeKubernetes:
         self.services: dict[str, dict] = {}
         self.events: list[dict] = []
         self.calls: list[str] = []
+        self.used: set[tuple[str, str, str]] = set()  # (group, resource, verb) of every call
         self.failures: dict[str, ApiException | list[ApiException]] = {}
         self._rv, self._suffix = itertools.count(1), itertools.count(1)
+        self.workloads: dict[tuple[str, str], dict] = {}  # (plural, name) -> a Deployment, StatefulSet, PyTorchJob
+        self.hpas: list = []
+        self.custom = _Api(
+            self,
+            {
+                "get_namespaced_custom_object": lambda **kw: copy.deepcopy(self._workload(kw)),
+                "patch_namespaced_custom_object": self._patch_workload,
+                "get_namespaced_custom_object_scale": self._scale,
+                "patch_namespaced_custom_object_scale": self._patch_scale,
+            },
+        )
+        self.autoscaling = _Api(
+            self,
+            {"list_namespaced_horizontal_pod_autoscaler": lambda namespace, **kw: SimpleNamespace(items=self.hpas)},
+        )
         self.batch = _Api(
             self,
             {
@@ -165,6 +213,8 @@ class FakeKubernetes:
         for name in [n for n, j in self.jobs.items() if "_deleted_at" in j]:
             if not self._pods_of(name):
                 del self.jobs[name]
+        for (plural, name), workload in self.workloads.items():
+            CONTROLLERS[plural](self, name, workload)
         self._schedule()
         for pod in self.pods.values():
             bound = pod["status"].get("boundAt")
@@ -217,13 +267,19 @@ class FakeKubernetes:
 
     # --- RBAC and concurrency ------------------------------------------------------
 
-    def authorize(self, method: str) -> None:
+    def authorize(self, method: str, args: tuple, kwargs: dict) -> None:
+        """RBAC's RulesAllow: a rule matches the group, resource and verb, and, when it names resources, the
+        object's name (never a list or a create, which name none)."""
+        group, resource, verb = permission(method, kwargs)
+        name = kwargs.get("name") or (args[0] if args and method.split("_")[0] in ("read", "patch", "delete") else None)
+        self.used.add((group, resource, verb))
         if self.rules is None:
             return
-        group, resource, verb = PERMISSIONS[method]
         for rule in self.rules:
+            named = rule.get("resourceNames")
             if group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]:
-                return
+                if not named or name in named:
+                    return
         raise ApiException(status=403, reason="Forbidden")
 
     def _stamp(self, obj: dict) -> dict:
@@ -321,6 +377,124 @@ class FakeKubernetes:
             raise ApiException(status=409, reason="AlreadyExists")
         self.services[name] = body
 
+    # --- workloads sized through their scale subresource ---------------------------------------
+
+    def add_workload(self, kind: str, name: str, replicas: int, gpus: int = 1, **spec) -> dict:
+        """A Deployment, StatefulSet or (elastic) PyTorchJob of ``replicas`` pods, each asking for ``gpus``."""
+        plural = PLURALS[kind]
+        template = {
+            "metadata": {"labels": {"app": name}},
+            "spec": {"containers": [{"name": "trainer", "resources": {"limits": {GPU: str(gpus)}}}]},
+        }
+        if kind == "PyTorchJob":
+            body = {
+                "pytorchReplicaSpecs": {
+                    "Worker": {"replicas": replicas, "restartPolicy": "OnFailure", "template": template}
+                },
+                **spec,
+            }
+        else:
+            body = {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template, **spec}
+        group = "kubeflow.org/v1" if kind == "PyTorchJob" else "apps/v1"
+        workload = {
+            "apiVersion": group,
+            "kind": kind,
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": body,
+            "status": {},
+        }
+        self.workloads[(plural, name)] = self._stamp(workload)
+        self.reconcile()
+        return workload
+
+    def _workload(self, path: dict) -> dict:
+        workload = self.workloads.get((path["plural"], path["name"]))
+        if workload is None:
+            raise ApiException(status=404, reason="Not Found")
+        return workload
+
+    def _scale(self, **path):
+        workload = self._workload(path)
+        if path["plural"] == "pytorchjobs":
+            worker = (workload["status"].get("replicaStatuses") or {}).get("Worker") or {}
+            replicas, running = workload["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"], worker.get("active", 0)
+            selector = worker.get("selector", "")
+        else:
+            replicas, running = workload["spec"]["replicas"], workload["status"].get("replicas", 0)
+            selector = f"app={workload['metadata']['name']}"
+        return {"spec": {"replicas": replicas}, "status": {"replicas": running, "selector": selector}}
+
+    def _patch_scale(self, body, **path):
+        workload = self._workload(path)
+        self._check_version(workload, body)
+        if path["plural"] == "pytorchjobs":
+            workload["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = body["spec"]["replicas"]
+        else:
+            workload["spec"]["replicas"] = body["spec"]["replicas"]
+        self._stamp(workload)
+        return self._scale(**path)
+
+    def _patch_workload(self, body, **path):
+        workload = self._workload(path)
+        self._check_version(workload, body)
+        meta = workload["metadata"]
+        merged = {**(meta.get("annotations") or {}), **(body.get("metadata", {}).get("annotations") or {})}
+        meta["annotations"] = {k: v for k, v in merged.items() if v is not None}
+        return copy.deepcopy(self._stamp(workload))
+
+    def _owned(self, name: str) -> list[dict]:
+        return sorted(
+            (
+                p
+                for p in self.pods.values()
+                if p["metadata"]["labels"].get("app") == name and "job-name" not in p["metadata"]["labels"]
+            ),
+            key=lambda p: p["_created"],
+        )
+
+    def _deployment(self, name: str, workload: dict) -> None:
+        active = [p for p in self._owned(name) if "_gone_at" not in p]
+        want = int(workload["spec"]["replicas"])
+        for _ in range(want - len(active)):
+            self._add_pod(f"{name}-{next(self._suffix):05d}", workload["spec"]["template"], None, None)
+        # ActivePods' order: unscheduled before scheduled, pending before running, not ready before ready, newest.
+        doomed = sorted(active, key=lambda p: (bool(p["spec"].get("nodeName")), _ready(p), -p["_created"]))
+        for pod in doomed[: max(len(active) - want, 0)]:
+            self._delete_pod(pod["metadata"]["name"], self.namespace)
+        live = [p for p in self._owned(name) if "_gone_at" not in p]
+        workload["status"] = {"replicas": len(live), "readyReplicas": sum(_ready(p) for p in live)}
+
+    def _statefulset(self, name: str, workload: dict) -> None:
+        want, pods = int(workload["spec"]["replicas"]), {p["metadata"]["name"]: p for p in self._owned(name)}
+        for i in range(want):
+            if f"{name}-{i}" not in pods:
+                if all(_ready(pods[f"{name}-{j}"]) for j in range(i) if f"{name}-{j}" in pods):
+                    self._add_pod(f"{name}-{i}", workload["spec"]["template"], None, None)
+                break  # OrderedReady: one ordinal at a time
+        extra = sorted((int(n.rsplit("-", 1)[1]) for n in pods if int(n.rsplit("-", 1)[1]) >= want), reverse=True)
+        if extra and f"{name}-{extra[0]}" in self.pods and "_gone_at" not in self.pods[f"{name}-{extra[0]}"]:
+            self._delete_pod(f"{name}-{extra[0]}", self.namespace)
+        created = self._owned(name)
+        workload["status"] = {"replicas": len(created), "readyReplicas": sum(_ready(p) for p in created)}
+
+    def _pytorchjob(self, name: str, workload: dict) -> None:
+        spec = workload["spec"]["pytorchReplicaSpecs"]["Worker"]
+        want, pods = int(spec["replicas"]), {p["metadata"]["name"]: p for p in self._owned(name)}
+        for i in range(want):
+            if f"{name}-worker-{i}" not in pods:
+                self._add_pod(f"{name}-worker-{i}", spec["template"], None, None)
+        for pod_name in pods:
+            if int(pod_name.rsplit("-", 1)[1]) >= want and "_gone_at" not in pods[pod_name]:
+                self._delete_pod(pod_name, self.namespace)
+        active = [p for p in self._owned(name) if p["status"]["phase"] == "Running" and "_gone_at" not in p]
+        conditions = [c for c in workload["status"].get("conditions", []) if c["type"] != "Running"]
+        if len(active) == want or any(c["type"] == "Running" for c in workload["status"].get("conditions", [])):
+            conditions.append({"type": "Running", "status": "True" if active else "False"})
+        workload["status"] = {
+            "replicaStatuses": {"Worker": {"active": len(active), "selector": f"app={name}"}},
+            "conditions": conditions,
+        }
+
     # --- what a test reads -----------------------------------------------------------------
 
     def running_workers(self, per_pod: int = 1) -> int:
@@ -331,6 +505,18 @@ class FakeKubernetes:
             if p["status"]["phase"] == "Running" and "_gone_at" not in p and "job-name" in p["metadata"]["labels"]
         ]
         return len(ready) * per_pod
+
+
+PLURALS = {"Deployment": "deployments", "StatefulSet": "statefulsets", "PyTorchJob": "pytorchjobs"}
+CONTROLLERS = {
+    "deployments": FakeKubernetes._deployment,
+    "statefulsets": FakeKubernetes._statefulset,
+    "pytorchjobs": FakeKubernetes._pytorchjob,
+}
+
+
+def _ready(pod: dict) -> bool:
+    return pod["status"]["phase"] == "Running" and "_gone_at" not in pod
 
 
 def _iso(t: float) -> str:

@@ -427,7 +427,7 @@ def test_rescale_job_applies_the_allocation_once(monkeypatch, tmp_path):
     launcher = _launcher(cluster)
     launcher.start(2)
     # The job builds its launcher from the declaration; this one talks to the mocked cluster.
-    monkeypatch.setattr(KubernetesLauncherConfig, "build", lambda self, pipeline, source, trainer: launcher)
+    monkeypatch.setattr(KubernetesLauncherConfig, "build", lambda self, pipeline, source, trainer, **kw: launcher)
     defs = build_definitions(p)
     repo = defs.get_repository_def()
     assert {"ctr_rescale"} <= {j.name for j in repo.get_all_jobs()}
@@ -455,6 +455,27 @@ def test_advisory_pipelines_have_no_rescale_job(tmp_path):
         name="ctr", source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"), launcher=_config(), advisory=True
     )
     assert "ctr_rescale" not in {j.name for j in build_definitions(p).get_repository_def().get_all_jobs()}
+
+
+def test_only_the_rescale_runs_get_the_rescale_service_account():
+    """dagster-k8s's own reader of the per-job tag gives the rescale job's run pods the declared account; the other
+    jobs' runs keep the chart's (the namespace default), which may not touch the workers."""
+    from dagster_k8s.job import get_user_defined_k8s_config
+
+    from kale_dagster import OnlineTrainingPipeline, build_definitions
+
+    p = OnlineTrainingPipeline(
+        name="ctr",
+        source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"),
+        launcher=_config(rescale_service_account="kale-rescaler"),
+    )
+    jobs = {j.name: j for j in build_definitions(p).get_repository_def().get_all_jobs()}
+    accounts = {
+        name: get_user_defined_k8s_config(job.tags).pod_spec_config.get("service_account_name")
+        for name, job in jobs.items()
+    }
+    assert accounts.pop("ctr_rescale") == "kale-rescaler"
+    assert accounts and set(accounts.values()) == {None}, accounts
 
 
 def test_cli_render_prints_valid_manifests():
@@ -548,8 +569,9 @@ def test_a_checkpoint_claim_the_pods_cannot_share_is_refused_before_anything_sto
     assert cluster.created == [2] and fresh.workers == 2  # the running group was left alone
 
 
-# What each client call needs: (API group, resource, verb).
-@pytest.mark.parametrize("path", ["docs/kubernetes/rbac.yaml", "docs/kubernetes/rbac-scale-target.yaml"])
+@pytest.mark.parametrize(
+    "path", ["docs/kubernetes/rbac.yaml", "docs/kubernetes/rbac-scale-target.yaml", "docs/kubernetes/metrics.yaml"]
+)
 def test_shipped_manifests_validate(path):
     import pathlib
 

@@ -227,3 +227,26 @@ def test_every_rank_keeps_one_model_buffers_included(tmp_path):
     for stat in ("running_mean", "running_var"):
         expected = (alone[0][stat] + alone[1][stat]) / 2
         assert torch.allclose(first[f"1.{stat}"], expected, atol=1e-6), (stat, first[f"1.{stat}"], expected)
+
+
+@pytest.mark.parametrize(
+    "cuda, local_rank, rank, device",
+    [
+        (False, None, 3, "cpu"),
+        (True, "2", 0, "cuda:2"),  # under torchrun (a pod of several workers): the GPU of its local rank
+        (True, None, 5, "cuda:1"),  # a local launcher's worker on a 4-GPU host: the GPU of its rank
+        (True, None, 0, "cuda:0"),
+    ],
+)
+def test_each_worker_takes_a_gpu_of_its_own(monkeypatch, cuda, local_rank, rank, device):
+    import torch
+
+    from kale_dagster.trainer.harness import device_for
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert str(device_for(rank)) == device

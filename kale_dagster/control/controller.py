@@ -322,11 +322,11 @@ class Controller:
             )
         ceiling = status.capacity
         if ceiling is not None and decision.workers > max(ceiling, obs.workers):  # no asking for GPUs not there
-            decision = replace(
+            capped = max(ceiling, obs.workers)
+            decision = replace(  # said first: a reason cut to a terminal's width still says it
                 decision,
-                workers=max(ceiling, obs.workers),
-                reason=f"{decision.reason}; capped at {max(ceiling, obs.workers)}, the cluster's capacity: "
-                f"{status.capacity_note}",
+                workers=capped,
+                reason=f"capped at {capped}, the cluster's capacity ({status.capacity_note}); {decision.reason}",
             )
         failed = bool(status.failed) and not obs.restarting
         if failed:

@@ -159,7 +159,7 @@ def rescale_job(p: OnlineTrainingPipeline) -> JobDefinition:
     # In process: a rescale is one op, and a step subprocess would only delay it.
     @job(
         name=f"{p.name}_rescale",
-        tags={"kale/rescale": p.name},
+        tags={"kale/rescale": p.name, **p.launcher.rescale_run_tags},
         executor_def=in_process_executor,
         description="Restart the workers at the decided allocation.",
     )

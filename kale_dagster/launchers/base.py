@@ -349,3 +349,9 @@ class LauncherConfig(ABC):
     @abstractmethod
     def describe(self) -> str:
         """Where the workers run, for messages (a URL, a cluster namespace)."""
+
+    @property
+    def rescale_run_tags(self) -> dict[str, str]:
+        """Tags of the ``<pipeline>_rescale`` runs beyond Kale's own (on Kubernetes: the service account that
+        may resize the workers, for those runs only)."""
+        return {}

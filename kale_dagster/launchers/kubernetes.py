@@ -28,7 +28,6 @@ one.  A retarget written as the Job finishes forming comes too late: the next de
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,10 +41,18 @@ from kale_dagster.launchers.base import (
     RescaleFailed,
     Retargeted,
 )
+from kale_dagster.launchers.capacity import (
+    Unplaced,
+    capacity_hold_setting,
+    capacity_holding,
+    capacity_record,
+    capacity_timeout_setting,
+    gpus_in_use,
+    shortfall,
+)
 from kale_dagster.launchers.kubernetes_jobs import NamespacedJobs
 from kale_dagster.launchers.kubernetes_manifests import (
     APP_LABEL,
-    CAPACITY_ANNOTATION,
     CHECKPOINT_MOUNT,
     FORMING_ANNOTATION,
     PIPELINE_LABEL,
@@ -57,10 +64,12 @@ from kale_dagster.launchers.kubernetes_manifests import (
     forming,
     headless_service,
     job_name,
+    rescale_service_account_setting,
+    service_account_tags,
     service_name,
     workers_of,
 )
-from kale_dagster.launchers.pods import Unplaced, gpus_in_use, pods_state, shortfall
+from kale_dagster.launchers.pods import pods_state
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
@@ -88,6 +97,7 @@ class KubernetesLauncherConfig(LauncherConfig):
     )
     image_pull_secrets: tuple[str, ...] = setting((), description="Secrets to pull the image with")
     service_account: str | None = setting(None, description="the worker pods' service account")
+    rescale_service_account: str | None = rescale_service_account_setting()
     gpus_per_worker: int = setting(
         1, ge=0, le=16, description="nvidia.com/gpu per worker process (a pod asks for this times workers_per_pod)"
     )
@@ -104,19 +114,8 @@ class KubernetesLauncherConfig(LauncherConfig):
     )
     rdzv_port: int = setting(29400, ge=1, le=65535, description="torchrun's rendezvous port")
     ready_timeout_s: float = setting(600.0, gt=0, unit="s", description="how long a new group may take to start")
-    capacity_timeout_s: float = setting(
-        120.0,
-        gt=0,
-        unit="s",
-        description="how long pods may stay unscheduled (or a queued Job unadmitted) before a rescale keeps the "
-        "largest size that runs; longer where a node autoscaler adds GPU nodes",
-    )
-    capacity_hold_s: float = setting(
-        1800.0,
-        gt=0,
-        unit="s",
-        description="how long the capacity a rescale found caps the decisions, unless GPUs free up sooner",
-    )
+    capacity_timeout_s: float = capacity_timeout_setting()
+    capacity_hold_s: float = capacity_hold_setting()
     queue_name: str | None = setting(
         None,
         pattern=r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?",
@@ -156,6 +155,10 @@ class KubernetesLauncherConfig(LauncherConfig):
         self, pipeline: str, source: KafkaSource, trainer: TrainerSpec, workers_per_pod: int = 1
     ) -> KubernetesLauncher:
         return KubernetesLauncher(pipeline, self, source, trainer=trainer, workers_per_pod=workers_per_pod)
+
+    @property
+    def rescale_run_tags(self) -> dict[str, str]:
+        return service_account_tags(self.rescale_service_account)
 
     def describe(self) -> str:
         return f"Kubernetes namespace {self.namespace!r} (image {self.image})"
@@ -347,13 +350,9 @@ class KubernetesLauncher(GroupLauncher):
         """The shortfall the running Job was formed under, while it holds: until its time is up, or until the
         namespace's pods hold fewer GPUs than when it was found (a pod freed up)."""
         job = self.current_job()
-        found = (job.metadata.annotations or {}).get(CAPACITY_ANNOTATION) if job is not None else None
-        if not found:
+        if job is None:
             return {}
-        workers, until, in_use, note = json.loads(found)
-        if self._wall() >= until or gpus_in_use(self.jobs.namespace_pods()) < in_use:
-            return {}
-        return {"capacity": int(workers), "capacity_note": str(note)}
+        return capacity_holding(job.metadata.annotations, self._wall(), lambda: gpus_in_use(self.jobs.namespace_pods()))
 
     def _running_at(self, n: int) -> bool:
         job = self.current_job()
@@ -408,10 +407,8 @@ class KubernetesLauncher(GroupLauncher):
         self.jobs.wait_first_step(name, self.config.ready_timeout_s, self._take_annotated_retarget)
         found = {}
         if ceiling:
-            in_use = gpus_in_use(self.jobs.namespace_pods())
-            found[CAPACITY_ANNOTATION] = json.dumps(
-                [workers, self._wall() + self.config.capacity_hold_s, in_use, ceiling]
-            )
+            until, in_use = self._wall() + self.config.capacity_hold_s, gpus_in_use(self.jobs.namespace_pods())
+            found = capacity_record(workers, until, in_use, ceiling)
         self.jobs.annotate(name, {FORMING_ANNOTATION: None, **found})  # no retarget from now on
         marks.append(self._clock())
 

@@ -3,7 +3,10 @@ manifests (``launchers.kubernetes.render``) and the launcher's reads of the clus
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from kale_dagster.rules import setting
 
 APP_LABEL = "app.kubernetes.io/name"
 PIPELINE_LABEL = "kale.dev/pipeline"
@@ -13,8 +16,6 @@ CHECKPOINT_MOUNT = "/checkpoints"
 #: (``kale.dev/forming`` until its pods' first step), which the restart reads at each poll of its waits.
 FORMING_ANNOTATION = "kale.dev/forming"
 RETARGET_ANNOTATION, RETARGET_REASON_ANNOTATION = "kale.dev/retarget-to", "kale.dev/retarget-reason"
-#: A rescale short of capacity records on the Job it kept: [workers, until (epoch s), GPUs then in use, note].
-CAPACITY_ANNOTATION = "kale.dev/capacity"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
@@ -55,3 +56,20 @@ def annotated_retarget(job: Any) -> tuple[int, str]:
     annotations = job.metadata.annotations or {}
     wanted = str(annotations.get(RETARGET_ANNOTATION, ""))
     return (int(wanted), str(annotations.get(RETARGET_REASON_ANNOTATION, "retarget"))) if wanted.isdigit() else (0, "")
+
+
+def rescale_service_account_setting():
+    return setting(
+        None,
+        pattern=r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?",
+        description="the service account of the <pipeline>_rescale runs' pods (docs/kubernetes/rbac*.yaml), set "
+        "by a per-job dagster-k8s/config tag: only those runs may resize the workers",
+    )
+
+
+def service_account_tags(service_account: str | None) -> dict[str, str]:
+    """The ``dagster-k8s/config`` tag that gives one job's run pods ``service_account`` (K8sRunLauncher reads it
+    per run, over the chart's ``runK8sConfig``)."""
+    if not service_account:
+        return {}
+    return {"dagster-k8s/config": json.dumps({"pod_spec_config": {"service_account_name": service_account}})}

@@ -1,10 +1,14 @@
 """A Kubernetes workload Kale sizes through its scale subresource, as HPA does through ``scaleTargetRef``.
 
 Any resource with a ``/scale`` subresource: a Deployment, a StatefulSet, or a custom resource whose CRD declares
-one.  Kale reads ``status.replicas`` as the workers that run and patches ``spec.replicas``; the workload's own
-controller restarts the pods, and the rescale's downtime runs until the scale status shows the new size.  A
-retarget while the workload has not reached its spec (a burst met by the restart) patches the spec again, to the
-larger size, from whichever process decided it; the rescale's wait follows the spec.
+one.  Kale patches ``spec.replicas`` (replicas are pods of ``workers_per_pod`` workers); the workload's own
+controller starts or stops the pods, and the rescale is done when the new workers are ready: a Deployment's or
+StatefulSet's ``readyReplicas`` (its ``status.replicas`` counts Pending pods too), a custom resource's Running
+condition (a PyTorchJob's scale status counts its running Workers).  A retarget while the workload has not reached
+its spec (a burst met by the restart) patches the spec again, to the larger size, from whichever process decided
+it; the rescale's wait follows the spec.  Pods no node holds past ``capacity_timeout_s`` make the rescale settle
+for the largest size that runs, never less than before, recorded on the workload as a ceiling for the planner
+(``launchers.capacity``).
 
 A custom resource with an ``elasticPolicy`` (Kubeflow's PyTorchJob, whose scale subresource sets its Worker
 replicas) is only sized within that policy's minReplicas and maxReplicas: a target outside them fails the rescale
@@ -13,7 +17,8 @@ in one line saying which bound to change, rather than a patch the elastic agent 
 Two controllers on one scale target fight (each undoes the other's change), so a target that a
 HorizontalPodAutoscaler already scales (KEDA's ScaledObjects scale through one too) is refused, naming it.  Each
 rescale leaves an Event on the workload with its reason and the old and new size, where ``kubectl describe``
-shows it.  The verbs this needs are in docs/kubernetes/rbac.yaml.
+shows it; an Event refused does not undo the rescale (the record says so).  An API error is one line naming the
+call and what to fix.  The verbs this needs are in docs/kubernetes/rbac-scale-target.yaml.
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ from kale_dagster.launchers.base import (
     RescaleRecord,
     retarget_note,
 )
+from kale_dagster.launchers.capacity import (
+    capacity_hold_setting,
+    capacity_holding,
+    capacity_record,
+    capacity_timeout_setting,
+    gpus_in_use,
+    unplaced,
+)
+from kale_dagster.launchers.kubernetes_manifests import rescale_service_account_setting, service_account_tags
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
@@ -64,8 +78,11 @@ class ScaleTargetConfig(LauncherConfig):
         description="the resource's plural name; derived for Deployment, StatefulSet and ReplicaSet",
     )
     ready_timeout_s: float = setting(
-        600.0, gt=0, le=86_400, unit="s", description="how long a rescale waits for the scale status to show the size"
+        600.0, gt=0, le=86_400, unit="s", description="how long a rescale waits for the workers to be ready"
     )
+    capacity_timeout_s: float = capacity_timeout_setting()
+    capacity_hold_s: float = capacity_hold_setting()
+    rescale_service_account: str | None = rescale_service_account_setting()
 
     def __post_init__(self):
         check(
@@ -87,6 +104,10 @@ class ScaleTargetConfig(LauncherConfig):
 
     def build(self, pipeline: str, source: KafkaSource, trainer: TrainerSpec, workers_per_pod: int = 1) -> ScaleTarget:
         return ScaleTarget(pipeline, self, workers_per_pod=workers_per_pod)
+
+    @property
+    def rescale_run_tags(self) -> dict[str, str]:
+        return service_account_tags(self.rescale_service_account)
 
     def describe(self) -> str:
         return f"{self.workload_kind} {self.namespace}/{self.name}"
@@ -111,6 +132,7 @@ class ScaleTarget(Launcher):
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = 2.0,
         workers_per_pod: int = 1,
+        wall: Callable[[], float] = time.time,
     ):
         if custom_api is None or autoscaling_api is None or core_api is None:
             from kubernetes import client
@@ -125,33 +147,59 @@ class ScaleTarget(Launcher):
             core_api = core_api or client.CoreV1Api()
         self.pipeline, self.config = pipeline, config
         self.custom_api, self.autoscaling_api, self.core_api = custom_api, autoscaling_api, core_api
-        self.sleeper, self.clock, self.poll_s = sleeper, clock, poll_s
+        self.sleeper, self.clock, self.poll_s, self.wall = sleeper, clock, poll_s, wall
         self.per_pod = workers_per_pod  # a replica is a pod of this many workers (a PyTorchJob's nprocPerNode)
         group, _, version = config.api_version.rpartition("/")
         self._path = dict(
             group=group, version=version, namespace=config.namespace, plural=config.resource, name=config.name
         )
 
-    def _replicas(self) -> tuple[int, int]:
-        """(the workers the workload's spec asks for, those its status shows), from the scale subresource's
-        replicas (pods of ``workers_per_pod`` workers)."""
+    def _replicas(self) -> tuple[int, int, str]:
+        """(the workers the workload's spec asks for, those its status shows, its pods' label selector), from the
+        scale subresource's replicas (pods of ``workers_per_pod`` workers)."""
         scale = self.custom_api.get_namespaced_custom_object_scale(**self._path)
         scale = scale if isinstance(scale, dict) else scale.to_dict()
         spec, status = (scale.get(part) or {} for part in ("spec", "status"))
-        return int(spec.get("replicas") or 0) * self.per_pod, int(status.get("replicas") or 0) * self.per_pod
+        wanted, running = int(spec.get("replicas") or 0), int(status.get("replicas") or 0)
+        return wanted * self.per_pod, running * self.per_pod, str(status.get("selector") or "")
+
+    def _ready(self, workload: dict, running: int) -> int:
+        """The workers ready and training: a Deployment's or StatefulSet's ``readyReplicas`` (its scale status
+        counts Pending pods too); for a custom resource, what its scale status shows while its Running condition
+        is True and it is neither restarting nor failed (a PyTorchJob's active Worker pods), else none."""
+        status = workload.get("status") or {}
+        if self._path["group"] == "apps":
+            return int(status.get("readyReplicas") or 0) * self.per_pod
+        conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+        settled = conditions.get("Running") == "True" and "True" not in (
+            conditions.get("Restarting"),
+            conditions.get("Failed"),
+        )
+        return running if settled else 0
 
     def _patch(self, workers: int) -> None:
         replicas = workers // self.per_pod  # decisions come in whole pods
         self.custom_api.patch_namespaced_custom_object_scale(**self._path, body={"spec": {"replicas": replicas}})
 
+    def _workload(self) -> dict:
+        workload = self.custom_api.get_namespaced_custom_object(**self._path)
+        return workload if isinstance(workload, dict) else workload.to_dict()
+
+    def _gpus_in_use(self) -> int:
+        return gpus_in_use(self.core_api.list_namespaced_pod(self.config.namespace).items)
+
     def status(self) -> LauncherStatus:
-        wanted, running = self._replicas()
+        wanted, running, _ = self._replicas()
+        workload = self._workload()
+        ready = self._ready(workload, running)
+        annotations = (workload.get("metadata") or {}).get("annotations")
         # While pods start or stop the allocation is the target (its GPUs are held), as for Kale's own launchers.
         return LauncherStatus(
             workers=wanted,
-            rescaling=running != wanted,
+            rescaling=running != wanted or ready < wanted,
             measures=False,
             observed_from=f"the scale status of {self.config.describe()}",
+            **capacity_holding(annotations, self.wall(), self._gpus_in_use),
         )
 
     @property
@@ -168,6 +216,14 @@ class ScaleTarget(Launcher):
         return None
 
     def rescale(self, m: int, reason: str = "rescale") -> RescaleRecord | None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self._rescale(m, reason)
+        except ApiException as exc:
+            raise RuntimeError(api_error(self.config, exc)) from exc
+
+    def _rescale(self, m: int, reason: str) -> RescaleRecord | None:
         before = self.status().workers
         if before == m:
             return None
@@ -179,39 +235,76 @@ class ScaleTarget(Launcher):
                 "scale through one): two controllers on one scale target undo each other; remove it, or run this "
                 "pipeline in advisory mode"
             )
-        started, retargets = self.clock(), []
+        started, notes = self.clock(), []
         self._patch(m)
-        self._event(before, m, reason)
-        while True:
-            wanted, running = self._replicas()
-            if wanted != m:  # a retarget raised the spec, from this process or the sensor's
-                retargets.append(retarget_note(wanted, self.clock() - started, "a later decision (its Event says why)"))
-                m = wanted
-            if running == m:
-                break
-            if self.clock() - started > self.config.ready_timeout_s:
-                raise RescaleFailed(
-                    f"{self.config.describe()} did not reach {m} replicas within {self.config.ready_timeout_s:g} "
-                    f"s (its scale status shows {running}); its spec asks for {m}",
-                    restored=None,
-                )
-            self.sleeper(self.poll_s)
+        notes += self._event(before, m, reason)
+        m = self._wait_ready(m, before, started, notes)
         took = self.clock() - started
         return RescaleRecord(
             time=time.time(),
             from_workers=before,
             to_workers=m,
             downtime_s=took,
-            reason="; ".join([reason, *retargets]),
+            reason="; ".join([reason, *notes]),
             phases={"scale": round(took, 3)},
+        )
+
+    def _wait_ready(self, m: int, before: int, started: float, notes: list[str]) -> int:
+        """Until ``m`` workers are ready, following a retarget of the spec; pods no node holds past
+        ``capacity_timeout_s`` make it settle for the largest size that runs, never less than ``before``, recorded
+        on the workload as a ceiling.  Returns the size reached."""
+        kept = ""  # the shortfall's note, once settled
+        while True:
+            wanted, running, selector = self._replicas()
+            if wanted != m and not kept:  # a retarget raised the spec, from this process or the sensor's
+                notes.append(retarget_note(wanted, self.clock() - started, "a later decision (its Event says why)"))
+                m = wanted
+            ready = self._ready(self._workload(), running)
+            if running == m and ready >= m:
+                if kept:
+                    record = capacity_record(m, self.wall() + self.config.capacity_hold_s, self._gpus_in_use(), kept)
+                    self.custom_api.patch_namespaced_custom_object(
+                        **self._path, body={"metadata": {"annotations": record}}
+                    )
+                return m
+            waited = self.clock() - started
+            if not kept and waited > self.config.capacity_timeout_s:
+                settled = self._settle(wanted, before, selector)
+                if settled is not None:
+                    m, kept = settled
+                    notes.append(kept)
+                    self._patch(m)
+                    notes += self._event(wanted, m, kept)
+            if waited > self.config.ready_timeout_s:
+                raise RescaleFailed(
+                    f"{self.config.describe()} did not have {m} workers ready within {self.config.ready_timeout_s:g} "
+                    f"s ({ready} ready, its scale status shows {running}); its spec asks for {m}",
+                    restored=None,
+                )
+            self.sleeper(self.poll_s)
+
+    def _settle(self, wanted: int, before: int, selector: str) -> tuple[int, str] | None:
+        """With pods no node holds: the size to keep (what the placed pods run, never less than ``before``) and
+        why; None while every pod is placed."""
+        pods = self.core_api.list_namespaced_pod(self.config.namespace, label_selector=selector).items
+        live = [p for p in pods if not p.metadata.deletion_timestamp]
+        missing, why = unplaced(live)
+        if not missing:
+            return None
+        placed = (len(live) - missing) * self.per_pod
+        keep, at = max(before, placed), time.strftime("%H:%M:%S", time.gmtime(self.wall()))
+        return keep, (
+            f"asked for {wanted} workers, the cluster placed {placed} within {self.config.capacity_timeout_s:g} s "
+            f"({missing} pods unplaced: {why}); kept {keep} at {at} UTC, a ceiling for "
+            f"{self.config.capacity_hold_s:g} s or until GPUs free up"
         )
 
     def retarget(self, m: int, reason: str = "retarget") -> bool:
         """While the workload has not reached its spec (a rescale waits on it), patch the spec to ``m`` replicas,
         more than it asks for; the rescale's wait follows the spec.  False when the workload runs at its spec or
         ``m`` is not larger."""
-        wanted, running = self._replicas()
-        if running == wanted or m <= wanted:
+        wanted, running, _ = self._replicas()
+        if (running == wanted and self._ready(self._workload(), running) >= wanted) or m <= wanted:
             return False
         self._check_elastic_bounds(m)
         self._patch(m)
@@ -237,11 +330,30 @@ class ScaleTarget(Launcher):
                 "(min_workers, max_workers) with it, or widen the policy"
             )
 
-    def _event(self, before: int, after: int, reason: str) -> None:
-        """An Event on the workload: ``kubectl describe`` shows why Kale resized it."""
-        self.core_api.create_namespaced_event(
-            self.config.namespace, scale_event(self.pipeline, self.config, before, after, reason)
-        )
+    def _event(self, before: int, after: int, reason: str) -> list[str]:
+        """An Event on the workload: ``kubectl describe`` shows why Kale resized it.  The patch it describes has
+        happened: a refused Event is said in the record (a list of one note), not raised."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.core_api.create_namespaced_event(
+                self.config.namespace, scale_event(self.pipeline, self.config, before, after, reason)
+            )
+        except ApiException as exc:
+            return [f"its Event was refused (API error {exc.status} {exc.reason}): grant create on events"]
+        return []
+
+
+def api_error(config: ScaleTargetConfig, exc: Any) -> str:
+    """One line for an API error while sizing the workload: what failed, and what to do."""
+    what = f"{config.describe()} (API error {exc.status} {exc.reason})"
+    hints = {
+        403: "grant the verbs of docs/kubernetes/rbac-scale-target.yaml to the rescale job's service account",
+        404: f"no {config.workload_kind} {config.name!r} in namespace {config.namespace!r}: check the declaration",
+        409: "the workload changed while Kale sized it; the next decision tries again",
+        422: "the API server refused the size; see the workload's admission policies",
+    }
+    return f"{what}: {hints.get(exc.status, 'the API server failed; the next decision tries again')}"
 
 
 def scale_event(pipeline: str, config: ScaleTargetConfig, before: int, after: int, reason: str) -> dict:

@@ -87,21 +87,22 @@ class GroupProgress:
     window: MetricsWindow = field(default_factory=MetricsWindow)
 
 
+def device_for(rank: int) -> torch.device:
+    """A worker's device: under torchrun (a Kubernetes pod of G workers), the GPU of its LOCAL_RANK; a local
+    launcher's worker (every rank on one host, no LOCAL_RANK), the GPU of its rank; the CPU without CUDA."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local = os.environ.get("LOCAL_RANK")
+    return torch.device("cuda", int(local) if local is not None else rank % torch.cuda.device_count())
+
+
 class Worker:
     def __init__(self, args):
         self.args = args
         self.stop_requested = False
         self.state = WorkerState.STANDBY
         self.rank, self.world = 0, 1  # this rank's place in its group, set at every join
-        self.device = (
-            torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
-        if self.device.type == "cuda":
-            # Collectives' tensors live on the device: NCCL wants them on the GPU (all_gather_object too), gloo on
-            # the CPU.
-            torch.cuda.set_device(self.device)
+        self.device = device_for(0)  # a standby's; set again at every join, for the rank it joins as
         # Opened now: a store whose package is missing fails the worker in one line before it joins a group.
         self.checkpoints = CheckpointStore(args.checkpoint_dir, timeout_s=args.checkpoint_timeout_s)
         # Imported now, so that a warm standby has the user's module (and whatever it imports) loaded too.
@@ -151,6 +152,11 @@ class Worker:
             self.trainer = None
 
     def join(self, group: GroupAssignment) -> None:
+        self.device = device_for(group.rank)
+        if self.device.type == "cuda":
+            # Collectives' tensors live on the device: NCCL wants them on the GPU (all_gather_object too), gloo on
+            # the CPU.
+            torch.cuda.set_device(self.device)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend,
@@ -223,7 +229,16 @@ class Worker:
             step=int(state.get("step", 0)),
             trained_total=int(state.get("trained_total", 0)),
         )
-        emit(WorkerEvent.STARTED, rank=self.rank, world=self.world, step=g.step, partitions=mine, resumed=bool(state))
+        emit(
+            WorkerEvent.STARTED,
+            rank=self.rank,
+            world=self.world,
+            step=g.step,
+            partitions=mine,
+            resumed=bool(state),
+            device=str(self.device),
+            backend=dist.get_backend(),
+        )
         self.newest_trained = {}
         if args.trained_log:
             self.trained_log = open(Path(args.trained_log) / f"rank{self.rank}-{os.getpid()}.bin", "ab")
