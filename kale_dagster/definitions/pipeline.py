@@ -129,6 +129,13 @@ class OnlineTrainingPipeline:
                 "an observed consumer group is never rescaled by Kale: declare the pipeline advisory=True, or a "
                 "launcher that restarts the workload",
             ),
+            lambda: need(
+                len(self.source.topics) == 1 or not self.launcher.runs_kale_trainer,
+                "topics",
+                f"Kale's trainer consumes one topic; this source declares {len(self.source.topics)} "
+                f"({', '.join(self.source.topics)}): give each topic its own pipeline, or size your own workload "
+                "(ScaleTargetConfig, CommandHookConfig)",
+            ),
         )
 
     @property

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.rules import problems_in
+from kale_dagster.stream.security import security_settings
 from kale_dagster.stream.source import (
     KafkaSource,
     Secret,
@@ -25,7 +26,15 @@ from kale_dagster.stream.source import (
 from kale_dagster.stream.telemetry import PreviousOffsets, StreamSnapshot, build_snapshot, read_offsets
 
 #: The resource's fields that a ``KafkaSource`` declares under the same name and rule.
-_SOURCE_FIELDS = ("sasl_mechanism", "ssl_cafile", "samples_per_record", "request_timeout_ms")
+_SOURCE_FIELDS = (
+    "sasl_mechanism",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "sasl_oauth_token_provider",
+    "samples_per_record",
+    "request_timeout_ms",
+)
 
 
 class KafkaStreamResource(ConfigurableResource):
@@ -47,6 +56,8 @@ class KafkaStreamResource(ConfigurableResource):
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    ssl_password: str | None = None
+    sasl_oauth_token_provider: str | None = None
     samples_per_record: int = Field(
         default=1, description="samples packed in each Kafka record (1 = one sample per record)"
     )
@@ -64,6 +75,10 @@ class KafkaStreamResource(ConfigurableResource):
             sasl_plain_username=source.sasl_username,
             sasl_plain_password=EnvVar(source.sasl_password_env) if source.sasl_password_env else None,
             ssl_cafile=source.ssl_cafile,
+            ssl_certfile=source.ssl_certfile,
+            ssl_keyfile=source.ssl_keyfile,
+            ssl_password=EnvVar(source.ssl_password_env) if source.ssl_password_env else None,
+            sasl_oauth_token_provider=source.sasl_oauth_token_provider,
             samples_per_record=source.samples_per_record,
             request_timeout_ms=source.request_timeout_ms,
         )
@@ -88,6 +103,9 @@ class KafkaStreamResource(ConfigurableResource):
                 sasl_mechanism=data.get("sasl_mechanism"),
                 sasl_username=data.get("sasl_plain_username"),
                 has_password=data.get("sasl_plain_password") is not None,
+                ssl_certfile=data.get("ssl_certfile"),
+                ssl_keyfile=data.get("ssl_keyfile"),
+                sasl_oauth_token_provider=data.get("sasl_oauth_token_provider"),
             )
         if found:
             raise KaleConfigError.join(found)
@@ -102,21 +120,25 @@ class KafkaStreamResource(ConfigurableResource):
             client_id=self.client_id,
             sasl_mechanism=self.sasl_mechanism,
             sasl_plain_username=self.sasl_plain_username,
-            sasl_plain_password=self._password(),
-            ssl_cafile=self.ssl_cafile,
-            ssl_certfile=self.ssl_certfile,
-            ssl_keyfile=self.ssl_keyfile,
+            sasl_plain_password=self._secret(self.sasl_plain_password, "sasl_password_env"),
+            **security_settings(
+                ssl_cafile=self.ssl_cafile,
+                ssl_certfile=self.ssl_certfile,
+                ssl_keyfile=self.ssl_keyfile,
+                ssl_password=self._secret(self.ssl_password, "ssl_password_env"),
+                sasl_oauth_token_provider=self.sasl_oauth_token_provider,
+            ),
         )
 
-    def _password(self) -> Secret | None:
-        """The password, resolved the same way inside a Dagster run (where Dagster has resolved the EnvVar to
-        its value) and outside one (the CLI, where the field still holds the EnvVar): never the variable's name."""
-        password = self.sasl_plain_password
-        if password is None:
+    @staticmethod
+    def _secret(value: str | None, field: str) -> Secret | None:
+        """A password, resolved the same way inside a Dagster run (where Dagster has resolved the EnvVar to its
+        value) and outside one (the CLI, where the field still holds the EnvVar): never the variable's name."""
+        if value is None:
             return None
-        if isinstance(password, EnvVar):
-            return read_password(password.env_var_name)
-        return Secret(password)
+        if isinstance(value, EnvVar):
+            return read_password(value.env_var_name, field)
+        return Secret(value)
 
     @contextlib.contextmanager
     def consumer(self, **overrides):

@@ -351,6 +351,11 @@ class LauncherConfig(ABC):
         """Where the workers run, for messages (a URL, a cluster namespace)."""
 
     @property
+    def runs_kale_trainer(self) -> bool:
+        """Whether the workers are Kale's trainer harness (which consumes one topic), not the team's own workload."""
+        return False
+
+    @property
     def rescale_run_tags(self) -> dict[str, str]:
         """Tags of the ``<pipeline>_rescale`` runs beyond Kale's own (on Kubernetes: the service account that
         may resize the workers, for those runs only)."""

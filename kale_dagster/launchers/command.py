@@ -133,9 +133,21 @@ class CommandHookConfig(LauncherConfig):
         return f"the command `{self.rescale_command}`"
 
 
+#: What a shell would read as an operator: here it would be an argument, since no shell runs the command.
+SHELL_OPERATORS = ("|", "||", "&", "&&", ";", ">", ">>", "<", "2>", "2>&1", "$(", "`")
+
+
 def _split_problem(command: str, name: str) -> KaleConfigError | None:
     try:
-        _argv(command, name)
+        argv = _argv(command, name)
     except KaleConfigError as exc:
         return exc
+    for arg in argv:
+        operator = next((op for op in SHELL_OPERATORS if arg == op or (op in ("$(", "`") and arg.startswith(op))), None)
+        if operator is not None:
+            return KaleConfigError(
+                name,
+                f"{operator!r} is a shell operator, but no shell runs the command (it would be an argument): put "
+                "the pipeline in a script and name the script",
+            )
     return None

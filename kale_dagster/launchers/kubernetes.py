@@ -160,6 +160,10 @@ class KubernetesLauncherConfig(LauncherConfig):
     def rescale_run_tags(self) -> dict[str, str]:
         return service_account_tags(self.rescale_service_account)
 
+    @property
+    def runs_kale_trainer(self) -> bool:
+        return True
+
     def describe(self) -> str:
         return f"Kubernetes namespace {self.namespace!r} (image {self.image})"
 

@@ -85,10 +85,17 @@ class ScaleTargetConfig(LauncherConfig):
     rescale_service_account: str | None = rescale_service_account_setting()
 
     def __post_init__(self):
+        apps = self.api_version == "apps/v1"
         check(
             self,
             lambda: need(
-                bool(self.plural) or (self.api_version == "apps/v1" and self.workload_kind in APPS_PLURALS),
+                not apps or self.workload_kind in APPS_PLURALS,
+                "workload_kind",
+                f"{self.workload_kind!r} is no kind of apps/v1: {', '.join(APPS_PLURALS)} (a custom resource needs "
+                "its api_version and plural too)",
+            ),
+            lambda: need(
+                bool(self.plural) or apps,
                 "plural",
                 f"a {self.workload_kind} of {self.api_version} needs its plural resource name (pytorchjobs, ...)",
             ),

@@ -421,5 +421,9 @@ class LocalLauncherConfig(LauncherConfig):
             self.trainer_url, token_file=Path(self.token_file) if self.token_file else None, trainer=trainer
         )
 
+    @property
+    def runs_kale_trainer(self) -> bool:
+        return True
+
     def describe(self) -> str:
         return f"the local trainer service at {self.trainer_url}"

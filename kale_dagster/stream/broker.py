@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.processes import stop_process_group
@@ -117,15 +118,14 @@ class EmbeddedBroker:
             return ""
 
 
-def _command(binary: Path, port: int) -> list[str]:
-    url = f"tcp://127.0.0.1:{port}"
+def _command(binary: Path, port: int, advertised_port: int) -> list[str]:
     return [
         str(binary),
         "broker",
         "--listener-url",
-        url,
+        f"tcp://127.0.0.1:{port}",
         "--advertised-listener-url",
-        url,
+        f"tcp://127.0.0.1:{advertised_port}",
         "--storage-engine",
         "memory://tansu/",
     ]
@@ -141,19 +141,17 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def wait_until_ready(bootstrap_servers: str, timeout: float) -> None:
-    """Block until a Metadata request to the broker succeeds."""
+def wait_until_ready(bootstrap_servers: str, timeout: float, client_config: dict[str, Any] | None = None) -> None:
+    """Block until a Metadata request to the broker succeeds (through ``client_config``'s security settings)."""
     from kafka import KafkaAdminClient
 
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
+    settings: dict[str, Any] = {"request_timeout_ms": 2000, "client_id": "kale-broker-probe"}
+    settings.update(client_config or {})
     while time.monotonic() < deadline:
         try:
-            admin = KafkaAdminClient(
-                bootstrap_servers=bootstrap_servers,
-                request_timeout_ms=2000,
-                client_id="kale-broker-probe",
-            )
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, **settings)
             try:
                 admin.list_topics()
                 return
@@ -167,8 +165,17 @@ def wait_until_ready(bootstrap_servers: str, timeout: float) -> None:
     )
 
 
-def start_broker(port: int | None = None, ready_timeout: float = 15.0, log_dir: Path | None = None) -> EmbeddedBroker:
-    """Start Tansu on ``127.0.0.1:port`` (a free port if None) and wait until it serves metadata."""
+def start_broker(
+    port: int | None = None,
+    ready_timeout: float = 15.0,
+    log_dir: Path | None = None,
+    advertised_port: int | None = None,
+    client_config: dict[str, Any] | None = None,
+) -> EmbeddedBroker:
+    """Start Tansu on ``127.0.0.1:port`` (a free port if None) and wait until it serves metadata.
+
+    Behind a TLS terminator, ``advertised_port`` is the terminator's (what clients are told to connect to), and
+    ``client_config`` the security settings the readiness probe connects through."""
     binary = find_tansu_binary()
     if port is not None and not (0 < port < 65536):
         raise KaleConfigError("port", f"must be between 1 and 65535, got {port}")
@@ -184,7 +191,7 @@ def start_broker(port: int | None = None, ready_timeout: float = 15.0, log_dir: 
     log = open(log_path, "wb")
     try:
         process = subprocess.Popen(
-            _command(binary, port),
+            _command(binary, port, advertised_port or port),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -207,7 +214,8 @@ def start_broker(port: int | None = None, ready_timeout: float = 15.0, log_dir: 
                 f"tansu exited with code {process.returncode} during start-up "
                 f"(is port {port} already in use?); its log:\n{broker.log_tail()}"
             )
-        wait_until_ready(broker.bootstrap_servers, max(1.0, deadline - time.monotonic()))
+        probe = f"127.0.0.1:{advertised_port}" if advertised_port else broker.bootstrap_servers
+        wait_until_ready(probe, max(1.0, deadline - time.monotonic()), client_config)
     except BaseException:
         broker.stop()
         raise

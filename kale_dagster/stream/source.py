@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.rules import check, setting
+from kale_dagster.stream.security import PROVIDER_PATH, security_settings
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
@@ -33,6 +34,10 @@ WORKER_ENV = {
     "KAFKA_SASL_USERNAME": "sasl_plain_username",
     "KAFKA_SASL_PASSWORD": "sasl_plain_password",
     "KAFKA_SSL_CAFILE": "ssl_cafile",
+    "KAFKA_SSL_CERTFILE": "ssl_certfile",
+    "KAFKA_SSL_KEYFILE": "ssl_keyfile",
+    "KAFKA_SSL_PASSWORD": "ssl_password",
+    "KAFKA_SASL_OAUTH_TOKEN_PROVIDER": "sasl_oauth_token_provider",
 }
 
 
@@ -44,11 +49,12 @@ class Secret(str):
         return "'[redacted]'"
 
 
-def read_password(variable: str) -> Secret:
-    """The password in environment variable ``variable``: the one way it is read, inside a Dagster run or not."""
+def read_password(variable: str, field: str = "sasl_password_env") -> Secret:
+    """The secret in environment variable ``variable`` (named by ``field``): the one way one is read, inside a
+    Dagster run or not."""
     value = os.environ.get(variable)
     if value is None:
-        raise KaleConfigError("sasl_password_env", f"environment variable {variable} is not set")
+        raise KaleConfigError(field, f"environment variable {variable} is not set")
     return Secret(value)
 
 
@@ -61,8 +67,12 @@ def connection_problems(
     sasl_mechanism: str | None,
     sasl_username: str | None,
     has_password: bool,
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
+    sasl_oauth_token_provider: str | None = None,
 ) -> list[KaleConfigError]:
-    """What no single field's rule can say about a connection: the server list's shape, and what SASL needs.
+    """What no single field's rule can say about a connection: the server list's shape, what SASL needs, and
+    what a client certificate needs.
 
     Shared by ``KafkaSource`` and ``KafkaStreamResource`` (whose password is a value, not a variable's name)."""
     found = []
@@ -100,6 +110,40 @@ def connection_problems(
                     f"SASL {sasl_mechanism} needs a username and a password (from an environment variable)",
                 )
             )
+    found += _credential_problems(
+        security_protocol, sasl_mechanism, ssl_certfile, ssl_keyfile, sasl_oauth_token_provider
+    )
+    return found
+
+
+def _credential_problems(
+    security_protocol: str,
+    sasl_mechanism: str | None,
+    ssl_certfile: str | None,
+    ssl_keyfile: str | None,
+    sasl_oauth_token_provider: str | None,
+) -> list[KaleConfigError]:
+    """What an OAUTHBEARER token provider and a client certificate need."""
+    found = []
+    oauth = security_protocol.startswith("SASL") and sasl_mechanism == "OAUTHBEARER"
+    if oauth and not sasl_oauth_token_provider:
+        found.append(
+            KaleConfigError(
+                "sasl_oauth_token_provider",
+                "SASL OAUTHBEARER needs a token provider: the import path of a kafka-python AbstractTokenProvider, "
+                "e.g. 'mypkg.auth:MSKTokenProvider'",
+            )
+        )
+    elif sasl_oauth_token_provider and not oauth:
+        found.append(KaleConfigError("sasl_oauth_token_provider", "applies only with sasl_mechanism OAUTHBEARER"))
+    if ssl_certfile and not ssl_keyfile:
+        found.append(KaleConfigError("ssl_certfile", "a client certificate needs its private key: set ssl_keyfile"))
+    elif ssl_keyfile and not ssl_certfile:
+        found.append(KaleConfigError("ssl_keyfile", "a private key needs its client certificate: set ssl_certfile"))
+    elif ssl_certfile and not security_protocol.endswith("SSL"):
+        found.append(
+            KaleConfigError("ssl_certfile", f"a client certificate needs SSL or SASL_SSL, not {security_protocol}")
+        )
     return found
 
 
@@ -152,6 +196,21 @@ class KafkaSource:
         description="the NAME of the environment variable that holds the SASL password (never the password itself)",
     )
     ssl_cafile: str | None = setting(None, description="CA bundle for SSL protocols")
+    ssl_certfile: str | None = setting(None, description="the client certificate (PEM), for mutual TLS")
+    ssl_keyfile: str | None = setting(None, description="the client certificate's private key (PEM)")
+    ssl_password_env: str | None = setting(
+        None,
+        pattern=r"[A-Za-z_][A-Za-z0-9_]*",
+        hint="is not an environment variable's name; name the variable that holds the passphrase",
+        echo=False,
+        description="the NAME of the environment variable that holds the private key's passphrase, if it has one",
+    )
+    sasl_oauth_token_provider: str | None = setting(
+        None,
+        pattern=PROVIDER_PATH,
+        hint="must be module:attribute, e.g. mypkg.auth:MSKTokenProvider",
+        description="for OAUTHBEARER: the import path of a kafka-python token provider (MSK IAM, Confluent OAuth)",
+    )
     samples_per_record: int = setting(1, ge=1, description="samples packed in each Kafka record")
     request_timeout_ms: int = setting(10_000, ge=100, unit="ms", description="a broker request's timeout")
 
@@ -170,6 +229,9 @@ class KafkaSource:
                 sasl_mechanism=self.sasl_mechanism,
                 sasl_username=self.sasl_username,
                 has_password=bool(self.sasl_password_env),
+                ssl_certfile=self.ssl_certfile,
+                ssl_keyfile=self.ssl_keyfile,
+                sasl_oauth_token_provider=self.sasl_oauth_token_provider,
             ),
         )
 
@@ -185,7 +247,8 @@ class KafkaSource:
         return self.topics[0]
 
     def client_config(self) -> dict:
-        """kafka-python settings for a client of this source's brokers, the password read from its variable."""
+        """kafka-python settings for a client of this source's brokers, the secrets read from their variables."""
+        key_password = read_password(self.ssl_password_env, "ssl_password_env") if self.ssl_password_env else None
         return client_settings(
             self.bootstrap_servers,
             self.security_protocol,
@@ -193,7 +256,13 @@ class KafkaSource:
             sasl_mechanism=self.sasl_mechanism,
             sasl_plain_username=self.sasl_username,
             sasl_plain_password=read_password(self.sasl_password_env) if self.sasl_password_env else None,
-            ssl_cafile=self.ssl_cafile,
+            **security_settings(
+                ssl_cafile=self.ssl_cafile,
+                ssl_certfile=self.ssl_certfile,
+                ssl_keyfile=self.ssl_keyfile,
+                ssl_password=key_password,
+                sasl_oauth_token_provider=self.sasl_oauth_token_provider,
+            ),
         )
 
     def worker_env(self, include_password: bool) -> dict[str, str]:
@@ -208,9 +277,14 @@ class KafkaSource:
             ("KAFKA_SASL_MECHANISM", self.sasl_mechanism),
             ("KAFKA_SASL_USERNAME", self.sasl_username),
             ("KAFKA_SSL_CAFILE", self.ssl_cafile),
+            ("KAFKA_SSL_CERTFILE", self.ssl_certfile),
+            ("KAFKA_SSL_KEYFILE", self.ssl_keyfile),
+            ("KAFKA_SASL_OAUTH_TOKEN_PROVIDER", self.sasl_oauth_token_provider),
         ):
             if value:
                 env[name] = value
         if include_password and self.sasl_password_env:
             env["KAFKA_SASL_PASSWORD"] = read_password(self.sasl_password_env)
+        if include_password and self.ssl_password_env:
+            env["KAFKA_SSL_PASSWORD"] = read_password(self.ssl_password_env, "ssl_password_env")
         return env

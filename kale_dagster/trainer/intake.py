@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kale_dagster.stream.record_time import usable_ms
+from kale_dagster.stream.security import security_settings
 from kale_dagster.stream.source import WORKER_ENV, Secret
 from kale_dagster.trainer.api import Record, TrainerFailure
 from kale_dagster.trainer.balance import assign_by_rate, round_robin
@@ -36,9 +37,12 @@ def kafka_config(servers: str) -> dict:
     for env, key in WORKER_ENV.items():
         if os.environ.get(env):
             config[key] = os.environ[env]
-    if "sasl_plain_password" in config:  # kafka-python logs its configuration at DEBUG
-        config["sasl_plain_password"] = Secret(os.environ["KAFKA_SASL_PASSWORD"])
-    return config
+    for secret in ("sasl_plain_password", "ssl_password"):  # kafka-python logs its configuration at DEBUG
+        if secret in config:
+            config[secret] = Secret(str(config[secret]))
+    tls = {k: config.pop(k, None) for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password")}
+    provider = config.pop("sasl_oauth_token_provider", None)
+    return {**config, **security_settings(**tls, sasl_oauth_token_provider=provider)}  # type: ignore[arg-type]
 
 
 def _unblock_resumed_partitions(consumer) -> None:
