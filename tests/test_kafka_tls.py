@@ -62,9 +62,11 @@ def _issue(directory: Path, name: str, issuer: tuple | None, server: bool = Fals
     return key, cert
 
 
-@pytest.fixture
-def tls_broker(tmp_path):
-    """The embedded broker behind stunnel, which accepts only clients whose certificate the test's CA signed."""
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory):
+    """The embedded broker behind stunnel, which accepts only clients whose certificate the test's CA signed; one
+    for the module (the tests read, none changes what another reads)."""
+    tmp_path = tmp_path_factory.mktemp("tls")
     stunnel = shutil.which("stunnel4") or shutil.which("stunnel")
     if stunnel is None:
         pytest.skip("stunnel is not installed (apt-get install stunnel4; .ci/install does)")
@@ -132,10 +134,12 @@ def test_telemetry_the_backfills_consumer_and_a_worker_connect_with_a_client_cer
     # A worker: its settings come from the environment the launcher gives it, never its command line.
     for name, value in source.worker_env(include_password=True).items():
         monkeypatch.setenv(name, value)
-    worker = KafkaConsumer("tls", **kafka_config(source.bootstrap_servers), group_id=None, auto_offset_reset="earliest",
-                           consumer_timeout_ms=10_000)  # fmt: skip
+    worker = KafkaConsumer("tls", **kafka_config(source.bootstrap_servers), group_id=None, auto_offset_reset="earliest")
+    values, deadline = [], time.monotonic() + 30
     try:
-        values = [m.value for m in worker]
+        while len(values) < 20 and time.monotonic() < deadline:
+            for batch in worker.poll(timeout_ms=500).values():
+                values += [m.value for m in batch]
     finally:
         worker.close()
     assert sorted(values) == sorted(f"sample {i}".encode() for i in range(20))
@@ -186,7 +190,8 @@ def test_a_wrong_certificate_or_key_is_one_line_naming_the_file_and_no_secret(tm
     monkeypatch.setenv("KEY_PASS", "not the passphrase")
     with pytest.raises(KaleConfigError) as err:
         source().client_config()
-    assert "client.pem" in str(err.value) and "not the passphrase" not in str(err.value)
+    message = str(err.value)
+    assert "client.pem" in message and "its passphrase is wrong" in message and "not the passphrase" not in message
 
 
 class StaticTokenProvider:

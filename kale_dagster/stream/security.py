@@ -84,4 +84,8 @@ def security_settings(
 
 
 def _why(exc: ssl.SSLError) -> str:
-    return str(exc.reason or exc.strerror or exc).replace("_", " ").lower()
+    """OpenSSL's reason in words: PEM_LIB (what a wrong passphrase gives too) says nothing to a reader."""
+    reason = str(exc.reason or exc.strerror or exc)
+    if "PEM_LIB" in reason or "PEM lib" in reason:
+        return "not PEM, or its passphrase is wrong"
+    return reason.replace("_", " ").lower()
