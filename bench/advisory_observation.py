@@ -65,16 +65,19 @@ def produce(servers: str, rate: float, stop: threading.Event, produced: Counted)
     producer.close()
 
 
-def consume(servers: str, per_s: float, stop: threading.Event, trained: Counted) -> None:
-    """One member of their group: a pace of ``per_s`` records/s, offsets committed after each batch."""
+def consume(
+    servers: str, per_s: float, stop: threading.Event, trained: Counted, session_timeout_ms: int = 6000
+) -> None:
+    """One member of their group: a pace of ``per_s`` records/s, offsets committed after each batch.  The embedded
+    broker's JoinGroup waits half of ``session_timeout_ms``: a member joins that long after it starts."""
     consumer = KafkaConsumer(
         TOPIC,
         bootstrap_servers=servers,
         group_id=GROUP,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=1000,
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=min(1000, session_timeout_ms // 3),
         max_poll_records=max(int(per_s / 10), 1),
     )
     try:

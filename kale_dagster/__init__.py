@@ -53,6 +53,9 @@ _EXPORTS = {
     "KafkaSource": "kale_dagster.stream.source",
     "LocalLauncherConfig": "kale_dagster.launchers",
     "KubernetesLauncherConfig": "kale_dagster.launchers",
+    "ScaleTargetConfig": "kale_dagster.launchers",
+    "CommandHookConfig": "kale_dagster.launchers",
+    "ObservedGroupConfig": "kale_dagster.launchers",
     "OnlineTrainer": "kale_dagster.trainer.api",
     "TrainerContext": "kale_dagster.trainer.api",
     "Record": "kale_dagster.trainer.api",
@@ -91,6 +94,9 @@ __all__ = [
     "KafkaSource",
     "LocalLauncherConfig",
     "KubernetesLauncherConfig",
+    "ScaleTargetConfig",
+    "CommandHookConfig",
+    "ObservedGroupConfig",
     "OnlineTrainer",
     "TrainerContext",
     "Record",
@@ -118,7 +124,13 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from kale_dagster.definitions.component import OnlineTrainingPipelineComponent
     from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
     from kale_dagster.forecast.base import Forecast, Forecaster
-    from kale_dagster.launchers import KubernetesLauncherConfig, LocalLauncherConfig
+    from kale_dagster.launchers import (
+        CommandHookConfig,
+        KubernetesLauncherConfig,
+        LocalLauncherConfig,
+        ObservedGroupConfig,
+        ScaleTargetConfig,
+    )
     from kale_dagster.model.limits import Limits
     from kale_dagster.model.stabilizer import stabilize
     from kale_dagster.model.throughput import ThroughputModel

@@ -240,6 +240,7 @@ class MetricsTick:
                 workers=outcome.running_workers if outcome else None,
                 model_metric=quality,
                 decided=(outcome.step.decision.workers, outcome.step.decision.reason) if outcome else None,
+                restarting=outcome.step.observation.restarting if outcome and outcome.step.observation else None,
             )
         except DatabaseError as exc:
             raise _unanswered(exc) from None

@@ -87,6 +87,7 @@ def controlled(kafka_broker, tmp_path, request):
         clock=PipelineClock(30.0, wall_start=time.time()),
         record_every_minutes=0,  # every decision an event: the tests read each one
         launcher=LocalLauncherConfig(service.url),
+        advisory=False,
         history_url=f"sqlite:///{tmp_path / 'm.db'}",
     )
     p = replace(p, **getattr(request, "param", {}))
@@ -150,6 +151,20 @@ def fault_record(request):
         rows.append({column: row.get(column) for column in FAULT_COLUMNS})
 
     return record
+
+
+def pytest_sessionfinish(session):
+    """In a test process of pytest-xdist: hand its fault rows to the controller, which prints the table."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fault_rows"] = json.dumps(session.config.stash.get(FAULT_ROWS, []))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: a test process finished; keep its fault rows."""
+    rows = json.loads(getattr(node, "workeroutput", {}).get("fault_rows", "[]"))
+    node.config.stash.setdefault(FAULT_ROWS, []).extend(rows)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

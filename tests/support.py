@@ -102,6 +102,7 @@ def local_trainer_pipeline(tmp_path: Path, trainer_url: str):
         source=KafkaSource("127.0.0.1:9092", ("samples",), "g"),
         history_url=f"sqlite:///{tmp_path / 'm.db'}",
         launcher=LocalLauncherConfig(trainer_url),
+        advisory=False,
     )
 
 

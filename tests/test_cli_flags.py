@@ -56,7 +56,7 @@ def test_every_flag_says_what_it_does_and_kale_help_lists_commands_in_order():
     ]
     assert not undocumented, undocumented
     listed = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    assert list(listed)[:3] == ["demo", "status", "trainer"]  # what a user needs first, first
+    assert list(listed)[:4] == ["demo", "status", "report", "trainer"]  # what a user needs first, first
 
 
 def test_every_numeric_flag_is_bounded_and_there_are_many():

@@ -117,7 +117,7 @@ def test_the_rescale_job_keeps_the_commands_output_on_the_run(hook):
     from kale_dagster import KafkaSource, OnlineTrainingPipeline, build_definitions
 
     p = OnlineTrainingPipeline(
-        name="theirs", source=KafkaSource("127.0.0.1:9092", ("samples",), "g"), launcher=hook.config
+        name="theirs", source=KafkaSource("127.0.0.1:9092", ("samples",), "g"), launcher=hook.config, advisory=False
     )
     defs = build_definitions(p)
     key = AssetKey(["theirs", "gpu_allocation"])

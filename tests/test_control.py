@@ -634,7 +634,10 @@ def test_kale_status_reads_where_each_pipeline_stands_from_the_instance_alone(co
     print(f"kale status answered in {took:.2f} s")
 
     # The same state as Prometheus metrics: the collector, then the endpoint an operator scrapes.
+    import platform
+
     from dagster import DagsterInstance
+    from dagster import __version__ as dagster_version
     from prometheus_client import CollectorRegistry, generate_latest
 
     from kale_dagster.definitions.prometheus import PipelineCollector
@@ -642,17 +645,26 @@ def test_kale_status_reads_where_each_pipeline_stands_from_the_instance_alone(co
     registry = CollectorRegistry()
     registry.register(PipelineCollector(lambda: DagsterInstance.from_config(home)))
     text = generate_latest(registry).decode()
+    # Fresh at every reading: the latest tick's figures, from the cursor the daemon stores at every tick.
+    latest = json.loads(cursor)["control"]["latest"]
+    assert status.read_at == latest["at"] and status.time_lag_s == latest["time_lag_s"]
+    assert 0 <= time.time() - latest["at"] < 30
     for line in (
-        'kale_workers{kind="running",pipeline="ctl"} 2.0',
-        'kale_max_workers{pipeline="ctl"} 8.0',
-        'kale_slo_seconds{pipeline="ctl"} 1200.0',
-        'kale_model_metric{metric="auc",pipeline="ctl"} 0.7',
+        'kale_workers_running{pipeline="ctl"} 2.0',
+        'kale_workers_max{pipeline="ctl"} 8.0',
+        'kale_slo_time_lag_seconds{pipeline="ctl"} 1200.0',
+        'kale_model_auc{pipeline="ctl"} 0.7',
+        f'kale_build_info{{dagster="{dagster_version}",python="{platform.python_version()}",version="0.1.0"}} 1.0',
         'kale_sensor_running{pipeline="ctl"} 0.0',
         'kale_restart_seconds{pipeline="ctl"}',
         *(f'kale_decisions_total{{outcome="{o}",pipeline="ctl"}} {float(n)}' for o, n in status.decisions.items()),
         'kale_rescales_requested_total{outcome="scale_down",pipeline="ctl"}',
     ):
         assert line in text, text
+    (read_at,) = [
+        float(x.split()[-1]) for x in text.splitlines() if x.startswith("kale_last_reading_timestamp_seconds{")
+    ]
+    assert read_at == pytest.approx(latest["at"])
     server = subprocess.Popen(
         [sys.executable, "-m", "kale_dagster.cli", "metrics", "serve", "--port", "0"],
         stdout=subprocess.PIPE,
@@ -665,7 +677,7 @@ def test_kale_status_reads_where_each_pipeline_stands_from_the_instance_alone(co
         import urllib.request
 
         with urllib.request.urlopen(url, timeout=30) as answer:
-            assert 'kale_workers{kind="running",pipeline="ctl"} 2.0' in answer.read().decode()
+            assert 'kale_workers_running{pipeline="ctl"} 2.0' in answer.read().decode()
     finally:
         server.terminate()
         server.wait(10)

@@ -33,7 +33,7 @@ ARTIFACTS = ROOT / "artifacts" / "ui"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 LOCATION = "kale_dagster.demo.definitions"
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("demo")]
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from kale_dagster.stream.broker import free_loopback_port, start_broker
 from kale_dagster.trainer.intake import kafka_config
 
 PASSPHRASE = "correct horse battery staple"
+pytestmark = pytest.mark.xdist_group("kafka_tls")  # one terminator for the module, in one test process
 
 
 def _name(cn: str) -> x509.Name:

@@ -422,6 +422,7 @@ def test_rescale_job_applies_the_allocation_once(monkeypatch, tmp_path):
         limits=Limits(max_workers=8),
         history_url=f"sqlite:///{tmp_path / 'm.db'}",
         launcher=_config(),
+        advisory=False,
     )
     cluster = FakeCluster()
     launcher = _launcher(cluster)
@@ -468,6 +469,7 @@ def test_only_the_rescale_runs_get_the_rescale_service_account():
         name="ctr",
         source=KafkaSource("127.0.0.1:9092", ("clicks",), "ctr"),
         launcher=_config(rescale_service_account="kale-rescaler"),
+        advisory=False,
     )
     jobs = {j.name: j for j in build_definitions(p).get_repository_def().get_all_jobs()}
     accounts = {

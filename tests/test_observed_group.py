@@ -84,7 +84,8 @@ def test_the_pipelines_launcher_measures_rebalances_across_ticks_and_shares_them
 
 def test_an_observed_group_is_only_advised_on():
     with pytest.raises(KaleConfigError, match="advisory: an observed consumer group is never rescaled"):
-        OnlineTrainingPipeline(name="theirs", source=SOURCE, launcher=ObservedGroupConfig())
+        OnlineTrainingPipeline(name="theirs", source=SOURCE, launcher=ObservedGroupConfig(), advisory=False)
+    assert OnlineTrainingPipeline(name="theirs", source=SOURCE, launcher=ObservedGroupConfig()).advisory  # the default
     with pytest.raises(KaleConfigError, match="workers: must be >= 1"):
         ObservedGroupConfig(workers=0)
 

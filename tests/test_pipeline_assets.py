@@ -30,9 +30,9 @@ def _pipeline(name, servers="127.0.0.1:9092", history_url=None, **kw):
 
 
 def test_several_pipelines_without_clashes():
-    defs = build_definitions(_pipeline("a"), _pipeline("b"))
+    defs = build_definitions(_pipeline("a", advisory=False), _pipeline("b"))
     repo = defs.get_repository_def()
-    assert {"a_refit", "b_refit", "a_decide", "b_decide", "a_rescale", "b_backtest"} <= {
+    assert {"a_refit", "b_refit", "a_decide", "b_decide", "a_rescale", "b_backtest", "b_savings"} <= {
         j.name for j in repo.get_all_jobs()
     }
     assert {s.name for s in repo.sensor_defs} == {
@@ -41,7 +41,9 @@ def test_several_pipelines_without_clashes():
         "a_run_failure",
         "b_run_failure",
     }
-    assert {s.name for s in repo.schedule_defs} == {"a_backtest_schedule", "b_backtest_schedule"}
+    assert {s.name for s in repo.schedule_defs} == {
+        f"{name}_{job}_schedule" for name in ("a", "b") for job in ("backtest", "savings")
+    }
     keys = {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()}
     assert {"a/gpu_allocation", "b/traffic_forecast", "b/stream_metrics"} <= keys
     with pytest.raises(KaleConfigError, match="unique"):

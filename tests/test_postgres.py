@@ -125,6 +125,7 @@ pipeline = OnlineTrainingPipeline(
     policy_options={"behavior": {"scaleDown": {"stabilizationWindowSeconds": 3600}}},
     clock=PipelineClock(30.0, wall_start=float(os.environ["KALE_TEST_WALL_START"])),
     launcher=LocalLauncherConfig(os.environ["KALE_TEST_TRAINER_URL"]),
+    advisory=False,
     history_url=os.environ["KALE_TEST_HISTORY_URL"],
     record_every_minutes=0,  # every decision an event: recovery is timed to the first decision after a fault
 )

@@ -192,6 +192,7 @@ def test_the_rescale_job_sizes_the_workload_through_the_fake_api():
         name="ranker",
         source=KafkaSource("127.0.0.1:9092", ("clicks",), "ranker"),
         launcher=ScaleTargetConfig(workload_kind="Deployment", name="ranker", namespace="ml"),
+        advisory=False,
     )
     defs = build_definitions(p)
     key = AssetKey(["ranker", "gpu_allocation"])

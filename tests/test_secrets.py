@@ -50,6 +50,7 @@ def test_the_kafka_password_is_found_nowhere(kafka_broker, tmp_path, monkeypatch
         limits=Limits(max_workers=8),
         throughput_prior=ThroughputModel.linear(100.0),
         launcher=LocalLauncherConfig(service.url),
+        advisory=False,
     )
     defs = build_definitions(p)
     repo = defs.get_repository_def()

@@ -350,10 +350,11 @@ def _crash_one(launcher, trained) -> None:
 
 def _repeated_by_a_crash(trained, produced: int, workers: int) -> int:
     """Samples trained twice; a crash repeats at most what its group (``workers`` at 150 samples/s) trained since
-    the last checkpoint: one interval and a step, plus a record's rest per partition.  Planned rescales repeat
-    nothing (the tests above)."""
+    the last checkpoint: one interval (counted from the checkpoint's end), the step under way when the interval
+    ran out (the round that finds a checkpoint due starts after it), the step that round trains before it
+    checkpoints, and a record's rest per partition.  Planned rescales repeat nothing (the tests above)."""
     duplicates = len(trained) - produced
-    bound = workers * 150 * (2.0 + 64 / 150) + 4 * 3
+    bound = workers * (150 * 2.0 + 2 * 64) + 4 * 3
     print(f"produced {produced}, trained {len(trained)}, repeated {duplicates} ({duplicates / produced:.1%}), "
           f"bound {bound:.0f}")  # fmt: skip
     assert 0 <= duplicates <= bound

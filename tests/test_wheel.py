@@ -24,7 +24,7 @@ from kale_dagster.stream.broker import free_loopback_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.xdist_group("wheel")]
 
 
 def run(cmd: list, cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -27,6 +27,10 @@ COMMANDS = {
         "kale_dagster.cli.status",
         "where each pipeline stands: workers, lag against the SLO, forecast, last decision, health",
     ),
+    "report": (
+        "kale_dagster.cli.report",
+        "the savings report: what ran beside what Kale and the tuned baselines would have run (from the history)",
+    ),
     "trainer": ("kale_dagster.cli.trainer", "run a trainer's workers locally (the built-in demo's or yours)"),
     "k8s": ("kale_dagster.cli.k8s", "Kubernetes helpers (render manifests for review and GitOps)"),
     "metrics": ("kale_dagster.cli.metrics", "each pipeline's state as Prometheus metrics"),

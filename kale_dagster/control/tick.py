@@ -32,14 +32,19 @@ def _counts(value: Any) -> bool:
     )
 
 
+#: The latest reading as the cursor keeps it: its wall time, the stream's figures, the workers running and wanted.
+LATEST_FIGURES = ("at", "backlog", "time_lag_s", "arrival_rate", "running_workers", "desired_workers")
+
+
 @dataclass(frozen=True)
 class ControlCursor:
     """What control ticks hand on, as HPA's controller keeps each autoscaler's state across reconciles: the
     one-step predictions made (pipeline time, predicted rate), for the forecast's recent error; the policy's
     memory and the workers last known to run after the latest decision; when a decision was last recorded on
     ``gpu_allocation``, with what it said (a decision that changes nothing is recorded at most every
-    ``record_every_minutes``); and the decisions and requested rescales so far, by ``ControlStep.outcome``, for
-    the Prometheus counters (the event log does not keep every decision)."""
+    ``record_every_minutes``); the decisions and requested rescales so far, by ``ControlStep.outcome``, for
+    the Prometheus counters (the event log does not keep every decision); and the latest reading's figures
+    (``LATEST_FIGURES``, ``at`` its wall time), so ``kale status`` and the gauges are as fresh as the last tick."""
 
     predictions: tuple[tuple[float, float], ...] = ()
     policy_state: dict | None = field(default=None, compare=False)
@@ -48,6 +53,7 @@ class ControlCursor:
     recorded: str = ""
     decisions: dict[str, int] = field(default_factory=dict, compare=False)
     rescales: dict[str, int] = field(default_factory=dict, compare=False)
+    latest: dict[str, float | None] = field(default_factory=dict, compare=False)
 
     def counted(self, step: ControlStep) -> tuple[dict[str, int], dict[str, int]]:
         """The counts with ``step`` added."""
@@ -66,6 +72,7 @@ class ControlCursor:
             "recorded": self.recorded,
             "decisions": dict(self.decisions),
             "rescales": dict(self.rescales),
+            "latest": dict(self.latest),
         }
 
     @classmethod
@@ -77,6 +84,7 @@ class ControlCursor:
         state, running = data.get("policy_state"), data.get("running_workers")
         recorded_at, recorded = data.get("recorded_at"), data.get("recorded", "")
         decisions, rescales = data.get("decisions", {}), data.get("rescales", {})
+        latest = data.get("latest", {})
         pairs_ok = isinstance(predictions, list) and all(
             isinstance(p, (list, tuple)) and len(p) == 2 and all(_finite(v) for v in p) for p in predictions
         )
@@ -87,6 +95,10 @@ class ControlCursor:
             or not (running is None or (isinstance(running, int) and not isinstance(running, bool) and running >= 0))
             or not isinstance(recorded, str)
             or not all(_counts(c) for c in (decisions, rescales))
+            or not (
+                isinstance(latest, dict)
+                and all(k in LATEST_FIGURES and (v is None or _finite(v)) for k, v in latest.items())
+            )
         ):
             return cls()
         return cls(
@@ -97,6 +109,7 @@ class ControlCursor:
             recorded,
             dict(decisions),
             dict(rescales),
+            dict(latest),
         )
 
 

@@ -6,6 +6,7 @@ Asset graph per pipeline (keys prefixed by the pipeline name):
         -> traffic_forecast -> gpu_allocation
     throughput_model ------------^
     throughput_model -> policy_backtest
+    stream_metrics -> savings (``definitions.savings``)
 
 ``gpu_allocation`` is the decision: workers now, the stabilized plan, the
 policy that acted and why.  The metrics sensor materializes it at every
@@ -36,6 +37,7 @@ from kale_dagster.control.tick import reading_from
 from kale_dagster.definitions.control import PipelineControl
 from kale_dagster.definitions.decision import allocation_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
+from kale_dagster.definitions.savings import savings_asset
 from kale_dagster.forecast import make_forecaster
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import realised_error, smape
@@ -306,4 +308,5 @@ def pipeline_assets(p: OnlineTrainingPipeline, control: PipelineControl) -> list
         throughput_model_asset(p),
         gpu_allocation_asset(p, control),
         policy_backtest_asset(p),
+        savings_asset(p),
     ]

@@ -59,6 +59,7 @@ from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.launchers.base import LauncherStatus
 from kale_dagster.model.throughput import ThroughputModel
+from kale_dagster.model.types import Observation
 
 IN_FLIGHT = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 #: A failed rescale is retried after this many wall seconds, doubled per consecutive failure, at most MAX_RETRY_S.
@@ -232,10 +233,16 @@ class PipelineControl:
 
         F(w) is what the workers deliver while they never wait for data (the paper's profiling); a group that
         waited delivered the arrival rate, not its capacity.  A backlog is no sign of saturation: offsets
-        committed at checkpoints keep one while the workers idle."""
+        committed at checkpoints keep one while the workers idle.  Workers that report nothing (a group Kale
+        observes, a scale target's, a command hook's) show their capacity only while they fall behind."""
         status = decision.status
-        if status is not None and not status.rescaling and status.samples_per_s and status.saturated:
-            rate = self.p.clock.rate(status.samples_per_s)
+        if status is None or status.rescaling:
+            return
+        if self.p.launcher.runs_kale_trainer:  # its workers report what they trained, and whether they waited
+            rate = self.p.clock.rate(status.samples_per_s) if status.samples_per_s and status.saturated else None
+        else:
+            rate = falling_behind_rate(decision.step.observation)
+        if rate:
             self.history.append_throughput(self.p.name, decision.time, status.workers, rate, emulated=status.emulated)
 
     def tick(self, instance, reading: StreamReading, cursor: ControlCursor) -> TickOutcome:
@@ -275,6 +282,14 @@ class PipelineControl:
             ]
             recorded_at, recorded = reading.time, said
         quality = decision.status.model_metric if decision.status is not None else None
+        latest = {
+            "at": time.time(),
+            "backlog": reading.backlog,
+            "time_lag_s": reading.time_lag_s,
+            "arrival_rate": reading.arrival_rate,
+            "running_workers": decision.running_workers,
+            "desired_workers": step.decision.workers,
+        }
         kept = ControlCursor(
             predictions,
             step.policy_state,
@@ -282,6 +297,7 @@ class PipelineControl:
             recorded_at,
             recorded,
             *cursor.counted(step),
+            latest=latest,
         )
         return TickOutcome(step, decision.running_workers, kept, events, requests, quality)
 
@@ -394,3 +410,16 @@ class PipelineControl:
             title=f"{self.p.name}: {step.decision.workers} workers ({step.decision.policy})",
         )
         return plot_metadata(png)
+
+
+#: How far below the arrivals a group's consumption must stay over the rate window to show its capacity.
+FALLING_BEHIND = 0.95
+
+
+def falling_behind_rate(obs: Observation | None) -> float | None:
+    """A group that consumed measurably less than arrived over the rate window, with a backlog, consumed all it
+    could: that consumption is its throughput at its size.  Anything else (keeping up, draining a backlog that
+    may have run dry inside the window) tells only a lower bound, and is not recorded."""
+    if obs is None or obs.restarting or obs.backlog <= 0 or obs.arrival_rate <= 0:
+        return None
+    return obs.consumption_rate if 0 < obs.consumption_rate < FALLING_BEHIND * obs.arrival_rate else None

@@ -4,6 +4,7 @@
   metrics sensor requests it at the pipeline's refit cadence);
 * ``<name>_decide``: decide once more from the latest metrics, by hand;
 * ``<name>_backtest``: replay recorded traffic through every policy (daily);
+* ``<name>_savings``: the savings report: what ran beside what Kale would have run (daily);
 * ``<name>_backfill``: rebuild the arrival history from the records Kafka
   retains, so the forecaster starts warm (``definitions.backfill``);
 * ``<name>_rescale``: apply a decision through the pipeline's launcher: the
@@ -42,7 +43,7 @@ if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export the 
 
 
 def asset_jobs(p: OnlineTrainingPipeline) -> "dict[str, JobDefinition | UnresolvedAssetJobDefinition]":
-    """refit, decide and backtest, keyed by role."""
+    """refit, decide, backtest and savings, keyed by role."""
     forecast, model, allocation = (
         AssetKey(p.key(a)) for a in ("traffic_forecast", "throughput_model", "gpu_allocation")
     )
@@ -68,6 +69,13 @@ def asset_jobs(p: OnlineTrainingPipeline) -> "dict[str, JobDefinition | Unresolv
             tags=tags,
             description="Replay recorded traffic through every policy.",
         ),
+        "savings": define_asset_job(
+            f"{p.name}_savings",
+            selection=[AssetKey(p.key("savings"))],
+            tags=tags,
+            executor_def=in_process_executor,
+            description="What ran beside what Kale and the tuned baselines would have run.",
+        ),
     }
 
 
@@ -81,7 +89,13 @@ def schedules(
             cron_schedule=p.backtest_cron,
             job=jobs["backtest"],
             default_status=status,
-        )
+        ),
+        ScheduleDefinition(
+            name=f"{p.name}_savings_schedule",
+            cron_schedule=p.report_cron,
+            job=jobs["savings"],
+            default_status=status,
+        ),
     ]
 
 

@@ -65,9 +65,9 @@ class OnlineTrainingPipeline:
     ``policy_options`` are keyword options of the policy's build (e.g. an
     HPA's ``target_utilization`` and ``behavior``).
 
-    ``advisory=True`` records every decision (asset, reasons, plots) but
-    never rescales, like AWS predictive scaling's forecast-only mode: the
-    way to try Kale on a production stream before trusting it.
+    A pipeline is advisory unless declared otherwise (``advisory=False``), as AWS predictive scaling starts
+    forecast-only: it records every decision (asset, reasons, plots, the daily savings report) but never
+    rescales, the way to try Kale on a production stream before trusting it with the workers.
     ``autostart=False`` leaves the pipeline's sensors and schedule stopped
     until an operator starts them in the UI.
     """
@@ -85,6 +85,13 @@ class OnlineTrainingPipeline:
     # of run events a day.
     forecast_refit_minutes: float = setting(360.0, gt=0, unit="min", description="how often it is refitted")
     backtest_cron: str = setting("0 3 * * *", description="when the policy backtest runs (cron)")
+    report_cron: str = setting("0 6 * * *", description="when the savings report is made (cron)")
+    report_days: float = setting(7.0, gt=0, le=35, unit="days", description="the span the savings report covers")
+    report_baselines: tuple[str, ...] = setting(
+        ("hpa", "keda"),
+        description="the autoscalers the savings report compares, each at its best tuned setting (registered "
+        "policies, not Kale's)",
+    )
     metrics_interval_seconds: float = setting(
         60.0, ge=5, unit="s", description="how often the stream is read and a decision made"
     )
@@ -105,7 +112,9 @@ class OnlineTrainingPipeline:
         description="what the controller assumes before it has measured the trainer",
     )
     global_batch: float | None = setting(None, gt=0, description="the global batch size, for the synchronous model")
-    advisory: bool = setting(False, description="record every decision, never rescale")
+    advisory: bool = setting(
+        True, description="record every decision, never rescale (the default); false: Kale rescales the workers"
+    )
     history_url: str | None = setting(
         None, description="SQLAlchemy URL of the metrics history; default SQLite under DAGSTER_HOME"
     )
@@ -129,6 +138,7 @@ class OnlineTrainingPipeline:
                 "an observed consumer group is never rescaled by Kale: declare the pipeline advisory=True, or a "
                 "launcher that restarts the workload",
             ),
+            self._report_baselines_are_baselines,
             lambda: need(
                 len(self.source.topics) == 1 or not self.launcher.runs_kale_trainer,
                 "topics",
@@ -149,6 +159,13 @@ class OnlineTrainingPipeline:
         between them is its own."""
         return self.launcher.build(
             self.name, self.source, self.trainer_spec, workers_per_pod=self.limits.workers_per_pod
+        )
+
+    def _report_baselines_are_baselines(self) -> KaleConfigError | None:
+        baselines = [name for name in POLICIES.compared() if name != "kale"]
+        unknown = [name for name in self.report_baselines if name not in baselines]
+        return need(
+            not unknown, "report_baselines", f"unknown {', '.join(unknown)}; choose from {', '.join(baselines)}"
         )
 
     def _policy_takes_its_options(self) -> KaleConfigError | None:

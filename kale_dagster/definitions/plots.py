@@ -100,6 +100,26 @@ def plot_allocation(stream: pd.DataFrame, plan_times, plan_workers, slo_minutes:
     return _save(fig, path)
 
 
+def plot_savings(ran: pd.DataFrame, kale: pd.DataFrame, slo_minutes: float, path, title: str) -> Path:
+    """The savings report's span: the recorded arrivals (top), the workers that ran and Kale's simulated ones
+    (middle), the lag of each against the SLO (bottom)."""
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(11, 7), sharex=True)
+    scored = kale[kale["scored"].astype(bool)]
+    top.plot(ran["timestamp"], ran["arrival_rate"], color="black", lw=0.8)
+    top.set_ylabel("arrivals/s")
+    middle.step(ran["timestamp"], ran["workers"], where="post", color="black", lw=1.2, label="ran")
+    middle.step(scored["time"], scored["workers"], where="post", color="tab:blue", lw=1, label="Kale (simulated)")
+    middle.set_ylabel("workers")
+    middle.legend(loc="upper left", fontsize=8)
+    bottom.plot(ran["timestamp"], ran["time_lag_s"] / 60, color="black", lw=0.8, label="ran")
+    bottom.plot(scored["time"], scored["lag_s"] / 60, color="tab:blue", lw=0.8, label="Kale (simulated)")
+    bottom.axhline(slo_minutes, color="red", ls="--", lw=1, label="SLO")
+    bottom.set_ylabel("lag (min)")
+    bottom.legend(loc="upper left", fontsize=8)
+    top.set_title(title, fontsize=9, loc="left")
+    return _save(fig, path)
+
+
 def _save(fig, path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ nothing of its own to keep.  The exposition is prometheus_client's.
 
 from __future__ import annotations
 
+import platform
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,28 +17,40 @@ from prometheus_client.registry import Collector
 
 from kale_dagster.definitions.status import PipelineStatus, read_status
 
-# name, help, unit conversion from a PipelineStatus
+# name, help, value from a PipelineStatus.  Names follow Prometheus's naming guide: one quantity per name, the unit
+# as a suffix in base units (seconds, samples), times as ``_timestamp_seconds`` (an age is time() minus it).
 _GAUGES: tuple[tuple[str, str, Callable[[PipelineStatus], float | None]], ...] = (
-    ("kale_min_workers", "The fewest workers the pipeline runs (its limits)", lambda s: s.min_workers),
-    ("kale_max_workers", "The most workers the pipeline may run (its limits)", lambda s: s.max_workers),
+    ("kale_workers_running", "Workers running at the latest reading", lambda s: s.running_workers),
+    ("kale_workers_desired", "Workers the latest decision wants", lambda s: s.desired_workers),
+    ("kale_workers_min", "The fewest workers the pipeline runs (its limits)", lambda s: s.min_workers),
+    ("kale_workers_max", "The most workers the pipeline may run (its limits)", lambda s: s.max_workers),
     ("kale_backlog_samples", "Samples arrived and not yet trained, at the latest reading", lambda s: s.backlog),
     ("kale_time_lag_seconds", "Age of the oldest untrained sample, at the latest reading", lambda s: s.time_lag_s),
     (
-        "kale_slo_seconds",
+        "kale_slo_time_lag_seconds",
         "The time lag the pipeline must stay under",
         lambda s: None if s.slo_minutes is None else s.slo_minutes * 60,
     ),
-    ("kale_arrival_rate", "Samples arriving per (pipeline) second, at the latest reading", lambda s: s.arrival_rate),
     (
-        "kale_forecast_next_hour_rate",
+        "kale_arrival_samples_per_second",
+        "Samples arriving per (pipeline) second over the rate window, at the latest reading",
+        lambda s: s.arrival_rate,
+    ),
+    (
+        "kale_forecast_arrival_samples_per_second",
         "The forecast mean arrival rate over the next hour",
         lambda s: s.forecast_next_hour,
     ),
     (
-        "kale_decision_age_seconds",
-        "Wall seconds since the latest decision recorded on gpu_allocation (each that changes something, and one "
-        "every record_every_minutes otherwise)",
-        lambda s: s.decided_age_s,
+        "kale_last_reading_timestamp_seconds",
+        "When the metrics sensor last read the stream and decided (Unix time): a stalled sensor stops it",
+        lambda s: s.read_at,
+    ),
+    (
+        "kale_last_recorded_decision_timestamp_seconds",
+        "When a decision was last recorded on gpu_allocation (Unix time): each that changes something, and one "
+        "every record_every_minutes otherwise",
+        lambda s: s.recorded_at,
     ),
     ("kale_restart_seconds", "The restart time the latest decision planned with", lambda s: s.restart_s),
     ("kale_sensor_running", "1 while the pipeline's metrics sensor runs", lambda s: float(s.sensor_running)),
@@ -49,6 +63,19 @@ _COUNTERS: tuple[tuple[str, str, Callable[[PipelineStatus], dict[str, int]]], ..
     ("kale_decisions", "Decisions made (advisory ones included), by what they amount to", lambda s: s.decisions),
     ("kale_rescales_requested", "Rescales the controller requested, by what they amount to", lambda s: s.rescales),
 )
+
+
+def build_info() -> GaugeMetricFamily:
+    """``kale_build_info``: 1, labelled with the versions that run (the convention for a build's identity)."""
+    import dagster
+
+    import kale_dagster
+
+    info = GaugeMetricFamily(
+        "kale_build_info", "kale-dagster's version and what it runs on", labels=["version", "dagster", "python"]
+    )
+    info.add_metric([kale_dagster.__version__, dagster.__version__, platform.python_version()], 1.0)
+    return info
 
 
 class PipelineCollector(Collector):
@@ -64,14 +91,7 @@ class PipelineCollector(Collector):
             rescales = _rescale_runs(instance, [s.name for s in statuses])
         finally:
             instance.dispose()
-        workers = GaugeMetricFamily(
-            "kale_workers", "Workers: running now, and desired by the latest decision", labels=["pipeline", "kind"]
-        )
-        for s in statuses:
-            for kind, value in (("running", s.running_workers), ("desired", s.desired_workers)):
-                if value is not None:
-                    workers.add_metric([s.name, kind], value)
-        yield workers
+        yield build_info()
         for name, text, read in _GAUGES:
             family = GaugeMetricFamily(name, text, labels=["pipeline"])
             for s in statuses:
@@ -79,16 +99,18 @@ class PipelineCollector(Collector):
                 if value is not None:
                     family.add_metric([s.name], float(value))
             yield family
-        quality = GaugeMetricFamily(
-            "kale_model_metric",
-            "The trainer's progressive-validation metric (auc, mae, ...)",
-            labels=["pipeline", "metric"],
-        )
+        # The trainer's progressive-validation metric, one name per metric (an AUC and an MAE are not one quantity).
+        quality: dict[str, GaugeMetricFamily] = {}
         for s in statuses:
             for key, value in s.extras.items():
                 if key.startswith("model_") and isinstance(value, (int, float)):
-                    quality.add_metric([s.name, key.removeprefix("model_")], float(value))
-        yield quality
+                    name = "kale_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+                    family = quality.setdefault(
+                        name,
+                        GaugeMetricFamily(name, f"The trainer's progressive-validation {key[6:]}", labels=["pipeline"]),
+                    )
+                    family.add_metric([s.name], float(value))
+        yield from quality.values()
         from kale_dagster.control.controller import OUTCOMES
 
         for name, text, read in _COUNTERS:

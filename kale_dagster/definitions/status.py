@@ -1,9 +1,10 @@
 """Where each pipeline stands, read from the Dagster instance alone: what ``kale status`` prints and what the
 Prometheus collector exports.
 
-Everything comes from what the metrics sensor already records (the latest ``gpu_allocation``
-materialization carries the decision and what it saw), the sensor's state and the pipeline's failed runs,
-so no code location has to be loaded: an operator's ``kubectl get hpa``.
+Everything comes from what the metrics sensor already records: its cursor, stored at every tick, carries the
+latest reading's figures and the decisions counted; the latest ``gpu_allocation`` materialization, the decision
+and what it planned with; then the sensor's state and the pipeline's failed runs.  No code location has to be
+loaded: an operator's ``kubectl get hpa``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class PipelineStatus:
     held: str
     advisory: bool
     decided_age_s: float | None  # wall seconds since the latest decision recorded on gpu_allocation
+    recorded_at: float | None  # wall time of that decision
+    read_at: float | None  # wall time of the latest reading (the sensor's last tick that decided)
     sensor_running: bool
     failed_runs_last_hour: int
     decisions: dict[str, int] = field(default_factory=dict)  # decisions so far, by ControlStep.outcome
@@ -49,7 +52,7 @@ class PipelineStatus:
 
 def read_status(instance, pipeline: str | None = None, now: float | None = None) -> list[PipelineStatus]:
     """Every pipeline that has decided at least once (or only ``pipeline``), by name."""
-    from dagster import AssetKey, DagsterRunStatus, RunsFilter
+    from dagster import AssetKey
     from dagster._core.scheduler.instigation import InstigatorStatus
 
     now = time.time() if now is None else now
@@ -67,25 +70,23 @@ def read_status(instance, pipeline: str | None = None, now: float | None = None)
             if event is not None and event.asset_materialization is not None
             else {}
         )
-        failed = instance.get_run_records(
-            RunsFilter(
-                statuses=[DagsterRunStatus.FAILURE],
-                tags={"kale/pipeline": name},
-                updated_after=_utc(now - FAILURES_WINDOW_S),
-            ),
-            limit=100,
-        )
+        kept = _cursor(sensors.get(f"{name}_stream_metrics"))
+        # The reading's figures from the cursor, as fresh as the last tick; the recorded decision's otherwise.
+        latest = {
+            **{k: meta.get(v) for k, v in _RECORDED.items()},
+            **{k: v for k, v in kept.latest.items() if v is not None},
+        }
         out.append(
             PipelineStatus(
                 name=name,
-                running_workers=_int(meta.get("running_workers")),
-                desired_workers=_int(meta.get("workers")),
+                running_workers=_int(latest.get("running_workers")),
+                desired_workers=_int(latest.get("desired_workers")),
                 min_workers=_int(meta.get("min_workers")),
                 max_workers=_int(meta.get("max_workers")),
                 slo_minutes=_float(meta.get("slo_minutes")),
-                backlog=_float(meta.get("backlog")),
-                time_lag_s=_float(meta.get("time_lag_s")),
-                arrival_rate=_float(meta.get("arrival_rate")),
+                backlog=_float(latest.get("backlog")),
+                time_lag_s=_float(latest.get("time_lag_s")),
+                arrival_rate=_float(latest.get("arrival_rate")),
                 forecast_next_hour=_float(meta.get("forecast_next_hour")),
                 restart_s=_float(meta.get("restart_s")),
                 restart_source=str(meta.get("restart_estimate", "")),
@@ -94,25 +95,49 @@ def read_status(instance, pipeline: str | None = None, now: float | None = None)
                 held=str(meta.get("held", "")),
                 advisory=bool(meta.get("advisory", False)),
                 decided_age_s=now - event.timestamp if event is not None else None,
+                recorded_at=event.timestamp if event is not None else None,
+                read_at=_float(latest.get("at")),
                 sensor_running=f"{name}_stream_metrics" in running_sensors,
-                failed_runs_last_hour=len(failed),
-                **_counts(sensors.get(f"{name}_stream_metrics")),
+                failed_runs_last_hour=_failed_runs(instance, name, now),
+                decisions=kept.decisions,
+                rescales=kept.rescales,
                 extras={k: v for k, v in meta.items() if k.startswith("model_") or k == "workers_observed_from"},
             )
         )
     return out
 
 
-def _counts(sensor) -> dict[str, dict[str, int]]:
-    """The decisions and rescales the sensor's cursor has counted (none before its first tick)."""
+def _failed_runs(instance, pipeline: str, now: float) -> int:
+    """The pipeline's runs that failed within ``FAILURES_WINDOW_S`` (at most 100 counted)."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    window = RunsFilter(
+        statuses=[DagsterRunStatus.FAILURE],
+        tags={"kale/pipeline": pipeline},
+        updated_after=_utc(now - FAILURES_WINDOW_S),
+    )
+    return len(instance.get_run_records(window, limit=100))
+
+
+#: The latest reading's figures as the recorded decision's metadata names them (the cursor's names first).
+_RECORDED = {
+    "running_workers": "running_workers",
+    "desired_workers": "workers",
+    "backlog": "backlog",
+    "time_lag_s": "time_lag_s",
+    "arrival_rate": "arrival_rate",
+}
+
+
+def _cursor(sensor):
+    """What the sensor's cursor keeps for control (a fresh one before its first tick)."""
     from kale_dagster.control.tick import ControlCursor
 
     data = getattr(getattr(sensor, "instigator_data", None), "cursor", None)
     try:
-        control = ControlCursor.from_dict(json.loads(data).get("control")) if data else ControlCursor()
+        return ControlCursor.from_dict(json.loads(data).get("control")) if data else ControlCursor()
     except (ValueError, AttributeError):
-        control = ControlCursor()
-    return {"decisions": control.decisions, "rescales": control.rescales}
+        return ControlCursor()
 
 
 def _utc(ts: float):
@@ -143,8 +168,9 @@ def _num(value: float | None, digits: int = 0) -> str:
     return "?" if value is None else f"{value:,.{digits}f}"
 
 
-def format_status(statuses: list[PipelineStatus], width: int = 80) -> str:
-    """Four lines per pipeline, each at most ``width`` columns."""
+def format_status(statuses: list[PipelineStatus], width: int = 80, now: float | None = None) -> str:
+    """Five lines per pipeline, the mode first, each at most ``width`` columns."""
+    now = time.time() if now is None else now
     if not statuses:
         return "no pipeline has decided yet (is the metrics sensor running, and DAGSTER_HOME the instance's?)"
     blocks = []
@@ -154,7 +180,7 @@ def format_status(statuses: list[PipelineStatus], width: int = 80) -> str:
             + (f" -> {_num(s.desired_workers)}" if s.desired_workers != s.running_workers else "")
             + f" (min {_num(s.min_workers)}, max {_num(s.max_workers)})"
         )
-        mode = "advisory" if s.advisory else s.policy
+        mode = f"{'advisory' if s.advisory else 'live'}: {s.policy}"
         lag_min = None if s.time_lag_s is None else s.time_lag_s / 60
         over = lag_min is not None and s.slo_minutes is not None and lag_min > s.slo_minutes
         health = "sensor running" if s.sensor_running else "SENSOR STOPPED"
@@ -163,9 +189,10 @@ def format_status(statuses: list[PipelineStatus], width: int = 80) -> str:
         )
         why = s.held or s.reason
         lines = [
-            f"{s.name}  {workers}  [{mode}]",
+            f"[{mode}] {s.name}  {workers}",
             f"  lag {_num(s.backlog)} samples, {_num(lag_min, 1)} min of {_num(s.slo_minutes, 0)} min SLO"
-            + ("  OVER SLO" if over else ""),
+            + ("  OVER SLO" if over else "")
+            + (f" (read {_age(now - s.read_at)})" if s.read_at is not None else ""),
             f"  arrivals {_num(s.arrival_rate, 1)}/s, next hour {_num(s.forecast_next_hour, 1)}/s (forecast)",
             f"  decided {_age(s.decided_age_s)}: {why}",
             f"  {health}, {failed}",

@@ -71,6 +71,7 @@ class DemoLocation:
             policy_options=self.policy_options,
             throughput_prior=ThroughputModel.linear(clock.rate(self.worker_rate)),
             launcher=LocalLauncherConfig(self.trainer_url),
+            advisory=False,  # the demo shows Kale rescaling its own trainer
             clock=clock,
             autostart=self.autostart,
         )

@@ -298,7 +298,7 @@ class GroupLauncher(Launcher):
             raise KaleConfigError("workers", f"must be >= 0, got {n}")
         with self._lock:
             started, previous = self._clock(), self.workers
-            self._target, abandoned, retargets = n, 0.0, []
+            self._target, abandoned, notes = n, 0.0, []
             try:
                 while True:
                     try:
@@ -307,23 +307,23 @@ class GroupLauncher(Launcher):
                         break
                     except Retargeted as r:
                         n, abandoned = r.workers, self._clock() - started
-                        retargets.append(retarget_note(n, abandoned, self._retarget_reason))
+                        notes.append(retarget_note(n, abandoned, self._retarget_reason))
                     except CapacityShortfall as short:  # formed at what the cluster could place
                         n, phases = short.workers, short.phases
-                        retargets.append(short.note)
+                        notes.append(short.note)
                         break
             finally:
                 with self._retarget_lock:
                     self._target = self._wanted = None
                     self.retarget_requested.clear()
-            if retargets:
+            if notes:
                 phases = {**phases, "abandoned": round(abandoned, 3)}
             record = RescaleRecord(
                 time=time.time(),
                 from_workers=previous,
                 to_workers=n,
                 downtime_s=self._clock() - started,
-                reason="; ".join([reason, *retargets]),
+                reason="; ".join([reason, *notes]),
                 phases=phases,
             )
             self.records.append(record)

@@ -53,6 +53,9 @@ STREAM_METRICS = sa.Table(
     # The decision made at the reading: every one is here, while the event log keeps those that change something.
     sa.Column("decided_workers", sa.Integer),
     sa.Column("decision", sa.String(DECISION_CHARS)),
+    # A restart (or an observed group's rebalance) under way at the reading: the savings report's downtime and
+    # the restart time it simulates with.
+    sa.Column("restarting", sa.Boolean),
 )
 WORKER_THROUGHPUT = sa.Table(
     "kale_worker_throughput",
@@ -78,7 +81,17 @@ _METRIC_COLUMNS = [
     c.name
     for c in STREAM_METRICS.columns
     if c.name
-    not in ("pipeline", "ts", "workers", "seeded", "model_metric_name", "model_metric", "decided_workers", "decision")
+    not in (
+        "pipeline",
+        "ts",
+        "workers",
+        "seeded",
+        "model_metric_name",
+        "model_metric",
+        "decided_workers",
+        "decision",
+        "restarting",
+    )
 ]
 
 
@@ -113,8 +126,10 @@ class MetricsHistory:
         seeded: bool = False,
         model_metric: tuple[str, float] | None = None,
         decided: tuple[int, str] | None = None,
+        restarting: bool | None = None,
     ) -> None:
-        """One reading; ``decided`` is the decision made on it: (workers, the policy's reason)."""
+        """One reading; ``decided`` is the decision made on it: (workers, the policy's reason); ``restarting``
+        whether the launcher saw a restart under way."""
         name, value = model_metric or (None, None)
         decided_workers, decision = decided or (None, None)
         row = {
@@ -126,6 +141,7 @@ class MetricsHistory:
             "model_metric": value,
             "decided_workers": decided_workers,
             "decision": decision[:DECISION_CHARS] if decision else decision,
+            "restarting": restarting,
         }
         row.update({k: metrics.get(k) for k in _METRIC_COLUMNS})
         self._upsert(STREAM_METRICS, row)

@@ -42,6 +42,8 @@ def token_provider(path: str) -> Any:
 def checked_tls(cafile: str | None, certfile: str | None, keyfile: str | None, password: str | None) -> None:
     """Load the TLS files as the client will, so that a missing, unreadable or mismatched one is an error naming
     it now rather than a handshake that fails at every reconnect."""
+    if not (cafile or certfile or keyfile):
+        return
     for name, path in (("ssl_cafile", cafile), ("ssl_certfile", certfile), ("ssl_keyfile", keyfile)):
         if path and not os.access(path, os.R_OK):
             raise KaleConfigError(

@@ -49,6 +49,19 @@ class Secret(str):
         return "'[redacted]'"
 
 
+def secret_variable(holds: str):
+    """A field naming the environment variable that holds a secret: the name is checked, a value pasted in its place
+    is never repeated in the error."""
+    return setting(
+        None,
+        pattern=r"[A-Za-z_][A-Za-z0-9_]*",
+        hint=f"is not an environment variable's name; name the variable that holds {holds.split(',')[0]}, never the "
+        "secret itself",
+        echo=False,
+        description=f"the NAME of the environment variable that holds {holds} (never the secret itself)",
+    )
+
+
 def read_password(variable: str, field: str = "sasl_password_env") -> Secret:
     """The secret in environment variable ``variable`` (named by ``field``): the one way one is read, inside a
     Dagster run or not."""
@@ -188,23 +201,11 @@ class KafkaSource:
     security_protocol: str = setting("PLAINTEXT", choices=SECURITY_PROTOCOLS, description="how clients connect")
     sasl_mechanism: str | None = setting(None, choices=SASL_MECHANISMS, description="for SASL_* protocols")
     sasl_username: str | None = setting(None, description="for SASL PLAIN and SCRAM")
-    sasl_password_env: str | None = setting(
-        None,
-        pattern=r"[A-Za-z_][A-Za-z0-9_]*",
-        hint="is not an environment variable's name; name the variable that holds the password, never the password",
-        echo=False,
-        description="the NAME of the environment variable that holds the SASL password (never the password itself)",
-    )
+    sasl_password_env: str | None = secret_variable("the SASL password")
     ssl_cafile: str | None = setting(None, description="CA bundle for SSL protocols")
     ssl_certfile: str | None = setting(None, description="the client certificate (PEM), for mutual TLS")
     ssl_keyfile: str | None = setting(None, description="the client certificate's private key (PEM)")
-    ssl_password_env: str | None = setting(
-        None,
-        pattern=r"[A-Za-z_][A-Za-z0-9_]*",
-        hint="is not an environment variable's name; name the variable that holds the passphrase",
-        echo=False,
-        description="the NAME of the environment variable that holds the private key's passphrase, if it has one",
-    )
+    ssl_password_env: str | None = secret_variable("the private key's passphrase, if it has one")
     sasl_oauth_token_provider: str | None = setting(
         None,
         pattern=PROVIDER_PATH,
