@@ -1,9 +1,10 @@
 """The savings report on a group Kale did not start, against the script that resized it, and its line in the UI.
 
 A group of kafka-python consumers ("their trainer", ``advisory_observation``'s) on the embedded broker trains
-at a known pace while a producer writes ``--rate`` records/s, more than the group takes: it runs 2 consumers,
-then 3, then 1, ``--phase-s`` wall seconds each, on a clock compressed ``--time-scale`` times, after a day of
-arrivals seeded as ``kale history backfill`` writes them.  An advisory pipeline watches it with an
+at a known pace while a producer writes ``--rate`` records/s for ``--burst-s`` (more than the group takes: it
+falls behind, which is when its throughput shows) and ``--low-rate`` for as long (it idles), in turn.  The group
+runs 2 consumers, then 3, then 1, ``--phase-s`` wall seconds each, on a clock compressed ``--time-scale``
+times, after a day of arrivals seeded as ``kale history backfill`` writes them.  An advisory pipeline watches it with an
 ``ObservedGroupConfig``, its metrics sensor ticked every ``--tick-s`` as the daemon would.  Then
 ``<pipeline>/savings`` is materialized into a Dagster instance, and its figures are compared with the script's
 own account of what ran: worker-hours (the consumers running, over time), restarts (the changes), and the
@@ -50,6 +51,7 @@ defs = build_definitions(
         launcher=ObservedGroupConfig(),
         history_url={history!r},
         forecaster="ewma",
+        report_days=1,
     )
 )
 """
@@ -127,14 +129,20 @@ def screenshot(home: Path, location: str, out: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=float, default=300.0, help="records/s produced")
+    parser.add_argument("--rate", type=float, default=260.0, help="records/s produced in a burst")
+    parser.add_argument("--low-rate", type=float, default=20.0, help="records/s produced between bursts")
+    parser.add_argument("--burst-s", type=float, default=15.0, help="wall seconds of each burst and each lull")
     parser.add_argument("--per-consumer", type=float, default=80.0, help="records/s one consumer trains")
     parser.add_argument("--phase-s", type=float, default=60.0, help="wall seconds at each group size (2, 3, 1)")
     parser.add_argument("--tick-s", type=float, default=1.0, help="wall seconds between readings")
     parser.add_argument("--time-scale", type=float, default=600.0, help="pipeline seconds per wall second")
+    parser.add_argument(
+        "--session-timeout-ms", type=int, default=6000, help="the consumers' (a member joins half of it late)"
+    )
     parser.add_argument("--screenshot", metavar="PNG", help="the savings asset's page in the UI, to this file")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="kale-savings-"))
+    (home / "dagster.yaml").write_text("nux:\n  enabled: false\ntelemetry:\n  enabled: false\n")  # no welcome modal
     history = f"sqlite:///{home / 'metrics.db'}"
     produced, trained = Counted(), Counted()
     clock = PipelineClock(args.time_scale, wall_start=time.time())
@@ -143,7 +151,8 @@ def main() -> int:
         ensure_topic(servers, TOPIC, PARTITIONS)
         p = pipeline(servers, history, clock)
         seeded = clock.now() - 86_400 + np.arange(0, 86_400, 60.0)
-        p.history().seed_stream("theirs", pd.DataFrame({"ts": seeded, "arrival_rate": clock.rate(args.rate)}))
+        mean_rate = clock.rate((args.rate + args.low_rate) / 2)
+        p.history().seed_stream("theirs", pd.DataFrame({"ts": seeded, "arrival_rate": mean_rate}))
         sensor = {s.name: s for s in build_definitions(p).get_repository_def().sensor_defs}["theirs_stream_metrics"]
         instance = DagsterInstance.local_temp(str(home))
         stop_producer = threading.Event()
@@ -155,7 +164,9 @@ def main() -> int:
             while len(members) < n:
                 stop = threading.Event()
                 thread = threading.Thread(
-                    target=consume, args=(servers, args.per_consumer, stop, trained, 1000), daemon=True
+                    target=consume,
+                    args=(servers, args.per_consumer, stop, trained, args.session_timeout_ms),
+                    daemon=True,
                 )
                 thread.start()
                 members.append((thread, stop))
@@ -167,7 +178,17 @@ def main() -> int:
             for thread, _ in leaving:
                 thread.join()
 
-        threading.Thread(target=produce, args=(servers, args.rate, stop_producer, produced), daemon=True).start()
+        def traffic() -> None:
+            while not stop_producer.is_set():
+                for rate in (args.rate, args.low_rate):
+                    segment = threading.Event()
+                    thread = threading.Thread(target=produce, args=(servers, rate, segment, produced), daemon=True)
+                    thread.start()
+                    stop_producer.wait(args.burst_s)
+                    segment.set()
+                    thread.join()
+
+        threading.Thread(target=traffic, daemon=True).start()
         cursor = None
         try:
             for size in (2, 3, 1):

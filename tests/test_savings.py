@@ -100,23 +100,30 @@ def test_an_observed_group_without_measured_throughput_is_refused():
         )
 
 
-def _report(ran_gpu: float, kale_gpu: float) -> SavingsReport:
-    figures = {"minutes_over_slo": 0.0}
-    return SavingsReport(
-        "p", END - 86400, END, {**figures, "gpu_hours": ran_gpu}, {**figures, "gpu_hours": kale_gpu}, {}, BAND, None
-    )  # type: ignore[arg-type]
+def _report(ran_gpu: float, kale_gpu: float, ran_over: float = 0.0, kale_over: float = 0.0) -> SavingsReport:
+    ran = {"minutes_over_slo": ran_over, "gpu_hours": ran_gpu}
+    kale = {"minutes_over_slo": kale_over, "gpu_hours": kale_gpu}
+    return SavingsReport("p", END - 86400, END, ran, kale, {}, BAND, None)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
-    "ran, kale, says",
+    "ran, kale, over, says",
     [
-        (100.0, 69.0, "31% fewer GPU-hours (28%-34%)"),
-        (100.0, 98.0, "about the GPU-hours that ran (within the simulator's 4%)"),  # inside the band: no claim
-        (100.0, 120.0, "20% more GPU-hours (15%-25%)"),
+        (100.0, 69.0, (0, 0), "used 31% fewer GPU-hours (28%-34%), 0 min over the SLO against 0 that ran (24 h"),
+        (100.0, 98.0, (0, 0), "about the GPU-hours that ran (within the simulator's 4%)"),  # inside the band: no claim
+        (100.0, 120.0, (30, 0), "20% more GPU-hours (15%-25%), 0 min over the SLO against 30 that ran (24 h"),
+        (
+            100.0,
+            50.0,
+            (886, 1440),
+            "50% fewer GPU-hours (48%-52%), but 1,440 min over the SLO against 886 that "
+            "ran: not a saving at the same service",
+        ),  # fmt: skip
+        (100.0, 69.0, (100, 105), "31% fewer GPU-hours (28%-34%), 105 min over the SLO against 100 that ran (24"),
     ],
 )
-def test_a_saving_inside_the_simulators_error_is_not_claimed(ran, kale, says):
-    assert says in _report(ran, kale).summary()
+def test_a_saving_inside_the_simulators_error_or_bought_with_lag_is_not_claimed(ran, kale, over, says):
+    assert says in _report(ran, kale, *over).summary()
 
 
 def test_the_shipped_band_is_the_largest_error_measured():
@@ -333,3 +340,29 @@ def test_kale_report_prints_the_report_or_what_is_missing(tmp_path, capsys, thro
     assert report["kale"]["gpu_hours"] > 0 and report["summary"].startswith("Kale would have used")
     inputs = report["inputs"]
     assert inputs["restart"].startswith("declared") and "fitted on 3 measurements" in inputs["model"]
+
+
+def _seen(backlog: float, arrival: float, consumed: float, restarting: bool = False):
+    from kale_dagster.model.types import Observation
+
+    return Observation(0.0, 2, arrival, consumed, backlog, 60.0, 1.0, restarting=restarting)
+
+
+@pytest.mark.parametrize(
+    "case, obs, rate",
+    [
+        ("behind all window: its capacity", _seen(backlog=20_000, arrival=100, consumed=60), 60),
+        ("keeping up", _seen(backlog=50, arrival=100, consumed=99), None),
+        ("draining a backlog (it may have run dry)", _seen(backlog=500, arrival=50, consumed=90), None),
+        ("a burst that began inside the window", _seen(backlog=12_000, arrival=100, consumed=60), None),
+        ("caught up", _seen(backlog=0, arrival=100, consumed=60), None),
+        ("rebalancing", _seen(backlog=5000, arrival=100, consumed=60, restarting=True), None),
+        ("consumed nothing (stalled, not a capacity)", _seen(backlog=5000, arrival=100, consumed=0), None),
+    ],
+)
+def test_a_group_that_reports_nothing_shows_its_throughput_only_while_behind_all_window(case, obs, rate):
+    """Over a 300 s window: a backlog that grew by (arrival - consumed) x 300 and began above a tenth of what the
+    group consumed over it."""
+    from kale_dagster.definitions.control import falling_behind_rate
+
+    assert falling_behind_rate(obs, 300.0) == rate, case

@@ -241,7 +241,7 @@ class PipelineControl:
         if self.p.launcher.runs_kale_trainer:  # its workers report what they trained, and whether they waited
             rate = self.p.clock.rate(status.samples_per_s) if status.samples_per_s and status.saturated else None
         else:
-            rate = falling_behind_rate(decision.step.observation)
+            rate = falling_behind_rate(decision.step.observation, self.rate_window_s)
         if rate:
             self.history.append_throughput(self.p.name, decision.time, status.workers, rate, emulated=status.emulated)
 
@@ -414,12 +414,20 @@ class PipelineControl:
 
 #: How far below the arrivals a group's consumption must stay over the rate window to show its capacity.
 FALLING_BEHIND = 0.95
+#: The backlog the window must have begun with, in shares of what the group consumed over it: less, and part of the
+#: window may have found the group caught up, waiting for data (a burst that began inside it).
+BEGUN_BEHIND = 0.1
 
 
-def falling_behind_rate(obs: Observation | None) -> float | None:
-    """A group that consumed measurably less than arrived over the rate window, with a backlog, consumed all it
-    could: that consumption is its throughput at its size.  Anything else (keeping up, draining a backlog that
-    may have run dry inside the window) tells only a lower bound, and is not recorded."""
+def falling_behind_rate(obs: Observation | None, window_s: float) -> float | None:
+    """A group that consumed measurably less than arrived over the rate window (``window_s``), and was behind
+    from its start, consumed all it could: that consumption is its throughput at its size.  Anything else
+    (keeping up, draining a backlog that may have run dry, a burst that began inside the window) tells only a
+    lower bound, and is not recorded."""
     if obs is None or obs.restarting or obs.backlog <= 0 or obs.arrival_rate <= 0:
         return None
-    return obs.consumption_rate if 0 < obs.consumption_rate < FALLING_BEHIND * obs.arrival_rate else None
+    consumed = obs.consumption_rate
+    if not 0 < consumed < FALLING_BEHIND * obs.arrival_rate:
+        return None
+    begun_with = obs.backlog - (obs.arrival_rate - consumed) * window_s  # the backlog when the window began
+    return consumed if begun_with >= BEGUN_BEHIND * consumed * window_s else None

@@ -82,8 +82,9 @@ def savings_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
         group_name=p.name,
         kinds={"pandas"},
         deps=[AssetKey(p.key("stream_metrics"))],
-        description=f"What ran over the last {p.report_days:g} days (measured) beside what Kale and the best tuned "
-        "HPA and KEDA would have run on the same arrivals (simulated, with the simulator's measured error).",
+        description=f"What ran over the last {p.report_days:g} day{'' if p.report_days == 1 else 's'} (measured) "
+        f"beside what Kale and the best tuned {' and '.join(p.report_baselines) or 'baselines'} would have run on the "
+        "same arrivals (simulated, with the simulator's measured error).",
     )
     def savings(context: AssetExecutionContext) -> Output:
         from kale_dagster.definitions.assets import plot_path

@@ -42,6 +42,8 @@ DAY_S = 86_400.0
 #: The scored span a report needs at least, and the forecaster's history before it that it uses at most.
 MIN_SCORED_HOURS = 3.0
 MAX_WARMUP_DAYS = 2.0
+#: Minutes over the SLO beyond what ran by more than this share (and a minute) make a GPU saving a trade, said so.
+SLO_MARGIN = 0.1
 #: Readings further apart than this are a gap in the history (the sensor stopped), not one long reading.
 GAP_READINGS = 5
 
@@ -116,8 +118,11 @@ class SavingsReport:
             least, most = sorted((abs(low), abs(high)))
             gpu = f"{abs(point):.0%} {'fewer' if point > 0 else 'more'} GPU-hours ({least:.0%}-{most:.0%})"
         over_kale, over_ran = self.kale["minutes_over_slo"], self.ran["minutes_over_slo"]
+        # GPU-hours saved by more time over the SLO are not a saving: said first, as the trade it is.
+        worse = over_kale > over_ran * (1 + SLO_MARGIN) + 1
         return (
-            f"Kale would have used {gpu}, {over_kale:,.0f} min over the SLO against {over_ran:,.0f} that ran "
+            f"Kale would have used {gpu}, {'but ' if worse and point > 0 else ''}{over_kale:,.0f} min over the SLO "
+            f"against {over_ran:,.0f} that ran{': not a saving at the same service' if worse and point > 0 else ''} "
             f"({self.hours:,.0f} h of {self.pipeline})"
         )
 
