@@ -27,7 +27,7 @@ from dagster import AssetMaterialization, DagsterInstance, build_sensor_context
 from kafka import KafkaConsumer, KafkaProducer
 
 from kale_dagster import KafkaSource, Limits, OnlineTrainingPipeline, ThroughputModel, build_definitions
-from kale_dagster.launchers import ObservedGroupConfig
+from kale_dagster.launchers import ObservedGroupLauncherConfig
 from kale_dagster.stream.broker import embedded_broker
 from kale_dagster.stream.producer import ensure_topic
 
@@ -110,7 +110,7 @@ def main() -> int:
             limits=Limits(min_workers=1, max_workers=8),
             throughput_prior=ThroughputModel.linear(args.per_consumer),
             advisory=True,
-            launcher=ObservedGroupConfig(),  # workers from the group's members
+            launcher=ObservedGroupLauncherConfig(),  # workers from the group's members
             history_url=f"sqlite:///{home / 'metrics.db'}",
             forecaster="ewma",
             record_every_minutes=0,  # every decision an event, to read each observed worker count

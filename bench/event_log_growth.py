@@ -26,7 +26,7 @@ from kafka import KafkaProducer
 
 from kale_dagster import KafkaSource, OnlineTrainingPipeline, build_definitions
 from kale_dagster.control.clock import PipelineClock
-from kale_dagster.launchers import ObservedGroupConfig
+from kale_dagster.launchers import ObservedGroupLauncherConfig
 from kale_dagster.sim.trace import synth_trace
 from kale_dagster.stream.broker import embedded_broker
 from kale_dagster.stream.history import MetricsHistory
@@ -60,7 +60,7 @@ def main() -> int:
         p = OnlineTrainingPipeline(
             name="clicks",
             source=KafkaSource(broker.bootstrap_servers, ("clicks",), "ranker"),
-            launcher=ObservedGroupConfig(workers=2),
+            launcher=ObservedGroupLauncherConfig(workers=2),
             advisory=True,
             history_url=f"sqlite:///{home / 'metrics.db'}",
             clock=PipelineClock(60.0 / args.tick_wall_s, wall_start=time.time()),  # a reading a pipeline minute

@@ -37,7 +37,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from kale_dagster import KafkaSource, OnlineTrainingPipeline, build_definitions
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.forecast import make_forecaster
-from kale_dagster.launchers import ObservedGroupConfig
+from kale_dagster.launchers import ObservedGroupLauncherConfig
 from kale_dagster.sim.trace import synth_trace
 from kale_dagster.stream.broker import embedded_broker
 from kale_dagster.stream.history import MetricsHistory
@@ -80,7 +80,7 @@ def main() -> int:
                 source=KafkaSource(
                     servers, (f"samples{i:03d}",), f"trainer{i:03d}", samples_per_record=SAMPLES_PER_RECORD
                 ),
-                launcher=ObservedGroupConfig(workers=4),
+                launcher=ObservedGroupLauncherConfig(workers=4),
                 forecaster="ewma",
                 advisory=True,
                 history_url=history_url,

@@ -5,7 +5,7 @@ at a known pace while a producer writes ``--rate`` records/s for ``--burst-s`` (
 falls behind, which is when its throughput shows) and ``--low-rate`` for as long (it idles), in turn.  The group
 runs 2 consumers, then 3, then 1, ``--phase-s`` wall seconds each, on a clock compressed ``--time-scale``
 times, after a day of arrivals seeded as ``kale history backfill`` writes them.  An advisory pipeline watches it with an
-``ObservedGroupConfig``, its metrics sensor ticked every ``--tick-s`` as the daemon would.  Then
+``ObservedGroupLauncherConfig``, its metrics sensor ticked every ``--tick-s`` as the daemon would.  Then
 ``<pipeline>/savings`` is materialized into a Dagster instance, and its figures are compared with the script's
 own account of what ran: worker-hours (the consumers running, over time), restarts (the changes), and the
 accumulated lag (the age of the oldest untrained record, from the producer's and the consumers' counts).
@@ -34,21 +34,21 @@ import pandas as pd
 from advisory_observation import GROUP, PARTITIONS, TOPIC, Counted, consume, produce
 from dagster import DagsterInstance, build_sensor_context, materialize
 
-from kale_dagster import KafkaSource, Limits, ObservedGroupConfig, OnlineTrainingPipeline, build_definitions
+from kale_dagster import KafkaSource, Limits, ObservedGroupLauncherConfig, OnlineTrainingPipeline, build_definitions
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.definitions.savings import savings_asset
 from kale_dagster.stream.broker import embedded_broker, free_loopback_port
 from kale_dagster.stream.producer import ensure_topic
 
 LOCATION = """
-from kale_dagster import KafkaSource, Limits, ObservedGroupConfig, OnlineTrainingPipeline, build_definitions
+from kale_dagster import KafkaSource, Limits, ObservedGroupLauncherConfig, OnlineTrainingPipeline, build_definitions
 
 defs = build_definitions(
     OnlineTrainingPipeline(
         name="theirs",
         source=KafkaSource({servers!r}, ({topic!r},), {group!r}),
         limits=Limits(min_workers=1, max_workers=4, slo_minutes=60),
-        launcher=ObservedGroupConfig(),
+        launcher=ObservedGroupLauncherConfig(),
         history_url={history!r},
         forecaster="ewma",
         report_days=1,
@@ -62,7 +62,7 @@ def pipeline(servers: str, history: str, clock: PipelineClock) -> OnlineTraining
         name="theirs",
         source=KafkaSource(servers, (TOPIC,), GROUP, request_timeout_ms=3000),
         limits=Limits(min_workers=1, max_workers=4, slo_minutes=60),
-        launcher=ObservedGroupConfig(),  # advisory: the default
+        launcher=ObservedGroupLauncherConfig(),  # advisory: the default
         clock=clock,
         history_url=history,
         forecaster="ewma",

@@ -53,9 +53,9 @@ _EXPORTS = {
     "KafkaSource": "kale_dagster.stream.source",
     "LocalLauncherConfig": "kale_dagster.launchers",
     "KubernetesLauncherConfig": "kale_dagster.launchers",
-    "ScaleTargetConfig": "kale_dagster.launchers",
-    "CommandHookConfig": "kale_dagster.launchers",
-    "ObservedGroupConfig": "kale_dagster.launchers",
+    "ScaleTargetLauncherConfig": "kale_dagster.launchers",
+    "CommandHookLauncherConfig": "kale_dagster.launchers",
+    "ObservedGroupLauncherConfig": "kale_dagster.launchers",
     "OnlineTrainer": "kale_dagster.trainer.api",
     "TrainerContext": "kale_dagster.trainer.api",
     "Record": "kale_dagster.trainer.api",
@@ -94,9 +94,9 @@ __all__ = [
     "KafkaSource",
     "LocalLauncherConfig",
     "KubernetesLauncherConfig",
-    "ScaleTargetConfig",
-    "CommandHookConfig",
-    "ObservedGroupConfig",
+    "ScaleTargetLauncherConfig",
+    "CommandHookLauncherConfig",
+    "ObservedGroupLauncherConfig",
     "OnlineTrainer",
     "TrainerContext",
     "Record",
@@ -107,6 +107,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
+    if name in ("ScaleTargetConfig", "CommandHookConfig", "ObservedGroupConfig"):  # renamed: a warning each time
+        return getattr(importlib.import_module("kale_dagster.launchers"), name)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'kale_dagster' has no attribute {name!r}")
@@ -125,11 +127,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time names load on first
     from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
     from kale_dagster.forecast.base import Forecast, Forecaster
     from kale_dagster.launchers import (
-        CommandHookConfig,
+        CommandHookLauncherConfig,
         KubernetesLauncherConfig,
         LocalLauncherConfig,
-        ObservedGroupConfig,
-        ScaleTargetConfig,
+        ObservedGroupLauncherConfig,
+        ScaleTargetLauncherConfig,
     )
     from kale_dagster.model.limits import Limits
     from kale_dagster.model.stabilizer import stabilize

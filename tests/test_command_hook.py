@@ -10,7 +10,7 @@ import time
 import pytest
 
 from kale_dagster import KaleConfigError
-from kale_dagster.launchers import CommandHookConfig
+from kale_dagster.launchers import CommandHookLauncherConfig
 
 SCALER = """
 import pathlib, sys, time
@@ -38,7 +38,7 @@ def hook(tmp_path):
     script.write_text(SCALER)
     state = tmp_path / "replicas"
     base = f"{sys.executable} {script} {state}"
-    return CommandHookConfig(
+    return CommandHookLauncherConfig(
         rescale_command=f"{base} --replicas {{workers}}", status_command=f"{base} --count", timeout_s=2.0
     ).build("ctr", None, None)  # type: ignore[arg-type]  # the hook needs neither the source nor the trainer
 
@@ -65,7 +65,7 @@ def test_a_command_that_hangs_is_killed_at_its_timeout(hook):
 
 
 def test_a_status_command_that_prints_no_count_is_one_line(hook, tmp_path):
-    bad = CommandHookConfig(
+    bad = CommandHookLauncherConfig(
         rescale_command=hook.config.rescale_command,
         status_command=hook.config.status_command.replace("--count", "--bad-count"),
     ).build("ctr", None, None)  # type: ignore[arg-type]
@@ -86,10 +86,10 @@ def test_a_status_command_that_prints_no_count_is_one_line(hook, tmp_path):
 )
 def test_declarations(kwargs, says):
     if says is None:
-        assert CommandHookConfig(**kwargs).rescale_timeout_s == 660.0
+        assert CommandHookLauncherConfig(**kwargs).rescale_timeout_s == 660.0
         return
     with pytest.raises(KaleConfigError, match=says):
-        CommandHookConfig(**kwargs)
+        CommandHookLauncherConfig(**kwargs)
 
 
 def test_the_target_is_one_argument_never_a_shell(tmp_path):
@@ -102,7 +102,7 @@ def test_the_target_is_one_argument_never_a_shell(tmp_path):
         "if sys.argv[1] == 'count':\n    print(p.read_text().count(chr(10)) if p.exists() else 1)\n"
         "else:\n    p.write_text(chr(10).join(sys.argv[1:]) + chr(10))\n"
     )
-    hook = CommandHookConfig(
+    hook = CommandHookLauncherConfig(
         rescale_command=f"{sys.executable} {script} set --n={{workers}};echo",
         status_command=f"{sys.executable} {script} count",
     ).build("ctr", None, None)  # type: ignore[arg-type]

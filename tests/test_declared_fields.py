@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from kale_dagster import KaleConfigError, Limits
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
-from kale_dagster.launchers.command import CommandHookConfig
+from kale_dagster.launchers.command import CommandHookLauncherConfig
 from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig
-from kale_dagster.launchers.scale_target import ScaleTargetConfig
+from kale_dagster.launchers.scale_target import ScaleTargetLauncherConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 from kale_dagster.policies.hpa import HPAPolicy
 from kale_dagster.policies.kale import KaleConfig
@@ -42,8 +42,8 @@ DECLARATIONS = {
     ReplaySettings: {},
     LocalLauncherConfig: {},
     KubernetesLauncherConfig: {"image": "trainer:1", "checkpoint_pvc": "ckpt"},
-    ScaleTargetConfig: {"workload_kind": "Deployment", "name": "ranker"},
-    CommandHookConfig: {"rescale_command": "scale --to {workers}", "status_command": "scale --count"},
+    ScaleTargetLauncherConfig: {"workload_kind": "Deployment", "name": "ranker"},
+    CommandHookLauncherConfig: {"rescale_command": "scale --to {workers}", "status_command": "scale --count"},
     OnlineTrainingPipeline: {"name": "ctr", "source": SOURCE},
 }
 

@@ -102,6 +102,43 @@ def test_manifests_validate_against_the_kubernetes_schema(config, workers):
     assert manifests[0]["spec"]["clusterIP"] == "None"
 
 
+def test_the_streams_tls_files_come_from_a_secret_mounted_read_only_by_file_name():
+    from dataclasses import replace
+
+    source = replace(
+        SOURCE,
+        security_protocol="SSL",
+        ssl_cafile="/home/me/certs/ca.pem",
+        ssl_certfile="/home/me/certs/client.pem",
+        ssl_keyfile="/home/me/certs/client.key",
+        ssl_password_env="KEY_PASSPHRASE",
+    )
+    service, job = render("ctr", _config(kafka_tls_secret="ctr-kafka-tls"), source, 4)
+    for manifest in (service, job):
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["KAFKA_SSL_CAFILE"], env["KAFKA_SSL_CERTFILE"], env["KAFKA_SSL_KEYFILE"]) == (
+        "/etc/kale/kafka-tls/ca.pem",
+        "/etc/kale/kafka-tls/client.pem",
+        "/etc/kale/kafka-tls/client.key",
+    )
+    assert "KAFKA_SSL_PASSWORD" not in env  # the passphrase comes with kafka_secret's keys, never the manifest
+    assert {"name": "kafka-tls", "mountPath": "/etc/kale/kafka-tls", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "kafka-tls", "secret": {"secretName": "ctr-kafka-tls", "defaultMode": 0o400}} in pod["volumes"]
+    # Without the Secret, the paths are the image's own.
+    (_, plain) = render("ctr", _config(), source, 4)
+    plain_env = {e["name"]: e.get("value") for e in plain["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert plain_env["KAFKA_SSL_CAFILE"] == "/home/me/certs/ca.pem"
+    # Two files of one name cannot share the Secret: refused when the pipeline loads, naming the field.
+    from kale_dagster import OnlineTrainingPipeline
+
+    clash = replace(source, ssl_cafile="/etc/ca/client.pem")
+    with pytest.raises(KaleConfigError, match="kafka_tls_secret: the source's TLS files share a file name"):
+        OnlineTrainingPipeline(name="ctr", source=clash, launcher=_config(kafka_tls_secret="ctr-kafka-tls"))
+
+
 def test_checkpoints_in_a_bucket_need_no_volume_and_their_keys_come_from_a_secret():
     config = _config(checkpoint_pvc=None, checkpoint_url="s3://ml-checkpoints/ctr", storage_secret="ctr-s3")
     service, job = render("ctr", config, SOURCE, 4)

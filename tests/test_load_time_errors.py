@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline
-from kale_dagster.launchers import CommandHookConfig, ScaleTargetConfig
+from kale_dagster.launchers import CommandHookLauncherConfig, ScaleTargetLauncherConfig
 
 SOURCE = KafkaSource("127.0.0.1:9092", ("clicks",), "ctr")
 TWO_TOPICS = KafkaSource("127.0.0.1:9092", ("clicks", "views"), "ctr")
@@ -14,23 +14,23 @@ TWO_TOPICS = KafkaSource("127.0.0.1:9092", ("clicks", "views"), "ctr")
 ROWS = [
     (
         "a shell pipe in rescale_command",
-        lambda: CommandHookConfig(rescale_command="scale.sh {workers} | tee -a log", status_command="count.sh"),
+        lambda: CommandHookLauncherConfig(rescale_command="scale.sh {workers} | tee -a log", status_command="count.sh"),
         "rescale_command: '|' is a shell operator, but no shell runs the command (it would be an argument): put "
         "the pipeline in a script and name the script",
     ),
     (
         "a command substitution in status_command",
-        lambda: CommandHookConfig(rescale_command="scale.sh {workers}", status_command="echo $(kubectl get x)"),
+        lambda: CommandHookLauncherConfig(rescale_command="scale.sh {workers}", status_command="echo $(kubectl get x)"),
         "status_command: '$(' is a shell operator",
     ),
     (
         "a redirection",
-        lambda: CommandHookConfig(rescale_command="scale.sh {workers} > out.log", status_command="count.sh"),
+        lambda: CommandHookLauncherConfig(rescale_command="scale.sh {workers} > out.log", status_command="count.sh"),
         "rescale_command: '>' is a shell operator",
     ),
     (
         "a misspelled workload kind",
-        lambda: ScaleTargetConfig(workload_kind="Deploymnet", name="ranker"),
+        lambda: ScaleTargetLauncherConfig(workload_kind="Deploymnet", name="ranker"),
         "workload_kind: 'Deploymnet' is no kind of apps/v1: Deployment, StatefulSet, ReplicaSet (a custom resource "
         "needs its api_version and plural too)",
     ),
@@ -38,7 +38,7 @@ ROWS = [
         "several topics for Kale's trainer (local workers)",
         lambda: OnlineTrainingPipeline(name="ctr", source=TWO_TOPICS),
         "topics: Kale's trainer consumes one topic; this source declares 2 (clicks, views): give each topic its own "
-        "pipeline, or size your own workload (ScaleTargetConfig, CommandHookConfig)",
+        "pipeline, or size your own workload (ScaleTargetLauncherConfig, CommandHookLauncherConfig)",
     ),
 ]
 
@@ -53,19 +53,23 @@ def test_a_mistake_is_one_line_naming_the_field(case, declare, says):
 @pytest.mark.parametrize(
     "declare",
     [
-        lambda: CommandHookConfig(rescale_command="scale.sh --to={workers} --note 'a | b'", status_command="count.sh"),
+        lambda: CommandHookLauncherConfig(
+            rescale_command="scale.sh --to={workers} --note 'a | b'", status_command="count.sh"
+        ),
         # A shell asked for by name gets its script whole: nothing in it is Kale's to refuse.
-        lambda: CommandHookConfig(
+        lambda: CommandHookLauncherConfig(
             rescale_command="sh -c 'scale.sh {workers} | tee log'", status_command="sh -c 'echo $(n)'"
         ),
-        lambda: ScaleTargetConfig(workload_kind="StatefulSet", name="ranker"),
-        lambda: ScaleTargetConfig(
+        lambda: ScaleTargetLauncherConfig(workload_kind="StatefulSet", name="ranker"),
+        lambda: ScaleTargetLauncherConfig(
             workload_kind="PyTorchJob", name="ranker", api_version="kubeflow.org/v1", plural="pytorchjobs"
         ),
         lambda: OnlineTrainingPipeline(
             name="ctr",
             source=TWO_TOPICS,
-            launcher=ScaleTargetConfig(workload_kind="Deployment", name="ranker"),  # the team's workload: any topics
+            launcher=ScaleTargetLauncherConfig(
+                workload_kind="Deployment", name="ranker"
+            ),  # the team's workload: any topics
         ),
     ],
 )

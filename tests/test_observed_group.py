@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kale_dagster import KafkaSource, KaleConfigError, Limits, OnlineTrainingPipeline, ThroughputModel
-from kale_dagster.launchers import ObservedGroupConfig
+from kale_dagster.launchers import ObservedGroupLauncherConfig
 from kale_dagster.stream.group import GroupView, describe_group, view_of, worker_count
 from support import wait_for
 
@@ -70,8 +70,10 @@ def test_the_pipelines_launcher_measures_rebalances_across_ticks_and_shares_them
         "kale_dagster.launchers.observed.describe_group",
         lambda config, group, topics: GroupView(*next(views), "consumer", 3, 3, 0),
     )
-    p = OnlineTrainingPipeline(name="theirs", source=SOURCE, advisory=True, launcher=ObservedGroupConfig())
-    other = OnlineTrainingPipeline(name="also_theirs", source=SOURCE, advisory=True, launcher=ObservedGroupConfig())
+    p = OnlineTrainingPipeline(name="theirs", source=SOURCE, advisory=True, launcher=ObservedGroupLauncherConfig())
+    other = OnlineTrainingPipeline(
+        name="also_theirs", source=SOURCE, advisory=True, launcher=ObservedGroupLauncherConfig()
+    )
     now = iter([0.0, 10.0, 40.0, 70.0])
     launcher = p.launcher_instance
     assert launcher is p.launcher_instance and launcher is not other.launcher_instance
@@ -84,10 +86,12 @@ def test_the_pipelines_launcher_measures_rebalances_across_ticks_and_shares_them
 
 def test_an_observed_group_is_only_advised_on():
     with pytest.raises(KaleConfigError, match="advisory: an observed consumer group is never rescaled"):
-        OnlineTrainingPipeline(name="theirs", source=SOURCE, launcher=ObservedGroupConfig(), advisory=False)
-    assert OnlineTrainingPipeline(name="theirs", source=SOURCE, launcher=ObservedGroupConfig()).advisory  # the default
+        OnlineTrainingPipeline(name="theirs", source=SOURCE, launcher=ObservedGroupLauncherConfig(), advisory=False)
+    assert OnlineTrainingPipeline(
+        name="theirs", source=SOURCE, launcher=ObservedGroupLauncherConfig()
+    ).advisory  # the default
     with pytest.raises(KaleConfigError, match="workers: must be >= 1"):
-        ObservedGroupConfig(workers=0)
+        ObservedGroupLauncherConfig(workers=0)
 
 
 @pytest.mark.integration
@@ -131,7 +135,7 @@ def test_an_advisory_pipeline_decides_at_every_reading_on_a_group_it_did_not_sta
             limits=Limits(min_workers=1, max_workers=8),
             throughput_prior=ThroughputModel.linear(100.0),
             advisory=True,
-            launcher=ObservedGroupConfig(workers=declared),
+            launcher=ObservedGroupLauncherConfig(workers=declared),
             clock=PipelineClock(30.0, wall_start=time.time()),
             history_url=f"sqlite:///{tmp_path / 'm.db'}",
             forecaster="ewma",
@@ -206,7 +210,7 @@ def test_a_decision_that_changes_nothing_reaches_the_history_not_the_event_log(k
         name="quiet",
         source=KafkaSource(kafka_broker.bootstrap_servers, ("quiet",), "nobody", request_timeout_ms=3000),
         advisory=True,
-        launcher=ObservedGroupConfig(workers=2),
+        launcher=ObservedGroupLauncherConfig(workers=2),
         clock=PipelineClock(30.0, wall_start=time.time()),  # 10 pipeline minutes are 20 s: longer than this test
         history_url=f"sqlite:///{tmp_path / 'm.db'}",
         forecaster="ewma",

@@ -205,6 +205,22 @@ def test_the_public_api_lists_every_lazy_export():
     assert all(getattr(kale_dagster, name) is not None for name in kale_dagster.__all__)
 
 
+@pytest.mark.parametrize("old, new", [("ScaleTargetConfig", "ScaleTargetLauncherConfig"),
+                                      ("CommandHookConfig", "CommandHookLauncherConfig"),
+                                      ("ObservedGroupConfig", "ObservedGroupLauncherConfig")])  # fmt: skip
+def test_every_launcher_config_is_named_alike_and_the_old_names_still_import_with_a_warning(old, new):
+    import kale_dagster
+    import kale_dagster.launchers as launchers
+    from kale_dagster.launchers.base import LauncherConfig
+
+    configs = [n for n in kale_dagster.__all__ if isinstance(getattr(kale_dagster, n), type)
+               and issubclass(getattr(kale_dagster, n), LauncherConfig)]  # fmt: skip
+    assert len(configs) == 5 and all(n.endswith("LauncherConfig") for n in configs), configs
+    for where in (kale_dagster, launchers):
+        with pytest.warns(DeprecationWarning, match=f"{old} is deprecated and will be removed in 0.3: use {new}"):
+            assert getattr(where, old) is getattr(kale_dagster, new)
+
+
 @pytest.mark.parametrize(
     "names, option, chosen, problem",
     [

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kale_dagster import KafkaSource, Limits, ObservedGroupConfig, OnlineTrainingPipeline
+from kale_dagster import KafkaSource, Limits, ObservedGroupLauncherConfig, OnlineTrainingPipeline
 from kale_dagster.control.clock import PipelineClock
 from kale_dagster.model.throughput import ThroughputModel
 from kale_dagster.sim.savings import (
@@ -163,7 +163,7 @@ def test_the_report_on_a_group_resized_by_a_script_matches_what_ran(kafka_broker
         source=KafkaSource(servers, ("clicks",), "their-trainer", request_timeout_ms=3000),
         limits=Limits(min_workers=1, max_workers=4, slo_minutes=60),
         advisory=True,
-        launcher=ObservedGroupConfig(),
+        launcher=ObservedGroupLauncherConfig(),
         clock=clock,
         history_url=f"sqlite:///{tmp_path / 'm.db'}",
         forecaster="ewma",
@@ -263,14 +263,14 @@ def test_the_report_on_a_group_resized_by_a_script_matches_what_ran(kafka_broker
 
 
 LOCATION = """
-from kale_dagster import KafkaSource, Limits, ObservedGroupConfig, OnlineTrainingPipeline, build_definitions
+from kale_dagster import KafkaSource, Limits, ObservedGroupLauncherConfig, OnlineTrainingPipeline, build_definitions
 
 defs = build_definitions(
     OnlineTrainingPipeline(
         name="theirs",
         source=KafkaSource("127.0.0.1:9", ("clicks",), "their-trainer"),
         limits=Limits(min_workers=1, max_workers=6),
-        launcher=ObservedGroupConfig(),
+        launcher=ObservedGroupLauncherConfig(),
         history_url={url!r},
         forecaster="ewma",
         report_baselines=("keda",),
@@ -287,7 +287,8 @@ def _recorded_history(url: str, throughput: bool) -> pd.DataFrame:
     now = time.time()
     ts = now - 30 * 3600 + np.arange(0, 30 * 3600, 60.0)
     rate = 400 + 150 * np.sin(2 * np.pi * ts / 86400)
-    frame = readings(ts, np.where(ts >= now - 6 * 3600, np.where(rate > 400, 5, 3), np.nan), 30.0, rate=rate)
+    hourly = np.where((ts // 3600) % 2 == 0, 5, 3)  # resized every hour: the restarts do not hang on the hour of day
+    frame = readings(ts, np.where(ts >= now - 6 * 3600, hourly, np.nan), 30.0, rate=rate)
     history = MetricsHistory(url)
     rows = [
         {

@@ -16,7 +16,7 @@ import yaml
 from fake_kubernetes import ROOT, FakeKubernetes, shipped_role
 from kale_dagster import KafkaSource, KaleConfigError, OnlineTrainingPipeline
 from kale_dagster.launchers import RescaleFailed
-from kale_dagster.launchers.scale_target import EVENT_REASON, ScaleTarget, ScaleTargetConfig
+from kale_dagster.launchers.scale_target import EVENT_REASON, ScaleTarget, ScaleTargetLauncherConfig
 
 K8S_VERSION = kubernetes_validate.utils.latest_version()
 PYTORCHJOB = dict(workload_kind="PyTorchJob", api_version="kubeflow.org/v1", plural="pytorchjobs")
@@ -27,7 +27,7 @@ def _target(cluster: FakeKubernetes, workers_per_pod: int = 1, **config) -> Scal
     declared = {"workload_kind": "Deployment", "name": "ranker", "namespace": "ml", "capacity_timeout_s": 60, **config}
     return ScaleTarget(
         "ranker",
-        ScaleTargetConfig(**declared),
+        ScaleTargetLauncherConfig(**declared),
         custom_api=cluster.custom,
         autoscaling_api=cluster.autoscaling,
         core_api=cluster.core,
@@ -172,10 +172,10 @@ def test_workers_that_never_become_ready_fail_the_rescale():
 )
 def test_declarations(kwargs, says):
     if says is None:
-        ScaleTargetConfig(**kwargs)
+        ScaleTargetLauncherConfig(**kwargs)
         return
     with pytest.raises(KaleConfigError, match=says):
-        ScaleTargetConfig(**kwargs)
+        ScaleTargetLauncherConfig(**kwargs)
 
 
 @pytest.mark.integration
@@ -191,7 +191,7 @@ def test_the_rescale_job_sizes_the_workload_through_the_fake_api():
     p = OnlineTrainingPipeline(
         name="ranker",
         source=KafkaSource("127.0.0.1:9092", ("clicks",), "ranker"),
-        launcher=ScaleTargetConfig(workload_kind="Deployment", name="ranker", namespace="ml"),
+        launcher=ScaleTargetLauncherConfig(workload_kind="Deployment", name="ranker", namespace="ml"),
         advisory=False,
     )
     defs = build_definitions(p)

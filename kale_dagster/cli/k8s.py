@@ -28,7 +28,8 @@ def register(subparsers, summary: str) -> None:
 def run_render(args) -> int:
     import yaml
 
-    from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig, render
+    from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig
+    from kale_dagster.launchers.kubernetes_render import render
 
     pipeline = find_pipeline(args, args.pipeline)
     if not isinstance(pipeline.launcher, KubernetesLauncherConfig):

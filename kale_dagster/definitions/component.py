@@ -43,10 +43,10 @@ from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.definitions.schema import DeclaredModel, Templatable, declared_model, is_template
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import FORECASTERS
-from kale_dagster.launchers.command import CommandHookConfig
+from kale_dagster.launchers.command import CommandHookLauncherConfig
 from kale_dagster.launchers.kubernetes import KubernetesLauncherConfig
-from kale_dagster.launchers.observed import ObservedGroupConfig
-from kale_dagster.launchers.scale_target import ScaleTargetConfig
+from kale_dagster.launchers.observed import ObservedGroupLauncherConfig
+from kale_dagster.launchers.scale_target import ScaleTargetLauncherConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
@@ -75,9 +75,9 @@ class KafkaSourceAttributes(_KafkaSourceFields):  # type: ignore[misc, valid-typ
 
 _LocalFields = declared_model(LocalLauncherConfig, path="attributes.launcher")
 _KubernetesFields = declared_model(KubernetesLauncherConfig, path="attributes.launcher")
-_ObservedFields = declared_model(ObservedGroupConfig, path="attributes.launcher")
-_CommandFields = declared_model(CommandHookConfig, path="attributes.launcher")
-_ScaleTargetFields = declared_model(ScaleTargetConfig, path="attributes.launcher")
+_ObservedFields = declared_model(ObservedGroupLauncherConfig, path="attributes.launcher")
+_CommandFields = declared_model(CommandHookLauncherConfig, path="attributes.launcher")
+_ScaleTargetFields = declared_model(ScaleTargetLauncherConfig, path="attributes.launcher")
 
 
 class LocalLauncherAttributes(_LocalFields):  # type: ignore[misc, valid-type]
@@ -93,19 +93,19 @@ class KubernetesLauncherAttributes(_KubernetesFields):  # type: ignore[misc, val
 
 
 class ObservedLauncherAttributes(_ObservedFields):  # type: ignore[misc, valid-type]
-    """A consumer group someone else runs, watched by an advisory pipeline (``ObservedGroupConfig``)."""
+    """A consumer group someone else runs, watched by an advisory pipeline (``ObservedGroupLauncherConfig``)."""
 
     kind: Literal["observed"] = Field(description="where the workers run: observed")
 
 
 class CommandLauncherAttributes(_CommandFields):  # type: ignore[misc, valid-type]
-    """A workload sized through your own commands (``CommandHookConfig``)."""
+    """A workload sized through your own commands (``CommandHookLauncherConfig``)."""
 
     kind: Literal["command"] = Field(description="where the workers run: command")
 
 
 class ScaleTargetLauncherAttributes(_ScaleTargetFields):  # type: ignore[misc, valid-type]
-    """A Kubernetes workload sized through its scale subresource (``ScaleTargetConfig``); ``workload_kind`` is
+    """A Kubernetes workload sized through its scale subresource (``ScaleTargetLauncherConfig``); ``workload_kind`` is
     its kind (Deployment, StatefulSet, a custom kind)."""
 
     kind: Literal["scale_target"] = Field(description="where the workers run: scale_target")

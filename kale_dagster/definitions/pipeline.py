@@ -26,7 +26,7 @@ from kale_dagster.control.controller import ControlSettings
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.forecast import FORECASTERS
 from kale_dagster.launchers.base import Launcher, LauncherConfig
-from kale_dagster.launchers.observed import ObservedGroupConfig
+from kale_dagster.launchers.observed import ObservedGroupLauncherConfig
 from kale_dagster.launchers.service import LocalLauncherConfig
 from kale_dagster.model.limits import Limits
 from kale_dagster.model.throughput import ThroughputModel
@@ -133,18 +133,19 @@ class OnlineTrainingPipeline:
             lambda: options_problem(self.trainer_options),
             lambda: None if self.trainer == DEFAULT_TRAINER else trainer_path_problem(self.trainer),
             lambda: need(
-                self.advisory or not isinstance(self.launcher, ObservedGroupConfig),
+                self.advisory or not isinstance(self.launcher, ObservedGroupLauncherConfig),
                 "advisory",
                 "an observed consumer group is never rescaled by Kale: declare the pipeline advisory=True, or a "
                 "launcher that restarts the workload",
             ),
             self._report_baselines_are_baselines,
+            lambda: self.launcher.source_problem(self.source),
             lambda: need(
                 len(self.source.topics) == 1 or not self.launcher.runs_kale_trainer,
                 "topics",
                 f"Kale's trainer consumes one topic; this source declares {len(self.source.topics)} "
                 f"({', '.join(self.source.topics)}): give each topic its own pipeline, or size your own workload "
-                "(ScaleTargetConfig, CommandHookConfig)",
+                "(ScaleTargetLauncherConfig, CommandHookLauncherConfig)",
             ),
         )
 

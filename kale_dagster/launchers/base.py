@@ -355,6 +355,10 @@ class LauncherConfig(ABC):
         """Whether the workers are Kale's trainer harness (which consumes one topic), not the team's own workload."""
         return False
 
+    def source_problem(self, source: KafkaSource) -> KaleConfigError | None:
+        """What this launcher cannot do with ``source`` (checked with the pipeline, when the code loads)."""
+        return None
+
     @property
     def rescale_run_tags(self) -> dict[str, str]:
         """Tags of the ``<pipeline>_rescale`` runs beyond Kale's own (on Kubernetes: the service account that

@@ -47,7 +47,7 @@ class CommandHook(Launcher):
     """Runs the declared commands; what the rescale job and the controller call.  No retarget: the user's
     command runs to its end."""
 
-    def __init__(self, config: CommandHookConfig):
+    def __init__(self, config: CommandHookLauncherConfig):
         self.config = config
 
     def _run(self, argv: list[str]) -> str:
@@ -101,7 +101,7 @@ class CommandHook(Launcher):
 
 
 @dataclass(frozen=True)
-class CommandHookConfig(LauncherConfig):
+class CommandHookLauncherConfig(LauncherConfig):
     """Size a workload with your own commands (``my-scaler --replicas {workers}``, ``my-scaler --count``)."""
 
     rescale_command: str = setting(

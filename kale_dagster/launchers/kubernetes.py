@@ -1,7 +1,7 @@
 """Kubernetes launcher: the worker group as an Indexed Job of GPU pods, rescaled by restart.
 
-Manifests (``render``), for N workers in pods of G (the limits' ``workers_per_pod``): a headless Service
-``kale-<pipeline>-workers`` (stable DNS names for torchrun's c10d rendezvous at pod index 0), and an Indexed Job
+Manifests (``kubernetes_render.render``), for N workers in pods of G (the limits' ``workers_per_pod``): a headless
+Service ``kale-<pipeline>-workers`` (stable DNS names for torchrun's c10d rendezvous at pod index 0), and an Indexed Job
 ``kale-<pipeline>-w<N>-<generation>`` of N/G pods, each asking for G ``nvidia.com/gpu`` and running the trainer
 under ``torchrun --nnodes=N/G --nproc-per-node=G`` (a pod's workers all-reduce over NVLink).  Built with
 dagster-k8s (``construct_dagster_k8s_job``), created and deleted through its ``DagsterKubernetesClient``.  Kafka
@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.launchers.base import (
@@ -52,29 +52,24 @@ from kale_dagster.launchers.capacity import (
 )
 from kale_dagster.launchers.kubernetes_jobs import NamespacedJobs
 from kale_dagster.launchers.kubernetes_manifests import (
-    APP_LABEL,
     CHECKPOINT_MOUNT,
     FORMING_ANNOTATION,
     PIPELINE_LABEL,
-    QUEUE_LABEL,
     RETARGET_ANNOTATION,
     RETARGET_REASON_ANNOTATION,
-    WORKERS_LABEL,
     annotated_retarget,
     forming,
-    headless_service,
     job_name,
     rescale_service_account_setting,
     service_account_tags,
-    service_name,
     workers_of,
 )
+from kale_dagster.launchers.kubernetes_render import render
 from kale_dagster.launchers.pods import pods_state
 from kale_dagster.rules import check, need, setting
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
 from kale_dagster.trainer.location import STORE_HINT, STORE_URL
-from kale_dagster.trainer.settings import TrainerSettings
 
 
 @dataclass(frozen=True)
@@ -108,6 +103,11 @@ class KubernetesLauncherConfig(LauncherConfig):
     kafka_secret: str | None = setting(
         None, description="a Secret whose keys become the workers' environment (e.g. KAFKA_SASL_PASSWORD)"
     )
+    kafka_tls_secret: str | None = setting(
+        None,
+        description="a Secret holding the source's TLS files by file name (ca.pem, client.pem, client.key), mounted "
+        "read-only in every worker pod; without it, the source's paths must exist in the image",
+    )
     trainer_args: tuple[str, ...] = setting((), description="extra arguments of the trainer (never credentials)")
     termination_grace_period_s: int = setting(
         120, ge=10, le=3600, unit="s", description="a stopped pod's time to checkpoint"
@@ -140,6 +140,16 @@ class KubernetesLauncherConfig(LauncherConfig):
             ),
         )
 
+    def source_problem(self, source: KafkaSource) -> KaleConfigError | None:
+        """The source's TLS files must be told apart by file name to share one mounted Secret."""
+        files = [f for f in (source.ssl_cafile, source.ssl_certfile, source.ssl_keyfile) if f]
+        names = [f.rsplit("/", 1)[-1] for f in files]
+        return need(
+            not self.kafka_tls_secret or len(set(names)) == len(names),
+            "kafka_tls_secret",
+            f"the source's TLS files share a file name ({', '.join(files)}): the Secret keys them by file name",
+        )
+
     @property
     def checkpoint_dir(self) -> str:
         """Where the workers write checkpoints: the bucket's prefix, or the claim's mount."""
@@ -166,121 +176,6 @@ class KubernetesLauncherConfig(LauncherConfig):
 
     def describe(self) -> str:
         return f"Kubernetes namespace {self.namespace!r} (image {self.image})"
-
-
-def render(
-    pipeline: str,
-    config: KubernetesLauncherConfig,
-    source: KafkaSource,
-    workers: int,
-    generation: int = 1,
-    trainer: TrainerSpec | None = None,
-    workers_per_pod: int = 1,
-) -> list[dict]:
-    """The Service and Job manifests for ``workers`` workers in pods of ``workers_per_pod``, as plain dicts (for
-    review, GitOps, validation)."""
-    from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job
-    from kubernetes.client import ApiClient
-
-    if workers < 1 or workers % workers_per_pod:
-        raise KaleConfigError(
-            "workers", f"must be a whole number (>= 1) of pods of {workers_per_pod} workers, got {workers}"
-        )
-    pods = workers // workers_per_pod
-    name = job_name(pipeline, workers, generation)
-    labels = {APP_LABEL: "kale-trainer", PIPELINE_LABEL: pipeline}
-    job_config = DagsterK8sJobConfig(
-        job_image=config.image,
-        image_pull_policy=config.image_pull_policy,
-        image_pull_secrets=[{"name": s} for s in config.image_pull_secrets],
-        service_account_name=config.service_account,
-        env_secrets=[s for s in (config.kafka_secret, config.storage_secret) if s],
-        volume_mounts=[{"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT}] if config.checkpoint_pvc else [],
-        volumes=[{"name": "checkpoints", "persistentVolumeClaim": {"claimName": config.checkpoint_pvc}}]
-        if config.checkpoint_pvc
-        else [],
-        labels=labels,
-    )
-    args = _torchrun_args(pipeline, config, source, (pods, workers_per_pod), name, trainer or TrainerSpec())
-    user_config = _user_config(pipeline, config, source, (pods, workers_per_pod), labels)
-    job = construct_dagster_k8s_job(job_config, args, name, user_defined_k8s_config=user_config, labels=labels)
-    job_dict: dict[str, Any] = cast(dict, ApiClient().sanitize_for_serialization(job))  # a Job serialises to a dict
-    job_dict.setdefault("apiVersion", "batch/v1")
-    job_dict.setdefault("kind", "Job")
-    job_dict["metadata"]["namespace"] = config.namespace
-    return [headless_service(pipeline, config.namespace, config.rdzv_port, labels), job_dict]
-
-
-def _torchrun_args(
-    pipeline: str,
-    config: KubernetesLauncherConfig,
-    source: KafkaSource,
-    layout: tuple[int, int],
-    name: str,
-    trainer: TrainerSpec,
-) -> list[str]:
-    """torchrun's arguments: ``layout`` (pods, workers per pod) processes, rendezvous at pod 0, then the worker with
-    its settings' flags.  torchrun numbers the ranks pod by pod, and each process takes the GPU of its local rank."""
-    svc = service_name(pipeline)
-    pods, per_pod = layout
-    return [
-        f"--nnodes={pods}",
-        f"--nproc-per-node={per_pod}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={name}-0.{svc}.{config.namespace}.svc.cluster.local:{config.rdzv_port}",
-        f"--rdzv-id={name}",
-        "--max-restarts=0",
-        "-m",
-        "kale_dagster.trainer.worker",
-        *TrainerSettings(source, config.checkpoint_dir, trainer=trainer, pipeline=pipeline).argv(),
-        *config.trainer_args,
-    ]
-
-
-def _user_config(
-    pipeline: str, config: KubernetesLauncherConfig, source: KafkaSource, layout: tuple[int, int], labels: dict
-):
-    """What dagster-k8s's Job gets beyond its defaults: the container, the pod and the Indexed Job's spec, for
-    ``layout`` (pods, workers per pod)."""
-    from dagster_k8s.job import UserDefinedDagsterK8sConfig
-
-    pods, per_pod = layout
-    workers = pods * per_pod
-    queue = {QUEUE_LABEL: config.queue_name} if config.queue_name else {}
-    limits: dict[str, Any] = {"cpu": config.cpu, "memory": config.memory}
-    if config.gpus_per_worker:
-        limits["nvidia.com/gpu"] = str(config.gpus_per_worker * per_pod)
-    # Workers never call the API server, so they get no token to lose.
-    pod_spec: dict[str, Any] = {
-        "subdomain": service_name(pipeline),
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": config.termination_grace_period_s,
-        "automountServiceAccountToken": False,
-    }
-    if config.node_selector:
-        pod_spec["nodeSelector"] = dict(config.node_selector)
-    if config.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in config.tolerations]
-    return UserDefinedDagsterK8sConfig(
-        container_config={
-            "command": ["torchrun"],
-            "env": [{"name": k, "value": v} for k, v in sorted(source.worker_env(include_password=False).items())],
-            "resources": {"requests": {"cpu": config.cpu, "memory": config.memory}, "limits": limits},
-            "ports": [{"name": "rdzv", "containerPort": config.rdzv_port}],
-        },
-        pod_template_spec_metadata={"labels": {**labels, WORKERS_LABEL: str(workers)}},
-        pod_spec_config=pod_spec,
-        job_spec_config={
-            "completionMode": "Indexed",
-            "completions": pods,
-            "parallelism": pods,
-            "backoffLimit": 0,
-            "ttlSecondsAfterFinished": 3600,
-            # Kueue admits a queued Job by unsuspending it; created running, it would start before its quota.
-            **({"suspend": True} if config.queue_name else {}),
-        },
-        job_metadata={"labels": {**labels, WORKERS_LABEL: str(workers), **queue}},
-    )
 
 
 class KubernetesLauncher(GroupLauncher):

@@ -1,7 +1,7 @@
 """Advisory mode on a trainer Kale did not start: its consumer group, observed, never restarted.
 
 Most teams already run their online trainer.  Before they let anything restart it, they watch what Kale
-would do (AWS predictive scaling's forecast-only mode).  ``ObservedGroupConfig`` is the launcher for that:
+would do (AWS predictive scaling's forecast-only mode).  ``ObservedGroupLauncherConfig`` is the launcher for that:
 it reports the workers that run from the group's membership (``stream.group``), a rebalance as a restart in
 progress, and the measured length of each rebalance as a restart time, and it refuses to rescale.  The
 throughput is measured from the group's committed offsets, as for any pipeline (``stream.telemetry``).
@@ -65,7 +65,7 @@ class ObservedGroup(Launcher):
 
 
 @dataclass(frozen=True)
-class ObservedGroupConfig(LauncherConfig):
+class ObservedGroupLauncherConfig(LauncherConfig):
     """Watch the pipeline's consumer group, run by someone else; advisory pipelines only.
 
     ``workers``: the count to use when membership cannot tell it (consumers that ``assign()`` partitions,

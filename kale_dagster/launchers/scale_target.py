@@ -59,7 +59,7 @@ NAMESPACE = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 
 
 @dataclass(frozen=True)
-class ScaleTargetConfig(LauncherConfig):
+class ScaleTargetLauncherConfig(LauncherConfig):
     """Size a Kubernetes workload through its scale subresource (``workload_kind``/``name``: HPA's scaleTargetRef)."""
 
     workload_kind: str = setting(
@@ -131,7 +131,7 @@ class ScaleTarget(Launcher):
     def __init__(
         self,
         pipeline: str,
-        config: ScaleTargetConfig,
+        config: ScaleTargetLauncherConfig,
         custom_api: Any = None,
         autoscaling_api: Any = None,
         core_api: Any = None,
@@ -351,7 +351,7 @@ class ScaleTarget(Launcher):
         return []
 
 
-def api_error(config: ScaleTargetConfig, exc: Any) -> str:
+def api_error(config: ScaleTargetLauncherConfig, exc: Any) -> str:
     """One line for an API error while sizing the workload: what failed, and what to do."""
     what = f"{config.describe()} (API error {exc.status} {exc.reason})"
     hints = {
@@ -363,7 +363,7 @@ def api_error(config: ScaleTargetConfig, exc: Any) -> str:
     return f"{what}: {hints.get(exc.status, 'the API server failed; the next decision tries again')}"
 
 
-def scale_event(pipeline: str, config: ScaleTargetConfig, before: int, after: int, reason: str) -> dict:
+def scale_event(pipeline: str, config: ScaleTargetLauncherConfig, before: int, after: int, reason: str) -> dict:
     """The core/v1 Event a rescale leaves on its workload."""
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
