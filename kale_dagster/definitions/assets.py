@@ -37,7 +37,6 @@ from kale_dagster.control.tick import reading_from
 from kale_dagster.definitions.control import PipelineControl
 from kale_dagster.definitions.decision import allocation_metadata
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
-from kale_dagster.definitions.savings import savings_asset
 from kale_dagster.forecast import make_forecaster
 from kale_dagster.forecast.base import Forecast
 from kale_dagster.forecast.evaluate import realised_error, smape
@@ -308,5 +307,4 @@ def pipeline_assets(p: OnlineTrainingPipeline, control: PipelineControl) -> list
         throughput_model_asset(p),
         gpu_allocation_asset(p, control),
         policy_backtest_asset(p),
-        savings_asset(p),
     ]

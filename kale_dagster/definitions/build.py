@@ -10,6 +10,7 @@ from kale_dagster.definitions.control import PipelineControl
 from kale_dagster.definitions.jobs import asset_jobs, backfill_job, rescale_job, schedules
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.definitions.resources import KafkaStreamResource
+from kale_dagster.definitions.savings import savings_asset
 from kale_dagster.errors import KaleConfigError
 from kale_dagster.sensors import build_run_failure_sensor, build_stream_metrics_sensor
 
@@ -50,7 +51,7 @@ def pipeline_definitions(p: OnlineTrainingPipeline) -> Definitions:
         ),
     ]
     return Definitions(
-        assets=pipeline_assets(p, control),
+        assets=[*pipeline_assets(p, control), savings_asset(p)],
         asset_checks=pipeline_checks(p),
         jobs=list(jobs.values()),
         schedules=schedules(p, jobs),

@@ -10,6 +10,7 @@ import time
 import pandas as pd
 from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, Failure, MetadataValue, Output, asset
 
+from kale_dagster.definitions.assets import plot_path
 from kale_dagster.definitions.pipeline import OnlineTrainingPipeline
 from kale_dagster.policies import POLICIES
 from kale_dagster.sim.savings import (
@@ -87,7 +88,6 @@ def savings_asset(p: OnlineTrainingPipeline) -> AssetsDefinition:
         "same arrivals (simulated, with the simulator's measured error).",
     )
     def savings(context: AssetExecutionContext) -> Output:
-        from kale_dagster.definitions.assets import plot_path
         from kale_dagster.definitions.plots import plot_metadata, plot_savings
 
         try:
