@@ -88,7 +88,7 @@ def test_manifests_validate_against_the_kubernetes_schema(config, workers):
     args = container["args"]
     assert (
         args[args.index("--bootstrap-servers") + 1] == SOURCE.bootstrap_servers
-        and args[args.index("--topic") + 1] == "clicks"
+        and args[args.index("--topics") + 1] == "clicks"
     )
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert (

@@ -35,10 +35,9 @@ ROWS = [
         "needs its api_version and plural too)",
     ),
     (
-        "several topics for Kale's trainer (local workers)",
-        lambda: OnlineTrainingPipeline(name="ctr", source=TWO_TOPICS),
-        "topics: Kale's trainer consumes one topic; this source declares 2 (clicks, views): give each topic its own "
-        "pipeline, or size your own workload (ScaleTargetLauncherConfig, CommandHookLauncherConfig)",
+        "a topic named twice",
+        lambda: OnlineTrainingPipeline(name="ctr", source=KafkaSource("127.0.0.1:9092", ("clicks", "clicks"), "g")),
+        "topics: clicks named more than once",
     ),
 ]
 
@@ -65,12 +64,9 @@ def test_a_mistake_is_one_line_naming_the_field(case, declare, says):
             workload_kind="PyTorchJob", name="ranker", api_version="kubeflow.org/v1", plural="pytorchjobs"
         ),
         lambda: OnlineTrainingPipeline(
-            name="ctr",
-            source=TWO_TOPICS,
-            launcher=ScaleTargetLauncherConfig(
-                workload_kind="Deployment", name="ranker"
-            ),  # the team's workload: any topics
+            name="ctr", source=TWO_TOPICS, launcher=ScaleTargetLauncherConfig(workload_kind="Deployment", name="ranker")
         ),
+        lambda: OnlineTrainingPipeline(name="ctr", source=TWO_TOPICS),  # Kale's trainer balances both topics
     ],
 )
 def test_what_is_right_passes(declare):

@@ -15,6 +15,7 @@ from kale_dagster.model.limits import MAX_WORKERS, Limits
 from kale_dagster.rules import flag, renamed
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import DEFAULT_TRAINER, TrainerSpec, trainer_path_problem
+from kale_dagster.trainer.settings import topic_list
 
 
 def register(subparsers, summary: str) -> None:
@@ -28,10 +29,17 @@ def register(subparsers, summary: str) -> None:
         "the "
         "bearer token written at start-up to --token-file (mode 0600; by default in your runtime directory, where a "
         "pipeline's LocalLauncherConfig looks for it).",
-        epilog="example: kale trainer serve --topic samples --group-id ctr --checkpoint-dir ./ckpt --workers 2",
+        epilog="example: kale trainer serve --topics samples --group-id ctr --checkpoint-dir ./ckpt --workers 2",
     )
     serve.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
-    serve.add_argument("--topic", required=True, help="the topic the workers train from")
+    serve.add_argument(
+        "--topics",
+        "--topic",
+        dest="topics",
+        type=topic_list,
+        required=True,
+        help="the topics the workers train from, comma-separated (their partitions balanced as one set)",
+    )
     serve.add_argument("--group-id", required=True, help="the consumer group whose committed offsets they resume from")
     serve.add_argument("--workers", type=int, ge=1, le=MAX_WORKERS, default=1)
     serve.add_argument(
@@ -81,7 +89,7 @@ def run_serve(args) -> int:
     problem = trainer_path_problem(trainer.trainer)
     if problem is not None:  # before any port is taken or worker spawned
         raise CommandError(f"--trainer: {problem.problem}")
-    source = KafkaSource(args.bootstrap_servers, (args.topic,), args.group_id)
+    source = KafkaSource(args.bootstrap_servers, args.topics, args.group_id)
     settings = from_flags(TrainerSettings, args, source=source, trainer=trainer)
     # The port and the token file before any worker: a busy port or a wrong --token-file is one line, with nothing
     # spawned to clean up.

@@ -140,13 +140,6 @@ class OnlineTrainingPipeline:
             ),
             self._report_baselines_are_baselines,
             lambda: self.launcher.source_problem(self.source),
-            lambda: need(
-                len(self.source.topics) == 1 or not self.launcher.runs_kale_trainer,
-                "topics",
-                f"Kale's trainer consumes one topic; this source declares {len(self.source.topics)} "
-                f"({', '.join(self.source.topics)}): give each topic its own pipeline, or size your own workload "
-                "(ScaleTargetLauncherConfig, CommandHookLauncherConfig)",
-            ),
         )
 
     @property

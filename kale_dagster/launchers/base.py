@@ -352,7 +352,7 @@ class LauncherConfig(ABC):
 
     @property
     def runs_kale_trainer(self) -> bool:
-        """Whether the workers are Kale's trainer harness (which consumes one topic), not the team's own workload."""
+        """Whether the workers are Kale's trainer harness, not the team's own workload."""
         return False
 
     def source_problem(self, source: KafkaSource) -> KaleConfigError | None:

@@ -14,6 +14,7 @@ environment (``WORKER_ENV``), never on a command line.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ from kale_dagster.stream.security import PROVIDER_PATH, security_settings
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
 _PASSWORD_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 #: Environment variables a worker reads its Kafka security settings from
 #: (``trainer.worker.kafka_config``), with the kafka-python keyword each sets.
@@ -109,6 +111,16 @@ def connection_problems(
             found.append(KaleConfigError("bootstrap_servers", f"{server!r}: port must be a number in 1..65535"))
     if isinstance(topics, str) or not topics or any(not isinstance(t, str) or not t.strip() for t in topics):
         found.append(KaleConfigError("topics", f"needs a list of at least one non-empty topic name, got {topics!r}"))
+    else:
+        names = [t.strip() for t in topics]
+        if bad := [t for t in names if not TOPIC_NAME.fullmatch(t)]:
+            found.append(
+                KaleConfigError(
+                    "topics", f"{', '.join(map(repr, bad))}: a Kafka topic's name is 1-249 of a-z A-Z 0-9 . _ -"
+                )
+            )
+        if twice := sorted({t for t in names if names.count(t) > 1}):
+            found.append(KaleConfigError("topics", f"{', '.join(twice)} named more than once"))
     if not group_id.strip():
         found.append(KaleConfigError("group_id", "must not be empty"))
     if security_protocol.startswith("SASL"):
@@ -235,17 +247,6 @@ class KafkaSource:
                 sasl_oauth_token_provider=self.sasl_oauth_token_provider,
             ),
         )
-
-    @property
-    def topic(self) -> str:
-        """The one topic of a single-topic source (what the kale trainer consumes)."""
-        if len(self.topics) != 1:
-            raise KaleConfigError(
-                "topics",
-                f"the kale trainer consumes one topic; this source declares {len(self.topics)}: "
-                f"{', '.join(self.topics)}",
-            )
-        return self.topics[0]
 
     def client_config(self) -> dict:
         """kafka-python settings for a client of this source's brokers, the secrets read from their variables."""

@@ -90,13 +90,15 @@ class TrainerSpec:
 @dataclass(frozen=True)
 class Record:
     """One Kafka record, as ``decode`` sees it.  ``timestamp_ms`` is None when the record carries no usable time
-    (``kale_dagster.stream.record_time``); ``partition`` and ``offset`` are for error messages, not bookkeeping."""
+    (``kale_dagster.stream.record_time``); ``partition`` and ``offset`` are for error messages, not bookkeeping;
+    ``topic`` tells a source's topics apart, when their records differ."""
 
     value: bytes | None
     key: bytes | None
     timestamp_ms: int | None
     partition: int
     offset: int
+    topic: str = ""
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,15 @@ from __future__ import annotations
 import sys
 import threading
 
+from kale_dagster.trainer.partitions import StreamPartitions
+
 
 class OffsetCommitter:
-    """Commits the latest submitted offsets of ``topic`` for ``group_id`` in a background thread, retrying."""
+    """Commits the latest submitted offsets of ``stream``'s partitions (keyed as the harness numbers them) for
+    ``group_id`` in a background thread, retrying."""
 
-    def __init__(self, kafka_config: dict, group_id: str, topic: str, retry_s: float = 1.0):
-        self.kafka_config, self.group_id, self.topic, self.retry_s = kafka_config, group_id, topic, retry_s
+    def __init__(self, kafka_config: dict, group_id: str, stream: StreamPartitions, retry_s: float = 1.0):
+        self.kafka_config, self.group_id, self.stream, self.retry_s = kafka_config, group_id, stream, retry_s
         self._pending: dict[int, int] | None = None
         self._wake = threading.Condition()
         self._idle = threading.Event()
@@ -87,4 +90,6 @@ class OffsetCommitter:
 
         if self._consumer is None:  # kept open: a connection per checkpoint would add to every rescale
             self._consumer = KafkaConsumer(**self.kafka_config, group_id=self.group_id, enable_auto_commit=False)
-        self._consumer.commit({TopicPartition(self.topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+        self._consumer.commit(
+            {TopicPartition(*self.stream.topic_partition(p)): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
+        )

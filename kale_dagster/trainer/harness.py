@@ -469,7 +469,8 @@ class Worker:
             state = {
                 "step": step,
                 "trained_total": trained_total,
-                "offsets": offsets,
+                "offsets": offsets,  # keyed by StreamPartitions, whose topics come with them
+                "topics": list(g.intake.stream.topics),
                 "partition_rates": rates,
                 "model": trainer.model.state_dict(),
                 "optimizer": trainer.optimizer.state_dict(),
@@ -488,7 +489,7 @@ class Worker:
                 self.checkpoint_error = ""
                 if self.committer is None:
                     self.committer = OffsetCommitter(
-                        kafka_config(self.args.bootstrap_servers), self.args.group_id, self.args.topic
+                        kafka_config(self.args.bootstrap_servers), self.args.group_id, g.intake.stream
                     )
                 self.committer.submit(offsets)  # after the save, never ahead of it; off the step, never stalling it
                 emit(WorkerEvent.CHECKPOINT, step=step, path=saved, offsets={str(k): v for k, v in offsets.items()})

@@ -1,9 +1,10 @@
 """One rank's partitions for one group: read from Kafka into its sample queue, in arrival order, decoded by the
 user's trainer, and where each partition's next record is (what a checkpoint resumes at).
 
-The rank's partitions are assigned by measured rate (``balance``), opened at the checkpoint's offsets (or the
-group's committed ones, before the first checkpoint), and paused while they run ahead of the rank's oldest
-backlog (``ordering``).  A record the user's ``decode`` refuses (``ValueError``) is skipped and counted.
+The rank's partitions (the source's topics' as one set, ``partitions``) are assigned by measured rate
+(``balance``), opened at the checkpoint's offsets (or the group's committed ones, before the first checkpoint), and
+paused while they run ahead of the rank's oldest backlog (``ordering``).  A record the user's ``decode`` refuses
+(``ValueError``) is skipped and counted.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kale_dagster.stream.source import WORKER_ENV, Secret
 from kale_dagster.trainer.api import Record, TrainerFailure
 from kale_dagster.trainer.balance import assign_by_rate, round_robin
 from kale_dagster.trainer.ordering import ArrivalOrder
+from kale_dagster.trainer.partitions import StreamPartitions
 from kale_dagster.trainer.sample_queue import ORIGIN, SampleQueue, Samples
 
 # A partition that may deliver and does not for this long stops holding this rank's others back (ordering).
@@ -77,40 +79,44 @@ class PartitionIntake:
             max_partition_fetch_bytes=1 << 20,
             fetch_max_wait_ms=50,
         )
-        partitions = sorted(consumer.partitions_for_topic(self.args.topic) or [])
-        if not partitions:
-            raise RuntimeError(f"topic {self.args.topic!r} has no partitions")
+        self.stream = stream = StreamPartitions(tuple(self.args.topics))
+        partitions = []
+        for topic in stream.topics:
+            found = consumer.partitions_for_topic(topic)
+            if not found:
+                raise RuntimeError(f"topic {topic!r} has no partitions")
+            partitions += [stream.key(topic, p) for p in sorted(found)]
         rates = state.get("partition_rates") or {p: 1.0 for p in partitions}
-        rates = {p: float(rates.get(p, 1.0)) for p in partitions}
+        rates = {p: float(rates.get(p, 1.0)) for p in partitions}  # one set of partitions over every topic
         plan = assign_by_rate(rates, world) if self.args.balance == "rates" else round_robin(partitions, world)
-        mine = [TopicPartition(self.args.topic, p) for p in plan[rank]]
-        if mine:  # more workers than partitions: this one trains forwarded samples only
-            consumer.assign(mine)
-        offsets = state.get("offsets", {})
-        committed = self._committed(mine) if not offsets else {}
-        for tp in mine:
-            pos = offsets.get(tp.partition, committed.get(tp.partition))
+        self.assigned = {p: TopicPartition(*stream.topic_partition(p)) for p in plan[rank]}
+        if self.assigned:  # more workers than partitions: this one trains forwarded samples only
+            consumer.assign(list(self.assigned.values()))
+        offsets = stream.restored(state.get("offsets", {}), state.get("topics"))
+        committed = self._committed() if not offsets else {}
+        for p, tp in self.assigned.items():
+            pos = offsets.get(p, committed.get(p))
             if pos is None:
                 consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, pos)
-        self.next_pos: dict[int, int] = {tp.partition: consumer.position(tp) or 0 for tp in mine}  # seeked: never None
+        # seeked: never None
+        self.next_pos: dict[int, int] = {p: consumer.position(tp) or 0 for p, tp in self.assigned.items()}
         self.start_pos = dict(self.next_pos)
-        self.assigned = {tp.partition: tp for tp in mine}
         self.order = ArrivalOrder(lead_ms=int(self.args.order_lead_s * 1000), stall_s=ORDER_STALL_S)
-        self.partitions = [tp.partition for tp in mine]
+        self.partitions = list(self.assigned)
 
     def close(self) -> None:
         self.consumer.close()
 
-    def _committed(self, tps) -> dict[int, int]:
+    def _committed(self) -> dict[int, int]:
         from kafka import KafkaConsumer
 
         c = KafkaConsumer(
             **kafka_config(self.args.bootstrap_servers), group_id=self.args.group_id, enable_auto_commit=False
         )
         try:
-            return {tp.partition: off for tp in tps if (off := c.committed(tp)) is not None}
+            return {p: off for p, tp in self.assigned.items() if (off := c.committed(tp)) is not None}
         finally:
             c.close()
 
@@ -134,8 +140,9 @@ class PartitionIntake:
                 if not records:
                     continue
                 got += len(records)
-                newest[tp.partition] = usable_ms(records[-1].timestamp, time.time())
-                self._queue_records(tp.partition, records, queue)
+                key = self.stream.key(tp.topic, tp.partition)
+                newest[key] = usable_ms(records[-1].timestamp, time.time())
+                self._queue_records(key, records, queue)
             self._keep_arrival_order(consumer, newest)
             if got < want:
                 return  # nothing more fetched for the partitions that may deliver
@@ -145,12 +152,13 @@ class PartitionIntake:
         """Decode with the user's ``decode``; a record it refuses (``ValueError``) is skipped and counted, never
         retried: its offset is passed like any other."""
         decode, now = self.decode, time.time()
+        topic, number = self.stream.topic_partition(partition)
         items: list = []
         origin: list[tuple[int, int, int]] = []
         refused: list[tuple[int, str]] = []
         most = 0
         for r in records:
-            record = Record(r.value, r.key, usable_ms(r.timestamp, now), partition, r.offset)
+            record = Record(r.value, r.key, usable_ms(r.timestamp, now), number, r.offset, topic)
             try:
                 samples = list(decode(record))
             except ValueError as exc:
@@ -158,8 +166,8 @@ class PartitionIntake:
                 continue
             except Exception as exc:  # a bug in decode, not a bad record: skipping would lose good records
                 raise TrainerFailure(
-                    f"{self.args.trainer}: decode raised {type(exc).__name__}: {exc} on partition {partition} offset "
-                    f"{r.offset} (raise ValueError for a record to skip)"
+                    f"{self.args.trainer}: decode raised {type(exc).__name__}: {exc} on "
+                    f"{self.stream.label(partition)} offset {r.offset} (raise ValueError for a record to skip)"
                 ) from exc
             items.extend(samples)
             # Every sample of a packed record carries the record's offset: a checkpoint resumes at that record.
@@ -169,8 +177,8 @@ class PartitionIntake:
             self.on_poison(len(refused))
             offset, why = refused[0]
             print(
-                f"skipped {len(refused)} record(s) that {self.args.trainer}'s decode refused in partition "
-                f"{partition}, first at offset {offset}: {why}"[:1000],
+                f"skipped {len(refused)} record(s) that {self.args.trainer}'s decode refused in "
+                f"{self.stream.label(partition)}, first at offset {offset}: {why}"[:1000],
                 file=sys.stderr,
                 flush=True,
             )
@@ -193,6 +201,5 @@ class PartitionIntake:
         """Every partition of this rank has reported its high watermark and been read up to it."""
         consumer = self.consumer
         return all(
-            (hw := consumer.highwater(tp)) is not None and self.next_pos[tp.partition] >= hw
-            for tp in consumer.assignment()
+            (hw := consumer.highwater(tp)) is not None and self.next_pos[p] >= hw for p, tp in self.assigned.items()
         )

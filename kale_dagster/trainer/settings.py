@@ -5,7 +5,7 @@ torchrun line), the worker reads them back (``worker_parser``, then ``TrainerSet
 with the same field rules), and ``kale trainer serve`` offers the same ones (``cli.declared.add_flags``).  A new
 setting is one field here, with its rule: nothing else spells its flag.
 
-The stream (``--bootstrap-servers``, ``--topic``, ``--group-id``) comes from the pipeline's ``KafkaSource`` and
+The stream (``--bootstrap-servers``, ``--topics``, ``--group-id``) comes from the pipeline's ``KafkaSource`` and
 the trainer (``--trainer``, ``--trainer-options``) from its ``TrainerSpec``; their secrets never become flags
 (``KafkaSource.worker_env``).
 """
@@ -80,7 +80,6 @@ class TrainerSettings:
     pipeline: str = setting("", description="the pipeline's name, as the trainer factory's context tells it")
 
     def __post_init__(self):
-        _ = self.source.topic  # the kale trainer consumes one topic: fail here, naming the field
         check(self, self._watermark_problems)
 
     def _watermark_problems(self) -> list[KaleConfigError]:
@@ -102,7 +101,8 @@ class TrainerSettings:
     def argv(self) -> list[str]:
         """The worker's flags for these settings (no secret: those travel in ``KafkaSource.worker_env``)."""
         src = self.source
-        args = ["--bootstrap-servers", src.bootstrap_servers, "--topic", src.topic, "--group-id", src.group_id]
+        args = ["--bootstrap-servers", src.bootstrap_servers, "--topics", ",".join(src.topics)]
+        args += ["--group-id", src.group_id]
         for f in _flag_fields():
             value = getattr(self, f.name)
             if value is not None:
@@ -117,7 +117,7 @@ class TrainerSettings:
     def from_args(cls, args: argparse.Namespace) -> TrainerSettings:
         """The settings a worker's parsed flags say, checked by the same field rules (errors name the flags)."""
         source = renamed(
-            flag, KafkaSource, bootstrap_servers=args.bootstrap_servers, topics=(args.topic,), group_id=args.group_id
+            flag, KafkaSource, bootstrap_servers=args.bootstrap_servers, topics=args.topics, group_id=args.group_id
         )
         trainer = renamed(flag, TrainerSpec, trainer=args.trainer, trainer_options=json.loads(args.trainer_options))
         values = {f.name: getattr(args, f.name) for f in _flag_fields()}
@@ -129,11 +129,16 @@ def _flag_fields() -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(TrainerSettings) if rule_of(f) is not None and f.name != "pipeline"]
 
 
+def topic_list(flag_value: str) -> tuple[str, ...]:
+    """``--topics a,b``: Kafka's topic names hold no comma."""
+    return tuple(t.strip() for t in flag_value.split(",") if t.strip())
+
+
 def worker_parser() -> argparse.ArgumentParser:
     """The worker's command line: every flag ``TrainerSettings.argv`` writes, and ``--standby``."""
     parser = argparse.ArgumentParser(description="kale trainer worker")
     parser.add_argument("--bootstrap-servers", required=True)
-    parser.add_argument("--topic", required=True)
+    parser.add_argument("--topics", "--topic", dest="topics", required=True, type=topic_list, help="comma-separated")
     parser.add_argument("--group-id", required=True)
     parser.add_argument("--trainer", default=DEFAULT_TRAINER, help="the trainer factory, module:attribute")
     parser.add_argument("--trainer-options", default="{}", help="JSON object passed to the factory as options")
