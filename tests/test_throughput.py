@@ -316,3 +316,16 @@ def test_the_prior_serves_until_the_measurements_can_be_fitted(workers, rates, f
 def test_the_estimate_fits_the_asynchronous_form_unless_told():
     model, _ = estimate_throughput([1, 2, 4], [100.0, 190.0, 350.0], ThroughputModel.linear(100.0))
     assert model.form == "async"
+
+
+def test_each_worker_count_is_fitted_at_its_median():
+    # 80/s per worker; at 3 workers a member stalled in three windows of seven, and 1 worker ran all week.
+    workers = [1] * 40 + [2] * 3 + [3] * 7
+    rates = [80.0] * 40 + [160.0] * 3 + [240.0] * 4 + [80.0] * 3
+    prior = ThroughputModel.linear(1.0)
+    model, source = estimate_throughput(workers, rates, prior)
+    assert source == "fitted"
+    assert [round(float(model.predict(w))) for w in (1, 2, 3)] == [80, 160, 240]
+    # Fitted on every window, the stalled ones and the week at one worker bend the curve flat above 2.
+    raw = ThroughputModel.fit(workers, rates, form="async")
+    assert float(raw.predict(3)) < 0.8 * 240

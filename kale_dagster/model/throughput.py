@@ -276,8 +276,13 @@ def estimate_throughput(
     """F(w) as a controller can know it: fitted on measured saturated throughput once the measurements
     cover as many worker counts as the form has coefficients, the declared ``prior`` until then.
 
-    The ``throughput_model`` asset and the simulator's controller both estimate this way.
+    Each worker count is fitted once, at its median: a count measured all week would otherwise outweigh the others,
+    and windows where a member stalled (an outside group's consumer left without partitions) would pull the curve
+    flat.  The ``throughput_model`` asset, the savings report and the simulator's controller all estimate this way.
     """
-    if len(np.unique(np.asarray(workers, dtype=float))) >= _PARAMS[form]:
-        return ThroughputModel.fit(workers, rates, form=form, global_batch=global_batch), "fitted"
+    w, r = np.asarray(workers, dtype=float), np.asarray(rates, dtype=float)
+    sizes = np.unique(w)
+    if len(sizes) >= _PARAMS[form]:
+        medians = [float(np.median(r[w == size])) for size in sizes]
+        return ThroughputModel.fit(sizes, medians, form=form, global_batch=global_batch), "fitted"
     return prior, "prior"
