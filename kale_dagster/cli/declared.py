@@ -15,11 +15,11 @@ from kale_dagster.cli import Parser
 from kale_dagster.rules import flag, flag_arguments, renamed, rule_of
 
 
-def add_flags(parser: Parser, cls: type) -> None:
-    """One flag per ruled field of the dataclass ``cls``."""
+def add_flags(parser: Parser, cls: type, exclude: tuple[str, ...] = ()) -> None:
+    """One flag per ruled field of the dataclass ``cls`` (but the ``exclude``d, which the command sets itself)."""
     for f in dataclasses.fields(cls):
         rule = rule_of(f)
-        if rule is None:
+        if rule is None or f.name in exclude:
             continue
         bounds = {"ge": rule.ge, "gt": rule.gt, "le": rule.le, "lt": rule.lt}
         parser.add_argument(
@@ -31,6 +31,10 @@ def add_flags(parser: Parser, cls: type) -> None:
 
 
 def from_flags(cls: Any, args: argparse.Namespace, **overrides: Any) -> Any:
-    """``cls`` built from the flags ``add_flags`` declared; an error names each bad flag."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if rule_of(f) is not None}
+    """``cls`` built from the flags ``add_flags`` declared (and ``overrides``); an error names each bad flag."""
+    values = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if rule_of(f) is not None and f.name not in overrides
+    }
     return renamed(flag, cls, **{**values, **overrides})

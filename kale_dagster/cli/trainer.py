@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import tempfile
 import threading
 
+from kale_dagster.cli.code_location import add_location_arguments, find_pipeline
 from kale_dagster.cli.declared import add_flags, from_flags
 from kale_dagster.errors import CommandError, require_extra
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
@@ -69,6 +71,7 @@ def register(subparsers, summary: str) -> None:
         "else a directory of yours under the temp directory)",
     )
     serve.set_defaults(handler=run_serve)
+    register_profile(sub)
 
 
 def _json_object(text: str) -> dict:
@@ -119,4 +122,66 @@ def run_serve(args) -> int:
     finally:
         service.close()
         launcher.stop()
+    return 0
+
+
+def register_profile(sub) -> None:
+    profile = sub.add_parser(
+        "profile",
+        help="measure the pipeline's trainer at a few worker counts, for its throughput model F(w)",
+        description="Runs the pipeline's trainer as local workers at each --workers count in turn, on the records "
+        "its topics retain, in a consumer group of its own (<group_id>.kale-profile: yours is untouched), and "
+        "writes each count's capacity to the pipeline's metrics history, where the throughput model and the savings "
+        "report fit F(w) on them beside the live measurements. Run it where the workers' GPUs are.",
+        epilog="example: kale trainer profile --pipeline ctr --workers 1,2,4 --seconds 60 -m pipelines.definitions",
+    )
+    profile.add_argument("--pipeline", required=True, help="pipeline name")
+    add_location_arguments(profile)
+    profile.add_argument(
+        "--workers", type=_counts, required=True, help="the worker counts to measure, comma-separated (at least 1)"
+    )
+    profile.add_argument("--seconds", type=float, gt=0, le=3600, default=60.0, help="how long each count is measured")
+    add_flags(profile, TrainerSettings, exclude=("checkpoint_dir", "pipeline"))
+    profile.set_defaults(handler=run_profile)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(sorted({int(c) for c in text.split(",") if c.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated worker counts: {text!r}") from None
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"worker counts are 1 or more, got {text!r}")
+    return counts
+
+
+def run_profile(args) -> int:
+    require_extra("torch", "trainer", "kale trainer profile")
+    from kale_dagster.launchers.profile import ProfileError, profile_settings, profile_throughput
+
+    p = find_pipeline(args, args.pipeline)
+    if args.workers[-1] > p.limits.max_workers:
+        raise CommandError(f"--workers {args.workers[-1]} is more than {p.name}'s max_workers ({p.limits.max_workers})")
+    history = p.history()
+    try:
+        with tempfile.TemporaryDirectory(prefix="kale-profile-") as checkpoints:
+            declared = from_flags(
+                TrainerSettings,
+                args,
+                source=p.source,
+                checkpoint_dir=checkpoints,
+                trainer=p.trainer_spec,
+                pipeline=p.name,
+            )
+
+            def record(c) -> None:
+                history.append_throughput(p.name, p.clock.now(), c.workers, p.clock.rate(c.samples_per_s), c.emulated)
+                print(f"{c.workers} worker(s): {c.samples_per_s:,.1f} samples/s (median of {c.readings})", flush=True)
+
+            profile_throughput(profile_settings(declared, checkpoints), args.workers, args.seconds, on_count=record)
+    except ProfileError as exc:
+        raise CommandError(str(exc)) from None
+    finally:
+        history.dispose()
+    print(f"recorded in {p.name}'s metrics history: its throughput model and savings report fit F(w) on them")
     return 0

@@ -1,0 +1,92 @@
+"""F(w) profiled before going live (the paper's section 3.3): the pipeline's trainer run at a few worker counts on the
+records its topics retain, each count's capacity written to the metrics history as the sensor writes live ones.
+
+A team that runs its trainer at one size never shows F(w) at others, and without them neither the controller nor the
+savings report has a throughput model.  Profiling runs local workers of the pipeline's trainer (on the machine whose
+GPUs they stand for) in a consumer group of their own, ``<group_id>.kale-profile``, and a checkpoint directory of
+their own, so the team's committed offsets and checkpoints are untouched.  Each count trains on from where the
+previous one stopped; only readings in which no worker waited for data are its capacity (``saturated``), so a topic
+whose retained records run out says so rather than record the arrival rate as F(w).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kale_dagster.launchers.local import LocalLauncher
+from kale_dagster.trainer.settings import TrainerSettings
+
+#: The profile's own consumer group: the team's committed offsets stay where their trainer left them.
+PROFILE_GROUP_SUFFIX = ".kale-profile"
+
+
+class ProfileError(RuntimeError):
+    """A count could not be measured; the message says which and what to change."""
+
+
+@dataclass(frozen=True)
+class ProfiledCount:
+    """One worker count's capacity: the median of its saturated readings (samples per wall second)."""
+
+    workers: int
+    samples_per_s: float
+    readings: int
+    emulated: bool
+
+
+def profile_settings(settings: TrainerSettings, checkpoint_dir: str) -> TrainerSettings:
+    """The workers' settings for a profile: the same trainer and stream, a group and checkpoints of its own."""
+    source = dataclasses.replace(settings.source, group_id=settings.source.group_id + PROFILE_GROUP_SUFFIX)
+    return dataclasses.replace(settings, source=source, checkpoint_dir=checkpoint_dir)
+
+
+def profile_throughput(
+    settings: TrainerSettings,
+    counts: Sequence[int],
+    seconds: float,
+    poll_s: float = 1.0,
+    on_count: Callable[[ProfiledCount], None] | None = None,
+) -> list[ProfiledCount]:
+    """Run ``settings``' trainer at each of ``counts`` workers for ``seconds`` after its first full report, and
+    return each count's capacity (``on_count`` is told each as it is measured, to record it at once)."""
+    launcher = LocalLauncher(settings, pool_size=1, max_workers=max(counts))
+    measured = []
+    try:
+        for n in counts:
+            launcher.rescale(n, reason=f"profile at {n}")
+            measured.append(_measure(launcher, n, seconds, poll_s))
+            if on_count is not None:
+                on_count(measured[-1])
+    finally:
+        launcher.stop()
+    return measured
+
+
+def _measure(launcher: LocalLauncher, n: int, seconds: float, poll_s: float) -> ProfiledCount:
+    """The median of the saturated readings over ``seconds`` from the group's first full report."""
+    rates: list[float] = []
+    starved = emulated = 0
+    deadline = None
+    while deadline is None or time.monotonic() < deadline:
+        launcher.supervise_once()
+        status = launcher.status()
+        if status.failed:
+            raise ProfileError(f"the workers failed at {n}: {status.failed}")
+        if status.samples_per_s is not None:
+            deadline = deadline or time.monotonic() + seconds
+            emulated = status.emulated
+            if status.saturated:
+                rates.append(status.samples_per_s)
+            else:
+                starved += 1
+        time.sleep(poll_s)
+    if not rates:
+        raise ProfileError(
+            f"at {n} worker(s) the workers waited for data in all {starved} readings: the topics' retained records "
+            "ran out, so their capacity was not reached; produce more (or profile fewer counts, for less time)"
+        )
+    return ProfiledCount(n, statistics.median(rates), len(rates), bool(emulated))
