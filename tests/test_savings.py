@@ -328,8 +328,9 @@ def test_kale_report_prints_the_report_or_what_is_missing(tmp_path, capsys, thro
         assert code == 2 and not out
         assert err.strip().splitlines() == [
             "kale report: error: no savings report for 'theirs': no throughput model: the workers' throughput was "
-            "measured at no worker count, and F(w) needs 3; it is measured while the group falls behind its "
-            "arrivals at a given size, so let the group run at more sizes (or Kale's trainer report it)"
+            "measured at no worker count, and F(w) needs 3: profile the trainer at more sizes (`kale trainer profile "
+            "--workers 1,2,4`), or let the group run at more sizes (its throughput is measured while it falls behind "
+            "its arrivals)"
         ]
         return
     assert code == 0, err

@@ -43,13 +43,16 @@ def run_report(args) -> int:
     print(f"{pipeline.name}: {span} UTC ({report.hours:,.1f} h, {report.inputs.readings:,} readings)")
     e = report.error
     rows = report_rows(report)
-    width = max(len(label) for label, _, _ in rows) + 2
+    width = max(len(label) for label, *_ in rows) + 2
     print(f"{'':<{width}}{'GPU h':>22}{'acc. lag (min)':>26}{'min over SLO':>14}{'restarts':>10}")
-    for label, m, simulated in rows:
+    for label, m, simulated, _ in rows:
         gpu = fmt_band(m["gpu_hours"], e.gpu_hours if simulated else None)
         lag = fmt_band(m["accumulated_lag_minutes"], e.accumulated_lag_minutes if simulated else None)
         print(f"{label:<{width}}{gpu:>22}{lag:>26}{m['minutes_over_slo']:>14,.0f}{m['rescales']:>10}")
     print()
+    for label, *_, setting in rows:
+        if setting:
+            print(f"{label}: {setting}")
     print(report.summary())
     print(f"simulated with {report.inputs.model}; restart time {report.inputs.restart}")
     print(

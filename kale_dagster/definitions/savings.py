@@ -54,12 +54,12 @@ def pipeline_savings(
     return report, timeline, stream[stream["ts"] >= report.start]
 
 
-def report_rows(report: SavingsReport) -> list[tuple[str, dict, bool]]:
-    """(label, figures, simulated) per row: what ran, Kale, each baseline at its best setting."""
-    rows = [("ran (measured)", report.ran, False), ("Kale (simulated)", report.kale, True)]
+def report_rows(report: SavingsReport) -> list[tuple[str, dict, bool, str]]:
+    """(label, figures, simulated, setting) per row: what ran, Kale, each baseline at its best setting."""
+    rows = [("ran (measured)", report.ran, False, ""), ("Kale (simulated)", report.kale, True, "")]
     for name, best in report.baselines.items():
         setting = ", ".join(f"{k}={v}" for k, v in best["setting"].items())
-        rows.append((f"{name}, best tuned ({setting})", best, True))
+        rows.append((f"{name}, best tuned", best, True, setting))
     return rows
 
 
@@ -70,9 +70,10 @@ def report_table(report: SavingsReport) -> str:
         "| | GPU h | acc. lag (min) | min over SLO | restarts |",
         "|---|---|---|---|---|",
     ]
-    for label, m, simulated in report_rows(report):
+    for label, m, simulated, setting in report_rows(report):
         gpu = fmt_band(m["gpu_hours"], e.gpu_hours if simulated else None)
         lag = fmt_band(m["accumulated_lag_minutes"], e.accumulated_lag_minutes if simulated else None)
+        label = f"{label} ({setting})" if setting else label
         lines.append(f"| {label} | {gpu} | {lag} | {m['minutes_over_slo']:,.0f} | {m['rescales']} |")
     return "\n".join(lines)
 

@@ -193,8 +193,9 @@ def fitted_model(throughput: pd.DataFrame, prior: ThroughputModel, global_batch:
         raise ReportRefused(
             "no throughput model: the workers' throughput was measured at "
             + (f"{len(counts)} worker count(s) ({', '.join(map(str, counts))})" if counts else "no worker count")
-            + f", and F(w) needs {'2' if global_batch else '3'}; it is measured while the group falls behind its "
-            "arrivals at a given size, so let the group run at more sizes (or Kale's trainer report it)"
+            + f", and F(w) needs {'4' if global_batch else '3'}: profile the trainer at more sizes (`kale trainer "
+            "profile --workers 1,2,4`), or let the group run at more sizes (its throughput is measured while it "
+            "falls behind its arrivals)"
         )
     return model
 

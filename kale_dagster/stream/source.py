@@ -109,18 +109,7 @@ def connection_problems(
             found.append(KaleConfigError("bootstrap_servers", f"{server!r} is not host:port"))
         elif not port.isdigit() or not 0 < int(port) < 65536:
             found.append(KaleConfigError("bootstrap_servers", f"{server!r}: port must be a number in 1..65535"))
-    if isinstance(topics, str) or not topics or any(not isinstance(t, str) or not t.strip() for t in topics):
-        found.append(KaleConfigError("topics", f"needs a list of at least one non-empty topic name, got {topics!r}"))
-    else:
-        names = [t.strip() for t in topics]
-        if bad := [t for t in names if not TOPIC_NAME.fullmatch(t)]:
-            found.append(
-                KaleConfigError(
-                    "topics", f"{', '.join(map(repr, bad))}: a Kafka topic's name is 1-249 of a-z A-Z 0-9 . _ -"
-                )
-            )
-        if twice := sorted({t for t in names if names.count(t) > 1}):
-            found.append(KaleConfigError("topics", f"{', '.join(twice)} named more than once"))
+    found += _topic_problems(topics)
     if not group_id.strip():
         found.append(KaleConfigError("group_id", "must not be empty"))
     if security_protocol.startswith("SASL"):
@@ -138,6 +127,24 @@ def connection_problems(
     found += _credential_problems(
         security_protocol, sasl_mechanism, ssl_certfile, ssl_keyfile, sasl_oauth_token_provider
     )
+    return found
+
+
+def _topic_problems(topics: Sequence[str]) -> list[KaleConfigError]:
+    """A list of distinct names Kafka allows."""
+    found = []
+    if isinstance(topics, str) or not topics or any(not isinstance(t, str) or not t.strip() for t in topics):
+        found.append(KaleConfigError("topics", f"needs a list of at least one non-empty topic name, got {topics!r}"))
+    else:
+        names = [t.strip() for t in topics]
+        if bad := [t for t in names if not TOPIC_NAME.fullmatch(t)]:
+            found.append(
+                KaleConfigError(
+                    "topics", f"{', '.join(map(repr, bad))}: a Kafka topic's name is 1-249 of a-z A-Z 0-9 . _ -"
+                )
+            )
+        if twice := sorted({t for t in names if names.count(t) > 1}):
+            found.append(KaleConfigError("topics", f"{', '.join(twice)} named more than once"))
     return found
 
 
