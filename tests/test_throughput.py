@@ -326,6 +326,6 @@ def test_each_worker_count_is_fitted_at_its_median():
     model, source = estimate_throughput(workers, rates, prior)
     assert source == "fitted"
     assert [round(float(model.predict(w))) for w in (1, 2, 3)] == [80, 160, 240]
-    # Fitted on every window, the stalled ones and the week at one worker bend the curve flat above 2.
+    # Fitted on every window, the stalled ones bend the curve flat above 2.
     raw = ThroughputModel.fit(workers, rates, form="async")
     assert float(raw.predict(3)) < 0.8 * 240

@@ -103,8 +103,10 @@ class ThroughputModel:
         rates: ArrayLike,
         form: Form = "sync",
         global_batch: float | None = None,
+        weights: ArrayLike | None = None,
     ) -> ThroughputModel:
-        """Fit theta by non-negative least squares on measured (workers, samples/s) pairs.
+        """Fit theta by non-negative least squares on measured (workers, samples/s) pairs, each pair counted
+        ``weights`` times (default once).
 
         Needs at least as many distinct worker counts as the form has
         coefficients; with one more, also reports a leave-one-out MAPE so the
@@ -129,9 +131,12 @@ class ThroughputModel:
                 "Run the trainer at more parallelism levels first."
             )
 
+        root = np.sqrt(np.ones_like(w) if weights is None else np.asarray(weights, dtype=float))
+
         def solve(mask: np.ndarray) -> tuple[float, ...]:
             numerator = global_batch if form == "sync" else w[mask]
-            theta, _ = nnls(_basis(form, w[mask]), numerator / r[mask])
+            basis = _basis(form, w[mask]) * root[mask, None]
+            theta, _ = nnls(basis, numerator / r[mask] * root[mask])
             return tuple(float(t) for t in theta)
 
         theta = solve(np.ones_like(w, dtype=bool))
@@ -147,7 +152,12 @@ class ThroughputModel:
                 errors.append(np.abs(sub.predict(w[~mask]) - r[~mask]) / r[~mask])
             holdout = float(np.mean(np.concatenate(errors)) * 100.0)
         return cls(
-            form, theta, global_batch=model.global_batch, fit_mape=fit_mape, holdout_mape=holdout, samples=len(w)
+            form,
+            theta,
+            global_batch=model.global_batch,
+            fit_mape=fit_mape,
+            holdout_mape=holdout,
+            samples=int(round(float(np.sum(root**2)))),
         )
 
     # --- evaluation ---------------------------------------------------------
@@ -276,13 +286,14 @@ def estimate_throughput(
     """F(w) as a controller can know it: fitted on measured saturated throughput once the measurements
     cover as many worker counts as the form has coefficients, the declared ``prior`` until then.
 
-    Each worker count is fitted once, at its median: a count measured all week would otherwise outweigh the others,
-    and windows where a member stalled (an outside group's consumer left without partitions) would pull the curve
-    flat.  The ``throughput_model`` asset, the savings report and the simulator's controller all estimate this way.
+    Each worker count is fitted at its median, weighted by its measurements: windows where a member stalled (an
+    outside group's consumer left without partitions) do not pull the curve flat, and the counts that ran most are
+    still fitted closest.  The ``throughput_model`` asset, the savings report and the simulator's controller all
+    estimate this way.
     """
     w, r = np.asarray(workers, dtype=float), np.asarray(rates, dtype=float)
-    sizes = np.unique(w)
+    sizes, counts = np.unique(w, return_counts=True)
     if len(sizes) >= _PARAMS[form]:
         medians = [float(np.median(r[w == size])) for size in sizes]
-        return ThroughputModel.fit(sizes, medians, form=form, global_batch=global_batch), "fitted"
+        return ThroughputModel.fit(sizes, medians, form=form, global_batch=global_batch, weights=counts), "fitted"
     return prior, "prior"
