@@ -11,31 +11,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from kale_dagster.launchers.base import Launcher, LauncherConfig, LauncherStatus, RescaleRecord
 from kale_dagster.model.limits import MAX_WORKERS
+from kale_dagster.model.restarts import RestartSpans
 from kale_dagster.rules import check, setting
 from kale_dagster.stream.group import REBALANCING, describe_group, worker_count
 from kale_dagster.stream.source import KafkaSource
 from kale_dagster.trainer.api import TrainerSpec
-
-
-class _Rebalances:
-    """The rebalances seen of one group by this launcher (the code server keeps it across sensor ticks): each
-    one's length, from the first reading that saw it rebalancing to the first that saw it stable again."""
-
-    def __init__(self):
-        self.since: float | None = None
-        self.lengths: deque[float] = deque(maxlen=5)
-
-    def saw(self, rebalancing: bool, now: float) -> None:
-        if rebalancing and self.since is None:
-            self.since = now
-        elif not rebalancing and self.since is not None:
-            self.lengths.append(now - self.since)
-            self.since = None
 
 
 class ObservedGroup(Launcher):
@@ -43,7 +27,7 @@ class ObservedGroup(Launcher):
 
     def __init__(self, source: KafkaSource, declared_workers: int | None, clock=time.monotonic):
         self.source, self.declared_workers, self.clock = source, declared_workers, clock
-        self._seen = _Rebalances()
+        self._seen = RestartSpans(keep=5)  # its rebalances, across sensor ticks
         self._seen_lock = threading.Lock()  # sensor ticks of one code server may overlap
 
     def status(self) -> LauncherStatus:

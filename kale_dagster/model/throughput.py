@@ -151,14 +151,8 @@ class ThroughputModel:
                 sub = cls(form, solve(mask), global_batch=model.global_batch)
                 errors.append(np.abs(sub.predict(w[~mask]) - r[~mask]) / r[~mask])
             holdout = float(np.mean(np.concatenate(errors)) * 100.0)
-        return cls(
-            form,
-            theta,
-            global_batch=model.global_batch,
-            fit_mape=fit_mape,
-            holdout_mape=holdout,
-            samples=int(round(float(np.sum(root**2)))),
-        )
+        samples = int(round(float(np.sum(root**2))))
+        return cls(form, theta, global_batch=batch, fit_mape=fit_mape, holdout_mape=holdout, samples=samples)
 
     # --- evaluation ---------------------------------------------------------
 

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from kale_dagster.model.limits import Limits
+from kale_dagster.model.restarts import RestartSpans
 from kale_dagster.model.throughput import ThroughputModel, estimate_throughput
 from kale_dagster.sim.metrics import objective, score_readings
 
@@ -164,15 +165,10 @@ def measured_restart_s(stream: pd.DataFrame, declared_s: float) -> tuple[float, 
     declared one, and where it came from."""
     if "restarting" not in stream or not stream["restarting"].fillna(False).any():
         return declared_s, f"declared {declared_s / 60:.1f} min (Limits.restart_minutes: no restart was recorded)"
-    flag = stream["restarting"].fillna(False).astype(bool).to_numpy()
-    ts = stream["ts"].to_numpy(dtype=float)
-    lengths, begun = [], None
-    for i, on in enumerate(flag):
-        if on and begun is None:
-            begun = ts[i]
-        elif not on and begun is not None:
-            lengths.append(ts[i] - begun)
-            begun = None
+    seen = RestartSpans()
+    for on, ts in zip(stream["restarting"].fillna(False).astype(bool), stream["ts"].astype(float)):
+        seen.saw(on, ts)
+    lengths = list(seen.lengths)
     if not lengths:
         return declared_s, f"declared {declared_s / 60:.1f} min (the one restart recorded has not ended)"
     median = float(np.median(lengths))
