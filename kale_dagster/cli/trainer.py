@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import tempfile
 import threading
 
@@ -130,7 +131,7 @@ def register_profile(sub) -> None:
         "profile",
         help="measure the pipeline's trainer at a few worker counts, for its throughput model F(w)",
         description="Runs the pipeline's trainer as local workers at each --workers count in turn, on the records "
-        "its topics retain, in a consumer group of its own (<group_id>.kale-profile: yours is untouched), and "
+        "its topics retain, in a consumer group of its own (<group_id>.kale-profile.<time>: yours is untouched), and "
         "writes each count's capacity to the pipeline's metrics history, where the throughput model and the savings "
         "report fit F(w) on them beside the live measurements. Run it where the workers' GPUs are.",
         epilog="example: kale trainer profile --pipeline ctr --workers 1,2,4 --seconds 60 -m pipelines.definitions",
@@ -157,7 +158,7 @@ def _counts(text: str) -> tuple[int, ...]:
 
 def run_profile(args) -> int:
     require_extra("torch", "trainer", "kale trainer profile")
-    from kale_dagster.launchers.profile import ProfileError, profile_settings, profile_throughput
+    from kale_dagster.launchers.profile import ProfileError, delete_profile_group, profile_settings, profile_throughput
 
     p = find_pipeline(args, args.pipeline)
     if args.workers[-1] > p.limits.max_workers:
@@ -178,7 +179,13 @@ def run_profile(args) -> int:
                 history.append_throughput(p.name, p.clock.now(), c.workers, p.clock.rate(c.samples_per_s), c.emulated)
                 print(f"{c.workers} worker(s): {c.samples_per_s:,.1f} samples/s (median of {c.readings})", flush=True)
 
-            profile_throughput(profile_settings(declared, checkpoints), args.workers, args.seconds, on_count=record)
+            settings = profile_settings(declared, checkpoints)
+            try:
+                profile_throughput(settings, args.workers, args.seconds, on_count=record)
+            finally:
+                left = delete_profile_group(settings)
+                if left:
+                    print(left, file=sys.stderr)
     except ProfileError as exc:
         raise CommandError(str(exc)) from None
     finally:

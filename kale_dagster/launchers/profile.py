@@ -3,8 +3,9 @@ records its topics retain, each count's capacity written to the metrics history 
 
 A team that runs its trainer at one size never shows F(w) at others, and without them neither the controller nor the
 savings report has a throughput model.  Profiling runs local workers of the pipeline's trainer (on the machine whose
-GPUs they stand for) in a consumer group of their own, ``<group_id>.kale-profile``, and a checkpoint directory of
-their own, so the team's committed offsets and checkpoints are untouched.  Each count trains on from where the
+GPUs they stand for) in a consumer group of their own, ``<group_id>.kale-profile.<start time>`` (deleted after it,
+where the brokers allow), and a checkpoint directory of their own: the team's committed offsets and checkpoints
+are untouched, and every profile starts from the oldest record retained.  Each count trains on from where the
 previous one stopped; only readings in which no worker waited for data are its capacity (``saturated``), so a topic
 whose retained records run out says so rather than record the arrival rate as F(w).
 """
@@ -40,8 +41,26 @@ class ProfiledCount:
 
 def profile_settings(settings: TrainerSettings, checkpoint_dir: str) -> TrainerSettings:
     """The workers' settings for a profile: the same trainer and stream, a group and checkpoints of its own."""
-    source = dataclasses.replace(settings.source, group_id=settings.source.group_id + PROFILE_GROUP_SUFFIX)
-    return dataclasses.replace(settings, source=source, checkpoint_dir=checkpoint_dir)
+    group = f"{settings.source.group_id}{PROFILE_GROUP_SUFFIX}.{int(time.time())}"
+    return dataclasses.replace(
+        settings, source=dataclasses.replace(settings.source, group_id=group), checkpoint_dir=checkpoint_dir
+    )
+
+
+def delete_profile_group(settings: TrainerSettings) -> str:
+    """Delete the profile's consumer group; what to do by hand where the brokers refuse (empty when deleted)."""
+    from kafka import KafkaAdminClient
+
+    group = settings.source.group_id
+    try:
+        admin = KafkaAdminClient(**settings.source.client_config())
+        try:
+            admin.delete_consumer_groups([group])
+        finally:
+            admin.close()
+    except Exception as exc:  # the profile is measured either way: say what is left behind
+        return f"the profile's consumer group {group} remains ({type(exc).__name__}: {exc}); delete it with your tools"
+    return ""
 
 
 def profile_throughput(
