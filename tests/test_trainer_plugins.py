@@ -198,7 +198,7 @@ def test_a_decode_that_refuses_every_record_counts_them_and_trains_nothing(kafka
         wait_for(lambda: launcher.status().poison_records >= 300, 30, "the refused records counted")
         assert not launcher.status().failed and len(trained_samples(tmp_path / "trained")) == 0
         log = next((tmp_path / "ckpt" / "logs").glob("worker-*.log")).read_text()
-        assert "user_trainers:refuses_everything's decode refused in partition" in log
+        assert "user_trainers:refuses_everything's decode refused in demand[" in log
         assert "schema v2 expected" in log
     finally:
         launcher.stop()
