@@ -318,14 +318,22 @@ def test_the_estimate_fits_the_asynchronous_form_unless_told():
     assert model.form == "async"
 
 
-def test_each_worker_count_is_fitted_at_its_median():
-    # 80/s per worker; at 3 workers a member stalled in three windows of seven, and 1 worker ran all week.
-    workers = [1] * 40 + [2] * 3 + [3] * 7
-    rates = [80.0] * 40 + [160.0] * 3 + [240.0] * 4 + [80.0] * 3
-    prior = ThroughputModel.linear(1.0)
-    model, source = estimate_throughput(workers, rates, prior)
-    assert source == "fitted"
+def test_a_window_with_a_stalled_member_is_not_fitted():
+    # 80/s per worker; at 3 workers a member stalled in three windows of seven.
+    workers = [1] * 4 + [2] * 3 + [3] * 7
+    rates = [80.0] * 4 + [160.0] * 3 + [240.0] * 4 + [80.0] * 3
+    model, source = estimate_throughput(workers, rates, ThroughputModel.linear(1.0))
+    assert source == "fitted" and model.samples == 11
     assert [round(float(model.predict(w))) for w in (1, 2, 3)] == [80, 160, 240]
     # Fitted on every window, the stalled ones bend the curve flat above 2.
-    raw = ThroughputModel.fit(workers, rates, form="async")
-    assert float(raw.predict(3)) < 0.8 * 240
+    assert float(ThroughputModel.fit(workers, rates, form="async").predict(3)) < 0.8 * 240
+
+
+def test_measurement_noise_is_fitted_whole():
+    # The simulator's 5% noise (and any like it) leaves out nothing: the fit is the fit of every measurement.
+    rng = np.random.default_rng(0)
+    workers = np.repeat([1, 2, 3, 4], 50)
+    truth = ThroughputModel.asynchronous((0.0005, 0.002, 0.00001))
+    rates = truth.predict(workers) * (1 + 0.05 * rng.standard_normal(len(workers)))
+    model, _ = estimate_throughput(workers, rates, truth)
+    assert model == ThroughputModel.fit(workers, rates, form="async")

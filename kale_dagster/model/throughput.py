@@ -103,10 +103,8 @@ class ThroughputModel:
         rates: ArrayLike,
         form: Form = "sync",
         global_batch: float | None = None,
-        weights: ArrayLike | None = None,
     ) -> ThroughputModel:
-        """Fit theta by non-negative least squares on measured (workers, samples/s) pairs, each pair counted
-        ``weights`` times (default once).
+        """Fit theta by non-negative least squares on measured (workers, samples/s) pairs.
 
         Needs at least as many distinct worker counts as the form has
         coefficients; with one more, also reports a leave-one-out MAPE so the
@@ -131,12 +129,9 @@ class ThroughputModel:
                 "Run the trainer at more parallelism levels first."
             )
 
-        root = np.sqrt(np.ones_like(w) if weights is None else np.asarray(weights, dtype=float))
-
         def solve(mask: np.ndarray) -> tuple[float, ...]:
             numerator = global_batch if form == "sync" else w[mask]
-            basis = _basis(form, w[mask]) * root[mask, None]
-            theta, _ = nnls(basis, numerator / r[mask] * root[mask])
+            theta, _ = nnls(_basis(form, w[mask]), numerator / r[mask])
             return tuple(float(t) for t in theta)
 
         theta = solve(np.ones_like(w, dtype=bool))
@@ -151,8 +146,7 @@ class ThroughputModel:
                 sub = cls(form, solve(mask), global_batch=model.global_batch)
                 errors.append(np.abs(sub.predict(w[~mask]) - r[~mask]) / r[~mask])
             holdout = float(np.mean(np.concatenate(errors)) * 100.0)
-        samples = int(round(float(np.sum(root**2))))
-        return cls(form, theta, global_batch=batch, fit_mape=fit_mape, holdout_mape=holdout, samples=samples)
+        return cls(form, theta, global_batch=batch, fit_mape=fit_mape, holdout_mape=holdout, samples=len(w))
 
     # --- evaluation ---------------------------------------------------------
 
@@ -268,6 +262,8 @@ class ThroughputModel:
 
 #: Measurements older than this are not fitted: the workers' code, data and hardware drift.
 FIT_WINDOW_S = 7 * 86_400.0
+#: A measurement under this share of its worker count's median saw a stall, not the workers' capacity.
+STALL_SHARE = 0.5
 
 
 def estimate_throughput(
@@ -280,14 +276,17 @@ def estimate_throughput(
     """F(w) as a controller can know it: fitted on measured saturated throughput once the measurements
     cover as many worker counts as the form has coefficients, the declared ``prior`` until then.
 
-    Each worker count is fitted at its median, weighted by its measurements: windows where a member stalled (an
-    outside group's consumer left without partitions) do not pull the curve flat, and the counts that ran most are
-    still fitted closest.  The ``throughput_model`` asset, the savings report and the simulator's controller all
+    A measurement under ``STALL_SHARE`` of its worker count's median is left out: a window where a member stalled
+    (an outside group's consumer left without partitions) shows the stall, not the workers' capacity, and would
+    pull the curve flat.  The ``throughput_model`` asset, the savings report and the simulator's controller all
     estimate this way.
     """
     w, r = np.asarray(workers, dtype=float), np.asarray(rates, dtype=float)
-    sizes, counts = np.unique(w, return_counts=True)
+    sizes = np.unique(w)
     if len(sizes) >= _PARAMS[form]:
-        medians = [float(np.median(r[w == size])) for size in sizes]
-        return ThroughputModel.fit(sizes, medians, form=form, global_batch=global_batch, weights=counts), "fitted"
+        kept = np.ones(len(w), dtype=bool)
+        for size in sizes:
+            at = w == size
+            kept[at] = r[at] >= STALL_SHARE * np.median(r[at])
+        return ThroughputModel.fit(w[kept], r[kept], form=form, global_batch=global_batch), "fitted"
     return prior, "prior"
