@@ -30,9 +30,19 @@ def _required(parser: argparse.ArgumentParser, skip: argparse.Action) -> list[st
     argv = []
     for action in parser._actions:
         if action.required and action is not skip and action.option_strings:
-            value = "1" if isinstance(action.type, Bounded) else "x"
-            argv += [action.option_strings[0], value]
+            argv += [action.option_strings[0], _valid(action)]
     return argv
+
+
+def _valid(action: argparse.Action) -> str:
+    """A value the flag takes: a name, or a number (a count, a bounded figure)."""
+    for value in ("x", "1"):
+        try:
+            (action.type or str)(value)
+            return value
+        except (argparse.ArgumentTypeError, ValueError, TypeError):
+            continue
+    raise AssertionError(f"{action.option_strings[0]} takes neither 'x' nor '1'")
 
 
 def _flags():

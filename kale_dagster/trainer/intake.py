@@ -93,15 +93,16 @@ class PartitionIntake:
         if self.assigned:  # more workers than partitions: this one trains forwarded samples only
             consumer.assign(list(self.assigned.values()))
         offsets = stream.restored(state.get("offsets", {}), state.get("topics"))
-        committed = self._committed() if not offsets else {}
+        # Partitions the checkpoint does not cover (none before the first; a topic added since) resume at the group's
+        # committed offsets.
+        committed = self._committed([p for p in self.assigned if p not in offsets])
         for p, tp in self.assigned.items():
             pos = offsets.get(p, committed.get(p))
             if pos is None:
                 consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, pos)
-        # seeked: never None
-        self.next_pos: dict[int, int] = {p: consumer.position(tp) or 0 for p, tp in self.assigned.items()}
+        self.next_pos: dict[int, int] = {p: consumer.position(tp) or 0 for p, tp in self.assigned.items()}  # seeked
         self.start_pos = dict(self.next_pos)
         self.order = ArrivalOrder(lead_ms=int(self.args.order_lead_s * 1000), stall_s=ORDER_STALL_S)
         self.partitions = list(self.assigned)
@@ -109,14 +110,16 @@ class PartitionIntake:
     def close(self) -> None:
         self.consumer.close()
 
-    def _committed(self) -> dict[int, int]:
+    def _committed(self, keys: list[int]) -> dict[int, int]:
+        if not keys:
+            return {}
         from kafka import KafkaConsumer
 
         c = KafkaConsumer(
             **kafka_config(self.args.bootstrap_servers), group_id=self.args.group_id, enable_auto_commit=False
         )
         try:
-            return {p: off for p, tp in self.assigned.items() if (off := c.committed(tp)) is not None}
+            return {p: off for p in keys if (off := c.committed(self.assigned[p])) is not None}
         finally:
             c.close()
 
