@@ -14,7 +14,9 @@ from pathlib import Path
 from kale_dagster.errors import CommandError
 
 
-def add_location_arguments(parser) -> None:
+def add_pipeline_arguments(parser) -> None:
+    """``--pipeline NAME`` and where it is declared (``-m``, ``-f``, ``-w``): what ``find_pipeline`` reads."""
+    parser.add_argument("--pipeline", required=True, help="pipeline name")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-m", "--module", help="a module whose definitions declare the pipelines")
     where.add_argument("-f", "--python-file", help="a Python file whose definitions declare the pipelines")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from kale_dagster.cli import print_json
-from kale_dagster.cli.code_location import add_location_arguments, find_pipeline
+from kale_dagster.cli.code_location import add_pipeline_arguments, find_pipeline
 from kale_dagster.cli.progress import ProgressBar
 from kale_dagster.errors import CommandError
 
@@ -21,8 +21,7 @@ def register(subparsers, summary: str) -> None:
         "only the span before the metrics sensor's first reading is written.",
         epilog="example: kale history backfill --pipeline ctr --days 7 -m pipelines.definitions",
     )
-    backfill.add_argument("--pipeline", required=True, help="pipeline name")
-    add_location_arguments(backfill)
+    add_pipeline_arguments(backfill)
     backfill.add_argument(
         "--days", type=float, gt=0, le=366, default=7.0, help="how far back, at most what Kafka retains"
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kale_dagster.cli.code_location import add_location_arguments, find_pipeline
+from kale_dagster.cli.code_location import add_pipeline_arguments, find_pipeline
 from kale_dagster.errors import CommandError
 
 
@@ -14,9 +14,8 @@ def register(subparsers, summary: str) -> None:
         help="print the Service and Job manifests for a pipeline at N workers",
         epilog="example: kale k8s render --pipeline ctr_production --workers 8 --validate 1.37.0",
     )
-    render.add_argument("--pipeline", required=True, help="pipeline name")
     render.add_argument("--workers", type=int, ge=1, le=1024, required=True, help="the group size to render")
-    add_location_arguments(render)
+    add_pipeline_arguments(render)
     render.add_argument(
         "--validate",
         metavar="K8S_VERSION",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from kale_dagster.cli import print_json
-from kale_dagster.cli.code_location import add_location_arguments, find_pipeline
+from kale_dagster.cli.code_location import add_pipeline_arguments, find_pipeline
 from kale_dagster.errors import CommandError
 
 
@@ -18,8 +18,7 @@ def register(subparsers, summary: str) -> None:
         "simulator's measured error). The same report as the pipeline's savings asset.",
         epilog="example: kale report --pipeline ctr --days 7 -m pipelines.definitions",
     )
-    parser.add_argument("--pipeline", required=True, help="pipeline name")
-    add_location_arguments(parser)
+    add_pipeline_arguments(parser)
     parser.add_argument(
         "--days", type=float, gt=0, le=35, help="the span covered (default: the pipeline's report_days)"
     )

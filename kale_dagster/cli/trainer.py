@@ -9,7 +9,7 @@ import sys
 import tempfile
 import threading
 
-from kale_dagster.cli.code_location import add_location_arguments, find_pipeline
+from kale_dagster.cli.code_location import add_pipeline_arguments, find_pipeline
 from kale_dagster.cli.declared import add_flags, from_flags
 from kale_dagster.errors import CommandError, require_extra
 from kale_dagster.launchers import LocalLauncher, TrainerSettings
@@ -136,8 +136,7 @@ def register_profile(sub) -> None:
         "report fit F(w) on them beside the live measurements. Run it where the workers' GPUs are.",
         epilog="example: kale trainer profile --pipeline ctr --workers 1,2,4 --seconds 60 -m pipelines.definitions",
     )
-    profile.add_argument("--pipeline", required=True, help="pipeline name")
-    add_location_arguments(profile)
+    add_pipeline_arguments(profile)
     profile.add_argument(
         "--workers", type=_counts, required=True, help="the worker counts to measure, comma-separated (at least 1)"
     )

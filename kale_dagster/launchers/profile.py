@@ -88,8 +88,7 @@ def profile_throughput(
 def _measure(launcher: LocalLauncher, n: int, seconds: float, poll_s: float) -> ProfiledCount:
     """The median of the saturated readings over ``seconds`` from the group's first full report."""
     rates: list[float] = []
-    starved = emulated = 0
-    deadline = None
+    starved, emulated, deadline = 0, False, None
     while deadline is None or time.monotonic() < deadline:
         launcher.supervise_once()
         status = launcher.status()
@@ -108,4 +107,4 @@ def _measure(launcher: LocalLauncher, n: int, seconds: float, poll_s: float) -> 
             f"at {n} worker(s) the workers waited for data in all {starved} readings: the topics' retained records "
             "ran out, so their capacity was not reached; produce more (or profile fewer counts, for less time)"
         )
-    return ProfiledCount(n, statistics.median(rates), len(rates), bool(emulated))
+    return ProfiledCount(n, statistics.median(rates), len(rates), emulated)
